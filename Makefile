@@ -1,0 +1,41 @@
+# The two commands of the quickstart: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEVSTAMP := $(VENV)/.installed-dev
+
+.PHONY: demo test lint typecheck unit bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(DEVSTAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/llmsim demo
+
+lint: $(DEVSTAMP)
+	$(BIN)/ruff check simulator tests benchmarks
+	$(BIN)/ruff format --check simulator tests benchmarks
+
+typecheck: $(DEVSTAMP)
+	$(BIN)/mypy
+
+unit: $(DEVSTAMP)
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck unit
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_costmodel.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

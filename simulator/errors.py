@@ -1,0 +1,21 @@
+"""Errors that mean "the user's input is wrong": the CLI prints them as one line and exits 2."""
+
+from __future__ import annotations
+
+
+class SpecError(ValueError):
+    """Bad input: an unknown id, malformed YAML, an impossible layout, a model that does not fit.
+
+    `source` names the file or id, `field` the dotted field path, `reason` what is wrong and,
+    where it helps, what to do. `str()` is the one line the CLI prints.
+    """
+
+    def __init__(self, reason: str, *, source: str = "", field: str = "") -> None:
+        self.reason = reason
+        self.source = source
+        self.field = field
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        where = ": ".join(part for part in (self.source, self.field) if part)
+        return f"{where}: {self.reason}" if where else self.reason

@@ -1,0 +1,58 @@
+"""Shared pieces of the spec models: frozen strict base, unit-parsing field types, curves."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
+
+from simulator.units import parse_quantity
+
+
+class Frozen(BaseModel):
+    """Frozen, strict spec data: unknown keys are errors, nothing mutates after loading."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _quantity(dimension: str) -> BeforeValidator:
+    return BeforeValidator(lambda v: parse_quantity(v, dimension=dimension))
+
+
+Bytes = Annotated[float, _quantity("bytes")]
+BytesPerS = Annotated[float, _quantity("bytes_per_s")]
+FlopsPerS = Annotated[float, _quantity("flops_per_s")]
+Hertz = Annotated[float, _quantity("hz")]
+Seconds = Annotated[float, _quantity("s")]
+Watts = Annotated[float, _quantity("w")]
+
+
+class Curve(Frozen):
+    """A size-dependent factor: `points` [[x, y], ...] with x ascending, interpolated linearly
+    in log(x) and clamped at both ends (Calculon-style efficiency tables)."""
+
+    points: tuple[tuple[float, float], ...]
+
+    @field_validator("points")
+    @classmethod
+    def _ascending(cls, pts: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+        if not pts:
+            raise ValueError("a curve needs at least one [x, y] point")
+        xs = [x for x, _ in pts]
+        if any(x <= 0 for x in xs) or any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
+            raise ValueError("curve x values must be positive and strictly ascending")
+        if any(y <= 0 for _, y in pts):
+            raise ValueError("curve y values must be positive")
+        return pts
+
+    def __call__(self, x: np.ndarray | float) -> np.ndarray:
+        log_x = np.log(np.maximum(np.asarray(x, dtype=float), 1e-30))
+        xs = np.log([p[0] for p in self.points])
+        ys = np.array([p[1] for p in self.points])
+        return np.interp(log_x, xs, ys)
+
+
+def flat(value: float) -> Curve:
+    """A curve that is `value` everywhere."""
+    return Curve(points=((1.0, value),))

@@ -1,0 +1,160 @@
+"""Accelerator specs: datasheet facts plus named, sourced efficiency factors.
+
+One YAML file per device in `hardware_specs/` (file name = id). Peaks are dense (no 2:4
+sparsity). A dtype missing from `peak_flops_per_s` means the device has no matrix unit for it:
+the cost model then runs that precision weight-only (dequantise to bf16/fp16, compute there).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from simulator.specs._base import (
+    Bytes,
+    BytesPerS,
+    Curve,
+    FlopsPerS,
+    Frozen,
+    Hertz,
+    Seconds,
+    Watts,
+    flat,
+)
+
+ComputeDtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
+
+
+class ComputeSpec(Frozen):
+    units: int = Field(gt=0, description="SMs (NVIDIA) or CUs (AMD)")
+    clock_hz: Hertz = Field(gt=0, description="clock at which the tensor peaks are computed")
+    peak_flops_per_s: dict[ComputeDtype, FlopsPerS] = Field(
+        description="dense matrix-unit peak per dtype (fp32: vector FMA peak)"
+    )
+
+    @model_validator(mode="after")
+    def _needs_16bit(self) -> ComputeSpec:
+        if "bf16" not in self.peak_flops_per_s and "fp16" not in self.peak_flops_per_s:
+            raise ValueError("peak_flops_per_s needs at least bf16 or fp16")
+        return self
+
+
+class MemorySpec(Frozen):
+    capacity_bytes: Bytes = Field(gt=0, description="capacity the driver reports")
+    bandwidth_bytes_per_s: BytesPerS = Field(gt=0, description="datasheet DRAM bandwidth")
+    l2_cache_bytes: Bytes = Field(ge=0, description="last-level on-chip cache")
+
+
+class InterconnectSpec(Frozen):
+    """Scale-up fabric between GPUs of one node.
+
+    topology: `switch` (NVSwitch: full bandwidth to any peer), `mesh` (xGMI full mesh: each
+    peer gets `peer_bw_bytes_per_s`), `pcie` (no GPU fabric: traffic crosses the host PCIe).
+    """
+
+    topology: Literal["switch", "mesh", "pcie"]
+    gpus_per_node: int = Field(gt=0)
+    link_bw_bytes_per_s: BytesPerS = Field(gt=0, description="per GPU, per direction, aggregate")
+    peer_bw_bytes_per_s: BytesPerS = Field(gt=0, description="to any one peer, per direction")
+    latency_s: Seconds = Field(ge=0, description="one-hop latency of a small transfer")
+
+
+class HostSpec(Frozen):
+    """Defaults for a typical node hosting this GPU; scenarios may override."""
+
+    pcie_gen: int = Field(ge=3, le=6)
+    pcie_bw_bytes_per_s: BytesPerS = Field(gt=0, description="x16, per direction, theoretical")
+    memory_bytes: Bytes = Field(gt=0, description="host DRAM per GPU")
+    memory_bw_bytes_per_s: BytesPerS = Field(gt=0, description="host DRAM bandwidth per GPU")
+    nvme_bw_bytes_per_s: BytesPerS = Field(gt=0, description="NVMe read bandwidth per GPU")
+    cpu_flops_per_s: FlopsPerS = Field(gt=0, description="host CPU fp32 FLOP/s per GPU share")
+
+
+class PowerSpec(Frozen):
+    tdp_w: Watts = Field(gt=0)
+    idle_w: Watts = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _idle_below_tdp(self) -> PowerSpec:
+        if self.idle_w >= self.tdp_w:
+            raise ValueError("idle_w must be below tdp_w")
+        return self
+
+
+class PriceSpec(Frozen):
+    usd_per_hour: float = Field(gt=0, description="approximate on-demand price per GPU-hour")
+    source: str
+    date: str
+
+
+class GemmEfficiency(Frozen):
+    """Achieved fraction of the dense peak for a GEMM of shape m x n x k.
+
+    eff = peak_fraction[dtype] * tile_utilisation(m, n) * wave_utilisation * size_curve(flops).
+    Tiles are `tile_m` x `tile_n`; waves are full rounds of `units` concurrent tiles.
+    """
+
+    peak_fraction: dict[ComputeDtype, float]
+    tile_m: int = Field(default=128, gt=0)
+    tile_n: int = Field(default=128, gt=0)
+    size_curve: Curve = Field(default_factory=lambda: flat(1.0))
+
+
+class MemoryEfficiency(Frozen):
+    """Achieved fraction of DRAM bandwidth: stream_fraction * size_curve(bytes moved)."""
+
+    stream_fraction: float = Field(gt=0, le=1)
+    size_curve: Curve = Field(default_factory=lambda: flat(1.0))
+
+
+class AttentionEfficiency(Frozen):
+    """Flash-style attention kernels.
+
+    Prefill: fraction of the 16-bit dense peak, times a curve of the mean query length per
+    sequence. Decode: fraction of DRAM bandwidth reading the KV cache, times a curve of the mean
+    KV length per sequence.
+    """
+
+    prefill_fraction: float = Field(gt=0, le=1)
+    prefill_len_curve: Curve = Field(default_factory=lambda: flat(1.0))
+    decode_fraction: float = Field(gt=0, le=1)
+    decode_len_curve: Curve = Field(default_factory=lambda: flat(1.0))
+
+
+class CollectiveEfficiency(Frozen):
+    """Collectives: time = latency_s + bytes_on_the_wire / (bandwidth * busbw_fraction *
+    size_curve(message bytes))."""
+
+    busbw_fraction: float = Field(gt=0, le=1.2, description="NVLS can exceed the wire speed")
+    latency_s: Seconds = Field(ge=0)
+    size_curve: Curve = Field(default_factory=lambda: flat(1.0))
+
+
+class EfficiencySpec(Frozen):
+    gemm: GemmEfficiency
+    memory: MemoryEfficiency
+    attention: AttentionEfficiency
+    collective: CollectiveEfficiency
+    kernel_latency_s: Seconds = Field(ge=0, description="fixed cost of one kernel on the GPU")
+    host_link_fraction: float = Field(gt=0, le=1, description="measured H2D / theoretical PCIe")
+
+
+class HardwareSpec(Frozen):
+    id: str = Field(default="", description="set from the file name by the loader")
+    name: str
+    vendor: Literal["nvidia", "amd", "intel"]
+    compute: ComputeSpec
+    memory: MemorySpec
+    interconnect: InterconnectSpec
+    host: HostSpec
+    power: PowerSpec
+    price: PriceSpec
+    efficiency: EfficiencySpec
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak for `dtype`, or 0.0 where the device has no matrix unit for it."""
+        return float(self.compute.peak_flops_per_s.get(dtype, 0.0))  # type: ignore[call-overload]
+
+    def supports(self, dtype: str) -> bool:
+        return self.peak_flops(dtype) > 0.0

@@ -1,0 +1,138 @@
+"""Read a Hugging Face `config.json` into a ModelSpec.
+
+Knows the key spellings of the Llama/Mistral/Qwen family, Mixtral, Qwen-MoE, DeepSeek-V2/V3
+and BLOOM; other decoder-only configs that use the Llama key names work too. Anything the
+cost model needs but the config lacks is an error naming the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.specs.model import MLP, GQAttention, MLAttention, ModelSpec, MoE
+
+_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+_ALIASES = {  # our name -> config keys tried in order
+    "hidden_size": ("hidden_size", "n_embd", "n_embed", "d_model"),
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "num_heads": ("num_attention_heads", "n_head", "num_heads"),
+}
+_GATED_ACTS = {"silu", "swiglu", "swish"}
+
+
+class ConfigKeyError(KeyError):
+    """A key the cost model needs is missing or has the wrong type."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"{key}: {reason}")
+
+
+def _get(cfg: dict[str, Any], name: str, default: Any = ...) -> Any:
+    for key in _ALIASES.get(name, (name,)):
+        if cfg.get(key) is not None:
+            return cfg[key]
+    if default is ...:
+        raise ConfigKeyError(_ALIASES.get(name, (name,))[0], "missing")
+    return default
+
+
+def _int(cfg: dict[str, Any], name: str, default: Any = ...) -> int:
+    value = _get(cfg, name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigKeyError(name, f"expected an integer, got {value!r}")
+    return value
+
+
+def _attention(cfg: dict[str, Any], hidden: int) -> GQAttention | MLAttention:
+    heads = _int(cfg, "num_heads")
+    if "kv_lora_rank" in cfg and cfg["kv_lora_rank"]:
+        return MLAttention(
+            num_heads=heads,
+            q_lora_rank=cfg.get("q_lora_rank"),
+            kv_lora_rank=_int(cfg, "kv_lora_rank"),
+            qk_nope_head_dim=_int(cfg, "qk_nope_head_dim"),
+            qk_rope_head_dim=_int(cfg, "qk_rope_head_dim"),
+            v_head_dim=_int(cfg, "v_head_dim"),
+        )
+    model_type = cfg.get("model_type", "")
+    bias = bool(cfg.get("attention_bias", False)) or model_type in ("qwen2", "qwen2_moe", "bloom")
+    use_window = cfg.get("use_sliding_window", True) and cfg.get("sliding_window")
+    return GQAttention(
+        num_heads=heads,
+        num_kv_heads=_int(cfg, "num_key_value_heads", heads),
+        head_dim=_int(cfg, "head_dim", hidden // heads),
+        qkv_bias=bias,
+        o_bias=bool(cfg.get("attention_bias", False)) or model_type == "bloom",
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        sliding_window=int(cfg["sliding_window"]) if use_window else None,
+    )
+
+
+def _dense_mlp(cfg: dict[str, Any], hidden: int) -> MLP:
+    model_type = cfg.get("model_type", "")
+    act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
+    gated = act in _GATED_ACTS and model_type != "bloom"
+    size = cfg.get("intermediate_size") or cfg.get("ffn_dim") or cfg.get("n_inner") or 4 * hidden
+    return MLP(intermediate_size=int(size), gated=gated, bias=model_type == "bloom")
+
+
+def _moe(cfg: dict[str, Any], num_layers: int) -> MoE | None:
+    experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts")
+    if not experts or int(experts) <= 1:
+        return None
+    expert_size = cfg.get("moe_intermediate_size") or _int(cfg, "intermediate_size")
+    shared = int(cfg.get("n_shared_experts") or 0)
+    shared_size = cfg.get("shared_expert_intermediate_size")
+    if shared_size:  # Qwen-MoE: one shared expert of its own size
+        shared = 1
+    elif shared:  # DeepSeek: n_shared_experts of the routed-expert size
+        shared_size = expert_size
+    first_dense = int(cfg.get("first_k_dense_replace") or 0)
+    if cfg.get("mlp_only_layers"):
+        first_dense = len(cfg["mlp_only_layers"])
+    if int(cfg.get("moe_layer_freq", 1) or 1) != 1 or int(cfg.get("decoder_sparse_step", 1)) != 1:
+        raise ConfigKeyError("moe_layer_freq", "only MoE in every layer after the dense ones")
+    return MoE(
+        num_experts=int(experts),
+        top_k=_int(cfg, "num_experts_per_tok"),
+        expert=MLP(intermediate_size=int(expert_size)),
+        num_shared_experts=shared,
+        shared_expert=MLP(intermediate_size=int(shared_size)) if shared else None,
+        first_dense_layers=min(first_dense, num_layers),
+    )
+
+
+def _weight_dtype(cfg: dict[str, Any], dtype: str) -> str:
+    quant = cfg.get("quantization_config") or {}
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "fp8":
+        return "fp8"
+    if method in ("awq", "gptq") and int(quant.get("bits", 16)) == 4:
+        return "int4"
+    return dtype
+
+
+def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
+    """Build a ModelSpec from a parsed Hugging Face config. Raises ConfigKeyError on a missing
+    or malformed key and pydantic's ValidationError on inconsistent values."""
+    hidden = _int(cfg, "hidden_size")
+    num_layers = _int(cfg, "num_layers")
+    model_type = cfg.get("model_type", "")
+    dtype = _TORCH_DTYPES.get(str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))), "bf16")
+    return ModelSpec(
+        name=name or str(cfg.get("_name_or_path") or model_type or "model"),
+        hidden_size=hidden,
+        num_layers=num_layers,
+        vocab_size=_int(cfg, "vocab_size"),
+        attention=_attention(cfg, hidden),
+        mlp=_dense_mlp(cfg, hidden),
+        moe=_moe(cfg, num_layers),
+        norm="layer" if model_type in ("bloom", "gpt2", "gpt_neox", "opt", "falcon") else "rms",
+        embedding_norm=model_type == "bloom",
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type == "bloom")),
+        dtype=dtype,  # type: ignore[arg-type]
+        weight_dtype=_weight_dtype(cfg, dtype),  # type: ignore[arg-type]
+        max_position_embeddings=int(cfg.get("max_position_embeddings") or cfg.get("seq_length") or 4096),
+    )

@@ -1,0 +1,134 @@
+"""The only place that reads spec files. Every failure becomes a SpecError naming the file,
+the field and the reason, so the CLI can print one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from simulator.errors import SpecError
+from simulator.specs.hardware import HardwareSpec
+from simulator.specs.hf import ConfigKeyError, from_hf_config
+from simulator.specs.model import ModelSpec
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+MODELS_DIR = _PACKAGE_DIR / "models"
+# The hardware specs live at the top of the repository (`hardware_specs/`); an installed wheel
+# carries a copy inside the package. LLMSIM_HARDWARE_PATH adds folders of the user's own.
+_HARDWARE_CANDIDATES = (_PACKAGE_DIR.parents[1] / "hardware_specs", _PACKAGE_DIR / "hardware")
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def hardware_dirs() -> list[Path]:
+    extra = [Path(p) for p in os.environ.get("LLMSIM_HARDWARE_PATH", "").split(os.pathsep) if p]
+    return [d for d in (*extra, *_HARDWARE_CANDIDATES) if d.is_dir()]
+
+
+def read_yaml(path: Path) -> Any:
+    """safe_load a YAML file; errors name the file and the line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read file ({exc.strerror})", source=str(path)) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise SpecError(f"malformed YAML: {problem}", source=str(path), field=where) from None
+
+
+def validation_error(exc: ValidationError, *, source: str) -> SpecError:
+    """The first pydantic error as a SpecError with a dotted field path."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field (check the spelling)"
+    return SpecError(msg, source=source, field=loc)
+
+
+def validate(model: type[T], data: Any, *, source: str) -> T:
+    if not isinstance(data, dict):
+        raise SpecError("expected a mapping at the top level", source=source)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc, source=source) from None
+
+
+# -- hardware ---------------------------------------------------------------------------------
+def list_hardware() -> list[str]:
+    """Ids of every hardware spec found (file names without .yaml), sorted."""
+    return sorted({p.stem for d in hardware_dirs() for p in d.glob("*.yaml")})
+
+
+def _hardware_path(hw: str) -> Path:
+    if hw.endswith((".yaml", ".yml")) or os.sep in hw:
+        return Path(hw)
+    for d in hardware_dirs():
+        if (d / f"{hw}.yaml").is_file():
+            return d / f"{hw}.yaml"
+    known = ", ".join(list_hardware())
+    raise SpecError(f"unknown hardware id (known: {known})", source=hw, field="hardware")
+
+
+@cache
+def _load_hardware_file(path: Path) -> HardwareSpec:
+    data = read_yaml(path)
+    if isinstance(data, dict):
+        data = {**data, "id": path.stem}
+    return validate(HardwareSpec, data, source=str(path))
+
+
+def load_hardware(hw: str) -> HardwareSpec:
+    """A hardware spec by id (`h100_sxm`) or by path to a YAML file of the same schema."""
+    return _load_hardware_file(_hardware_path(hw).resolve())
+
+
+# -- models -----------------------------------------------------------------------------------
+def list_models() -> list[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+
+@cache
+def _load_model_file(path: Path, model_id: str) -> ModelSpec:
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SpecError(f"cannot read file ({exc.strerror})", source=str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"malformed JSON: {exc.msg}", source=str(path), field=f"line {exc.lineno}") from None
+    if not isinstance(cfg, dict):
+        raise SpecError("expected a JSON object", source=str(path))
+    try:
+        spec = from_hf_config(cfg, name=model_id)
+    except ConfigKeyError as exc:
+        raise SpecError(exc.reason, source=str(path), field=exc.key) from None
+    except ValidationError as exc:
+        raise validation_error(exc, source=str(path)) from None
+    return spec.model_copy(update={"id": model_id})
+
+
+def load_model(model: str) -> ModelSpec:
+    """A model by catalogue id (`llama-3.1-8b`) or by path to a Hugging Face config.json."""
+    builtin = MODELS_DIR / f"{model}.json"
+    if builtin.is_file():
+        return _load_model_file(builtin, model)
+    path = Path(model)
+    if path.suffix == ".json" or path.is_file() or path.is_dir():
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise SpecError("no such file", source=str(path), field="model")
+        return _load_model_file(path.resolve(), str(path))
+    known = ", ".join(list_models())
+    raise SpecError(f"unknown model id (known: {known}; or a path to config.json)", source=model, field="model")

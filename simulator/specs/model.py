@@ -1,0 +1,236 @@
+"""Transformer model specs: the architecture facts that change cost or memory.
+
+A ModelSpec is built from a Hugging Face `config.json` (`simulator.specs.hf.from_hf_config`);
+the built-in catalogue is a folder of such configs. Covered: dense MHA/GQA/MQA, DeepSeek MLA
+(latent KV), gated and plain MLPs, MoE (routed experts, top-k, shared experts, leading dense
+layers), sliding-window attention, tied embeddings. Not modelled: rotary/ALiBi arithmetic (a
+negligible elementwise cost), multi-token-prediction heads (excluded from parameter counts, as
+published totals exclude them), vision towers.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from simulator.specs._base import Frozen
+
+WeightDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0,
+    "tf32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+    "fp4": 0.5,
+}
+
+
+class GQAttention(Frozen):
+    """Multi-head attention with `num_kv_heads` K/V heads (MHA: = num_heads, MQA: 1)."""
+
+    kind: Literal["gqa"] = "gqa"
+    num_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = Field(default=None, gt=0, description="tokens attended, or all")
+
+    @model_validator(mode="after")
+    def _groups(self) -> GQAttention:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+        return self
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def kv_elems_per_token(self) -> int:
+        """Cached K and V elements per token per layer."""
+        return 2 * self.kv_dim
+
+    def params(self, hidden: int) -> int:
+        p = hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * hidden
+        if self.qkv_bias:
+            p += self.q_dim + 2 * self.kv_dim
+        if self.o_bias:
+            p += hidden
+        if self.qk_norm:
+            p += 2 * self.head_dim
+        return p
+
+
+class MLAttention(Frozen):
+    """DeepSeek multi-head latent attention: K/V compressed to `kv_lora_rank` plus a shared
+    rotary key of `qk_rope_head_dim`; only the latent is cached."""
+
+    kind: Literal["mla"] = "mla"
+    num_heads: int = Field(gt=0)
+    q_lora_rank: int | None = Field(default=None, gt=0)
+    kv_lora_rank: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+    sliding_window: None = None
+
+    @property
+    def num_kv_heads(self) -> int:
+        return 1  # one latent shared by all heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def kv_elems_per_token(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def params(self, hidden: int) -> int:
+        h, qk = self.num_heads, self.head_dim
+        if self.q_lora_rank:
+            q = hidden * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * h * qk
+        else:
+            q = hidden * h * qk
+        kv_a = hidden * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+        kv_b = self.kv_lora_rank * h * (self.qk_nope_head_dim + self.v_head_dim)
+        o = h * self.v_head_dim * hidden
+        return q + kv_a + kv_b + o
+
+
+Attention = Annotated[GQAttention | MLAttention, Field(discriminator="kind")]
+
+
+class MLP(Frozen):
+    """Feed-forward block: gated (SwiGLU: gate, up, down) or plain (up, act, down)."""
+
+    intermediate_size: int = Field(gt=0)
+    gated: bool = True
+    bias: bool = False
+
+    @property
+    def num_matrices(self) -> int:
+        return 3 if self.gated else 2
+
+    def params(self, hidden: int) -> int:
+        p = self.num_matrices * hidden * self.intermediate_size
+        if self.bias:
+            p += (self.num_matrices - 1) * self.intermediate_size + hidden
+        return p
+
+
+class MoE(Frozen):
+    """Mixture of experts replacing the MLP in layers >= `first_dense_layers`."""
+
+    num_experts: int = Field(gt=1)
+    top_k: int = Field(gt=0)
+    expert: MLP
+    num_shared_experts: int = Field(default=0, ge=0)
+    shared_expert: MLP | None = None
+    first_dense_layers: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MoE:
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        if self.num_shared_experts and self.shared_expert is None:
+            raise ValueError("num_shared_experts > 0 needs shared_expert")
+        return self
+
+    def params(self, hidden: int, *, active: bool) -> int:
+        routed = self.top_k if active else self.num_experts
+        p = routed * self.expert.params(hidden) + hidden * self.num_experts  # + router
+        if self.shared_expert is not None:
+            p += self.num_shared_experts * self.shared_expert.params(hidden)
+        return p
+
+
+class ModelSpec(Frozen):
+    id: str = Field(default="", description="catalogue id or config path, set by the loader")
+    name: str
+    hidden_size: int = Field(gt=0)
+    num_layers: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    attention: Attention
+    mlp: MLP = Field(description="the dense MLP (all layers of a dense model)")
+    moe: MoE | None = None
+    norm: Literal["rms", "layer"] = "rms"
+    embedding_norm: bool = Field(default=False, description="a norm after the embedding (BLOOM)")
+    tie_word_embeddings: bool = False
+    dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
+    weight_dtype: WeightDtype = Field(
+        default="bf16", description="native checkpoint precision of the linear weights"
+    )
+    max_position_embeddings: int = Field(default=4096, gt=0)
+
+    @model_validator(mode="after")
+    def _moe_layers(self) -> ModelSpec:
+        if self.moe is not None and self.moe.first_dense_layers > self.num_layers:
+            raise ValueError("moe.first_dense_layers exceeds num_layers")
+        return self
+
+    # -- layer counts ---------------------------------------------------------------------
+    @property
+    def num_moe_layers(self) -> int:
+        return 0 if self.moe is None else self.num_layers - self.moe.first_dense_layers
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    # -- parameters -----------------------------------------------------------------------
+    @property
+    def _norm_params(self) -> int:
+        return (2 if self.norm == "layer" else 1) * self.hidden_size
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding plus the LM head (unless tied) and any embedding norm."""
+        head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        emb_norm = self._norm_params if self.embedding_norm else 0
+        return self.vocab_size * self.hidden_size + head + emb_norm
+
+    def _layer_params(self, *, active: bool) -> int:
+        h = self.hidden_size
+        attn = self.attention.params(h) + 2 * self._norm_params
+        dense = self.num_dense_layers * (attn + self.mlp.params(h))
+        moe = 0
+        if self.moe is not None:
+            moe = self.num_moe_layers * (attn + self.moe.params(h, active=active))
+        return dense + moe
+
+    @cached_property
+    def num_params(self) -> int:
+        """Total parameters (all experts), excluding multi-token-prediction heads."""
+        return self.embedding_params + self._layer_params(active=False) + self._norm_params
+
+    @cached_property
+    def num_active_params(self) -> int:
+        """Parameters one token passes through (top-k experts only); = num_params if dense."""
+        return self.embedding_params + self._layer_params(active=True) + self._norm_params
+
+    # -- KV cache -------------------------------------------------------------------------
+    def kv_bytes_per_token(self, kv_dtype: str | None = None) -> float:
+        """Bytes of KV cache one token occupies across all layers, at `kv_dtype` (default:
+        the model's native activation dtype). Sliding-window layers are counted in full: the
+        block manager does not free blocks outside the window (vLLM V0 behaviour)."""
+        dtype_bytes = DTYPE_BYTES[kv_dtype or self.dtype]
+        return float(self.attention.kv_elems_per_token * self.num_layers * dtype_bytes)
