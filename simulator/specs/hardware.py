@@ -58,6 +58,10 @@ class InterconnectSpec(Frozen):
     link_bw_bytes_per_s: BytesPerS = Field(gt=0, description="per GPU, per direction, aggregate")
     peer_bw_bytes_per_s: BytesPerS = Field(gt=0, description="to any one peer, per direction")
     latency_s: Seconds = Field(ge=0, description="one-hop latency of a small transfer")
+    scale_out_bw_bytes_per_s: BytesPerS = Field(
+        default=50e9, gt=0, description="per GPU between nodes (default: one 400 Gb/s NIC)"
+    )
+    scale_out_latency_s: Seconds = Field(default=5e-6, ge=0)
 
 
 class HostSpec(Frozen):
@@ -98,6 +102,9 @@ class GemmEfficiency(Frozen):
     peak_fraction: dict[ComputeDtype, float]
     tile_m: int = Field(default=128, gt=0)
     tile_n: int = Field(default=128, gt=0)
+    tile_m_min: int = Field(
+        default=64, gt=0, description="smallest row tile the GEMM library uses for skinny m"
+    )
     size_curve: Curve = Field(default_factory=lambda: flat(1.0))
 
 

@@ -47,7 +47,7 @@ def _int(cfg: dict[str, Any], name: str, default: Any = ...) -> int:
 
 def _attention(cfg: dict[str, Any], hidden: int) -> GQAttention | MLAttention:
     heads = _int(cfg, "num_heads")
-    if "kv_lora_rank" in cfg and cfg["kv_lora_rank"]:
+    if cfg.get("kv_lora_rank"):
         return MLAttention(
             num_heads=heads,
             q_lora_rank=cfg.get("q_lora_rank"),
@@ -92,14 +92,15 @@ def _moe(cfg: dict[str, Any], num_layers: int) -> MoE | None:
     first_dense = int(cfg.get("first_k_dense_replace") or 0)
     if cfg.get("mlp_only_layers"):
         first_dense = len(cfg["mlp_only_layers"])
-    if int(cfg.get("moe_layer_freq", 1) or 1) != 1 or int(cfg.get("decoder_sparse_step", 1)) != 1:
+    sparse_step = int(cfg.get("decoder_sparse_step") or 1)
+    if int(cfg.get("moe_layer_freq") or 1) != 1 or sparse_step != 1:
         raise ConfigKeyError("moe_layer_freq", "only MoE in every layer after the dense ones")
     return MoE(
         num_experts=int(experts),
         top_k=_int(cfg, "num_experts_per_tok"),
         expert=MLP(intermediate_size=int(expert_size)),
         num_shared_experts=shared,
-        shared_expert=MLP(intermediate_size=int(shared_size)) if shared else None,
+        shared_expert=MLP(intermediate_size=int(shared_size)) if shared and shared_size else None,
         first_dense_layers=min(first_dense, num_layers),
     )
 
@@ -132,7 +133,9 @@ def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
         norm="layer" if model_type in ("bloom", "gpt2", "gpt_neox", "opt", "falcon") else "rms",
         embedding_norm=model_type == "bloom",
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type == "bloom")),
-        dtype=dtype,  # type: ignore[arg-type]
-        weight_dtype=_weight_dtype(cfg, dtype),  # type: ignore[arg-type]
-        max_position_embeddings=int(cfg.get("max_position_embeddings") or cfg.get("seq_length") or 4096),
+        dtype=dtype,
+        weight_dtype=_weight_dtype(cfg, dtype),
+        max_position_embeddings=int(
+            cfg.get("max_position_embeddings") or cfg.get("seq_length") or 4096
+        ),
     )

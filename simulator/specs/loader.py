@@ -13,12 +13,14 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from simulator.errors import SpecError
+from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.hf import ConfigKeyError, from_hf_config
 from simulator.specs.model import ModelSpec
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 MODELS_DIR = _PACKAGE_DIR / "models"
+ENGINES_DIR = _PACKAGE_DIR / "engines"
 # The hardware specs live at the top of the repository (`hardware_specs/`); an installed wheel
 # carries a copy inside the package. LLMSIM_HARDWARE_PATH adds folders of the user's own.
 _HARDWARE_CANDIDATES = (_PACKAGE_DIR.parents[1] / "hardware_specs", _PACKAGE_DIR / "hardware")
@@ -132,3 +134,27 @@ def load_model(model: str) -> ModelSpec:
         return _load_model_file(path.resolve(), str(path))
     known = ", ".join(list_models())
     raise SpecError(f"unknown model id (known: {known}; or a path to config.json)", source=model, field="model")
+
+
+# -- engines ----------------------------------------------------------------------------------
+def list_engines() -> list[str]:
+    return sorted(p.stem for p in ENGINES_DIR.glob("*.yaml"))
+
+
+@cache
+def _load_engine_file(path: Path) -> EngineSpec:
+    data = read_yaml(path)
+    if isinstance(data, dict):
+        data = {**data, "id": path.stem}
+    return validate(EngineSpec, data, source=str(path))
+
+
+def load_engine(engine: str) -> EngineSpec:
+    """An engine profile by id (`vllm`) or by path to a YAML file of the same schema."""
+    if engine.endswith((".yaml", ".yml")):
+        return _load_engine_file(Path(engine).resolve())
+    path = ENGINES_DIR / f"{engine}.yaml"
+    if not path.is_file():
+        known = ", ".join(list_engines())
+        raise SpecError(f"unknown engine (known: {known})", source=engine, field="engine")
+    return _load_engine_file(path)

@@ -1,0 +1,202 @@
+"""The flat Python API: the same operations as the CLI, taking ids or spec objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.latency import LatencyResult, bench_latency
+from simulator.costmodel.memory import MemoryPlan, plan_memory
+from simulator.costmodel.ops import Op, attention_ops, collective, gemm
+from simulator.costmodel.roofline import OpCost, evaluate
+from simulator.errors import SpecError
+from simulator.specs import (
+    EngineSpec,
+    HardwareSpec,
+    ModelSpec,
+    load_engine,
+    load_hardware,
+    load_model,
+)
+from simulator.specs.deployment import Parallelism, Precision, resolve_precision
+from simulator.specs.model import DTYPE_BYTES
+
+
+def _hw(hardware: str | HardwareSpec) -> HardwareSpec:
+    return hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A model on a device type under a layout, precision and engine: everything resolved."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    engine: EngineSpec
+    layout: Parallelism
+    precision: Precision
+
+    def memory(self, **knobs: float | int | None) -> MemoryPlan:
+        """Per-device memory budget; knobs as in `plan_memory`."""
+        return plan_memory(self.model, self.hardware, self.layout, self.precision, self.engine,
+                           **knobs)  # type: ignore[arg-type]
+
+
+def deployment(
+    *,
+    model: str | ModelSpec,
+    hardware: str | HardwareSpec,
+    engine: str | EngineSpec = "vllm",
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    data_parallel_size: int = 1,
+    expert_parallel_size: int = 1,
+    dtype: str = "auto",
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+) -> Deployment:
+    """Resolve ids into a checked Deployment; raises SpecError for anything impossible."""
+    m = model if isinstance(model, ModelSpec) else load_model(model)
+    hw = _hw(hardware)
+    eng = engine if isinstance(engine, EngineSpec) else load_engine(engine)
+    for name, value in (("tensor_parallel_size", tensor_parallel_size),
+                        ("pipeline_parallel_size", pipeline_parallel_size),
+                        ("data_parallel_size", data_parallel_size),
+                        ("expert_parallel_size", expert_parallel_size)):
+        if value < 1:
+            raise SpecError(f"must be at least 1, got {value}", field=name)
+    layout = Parallelism(tp=tensor_parallel_size, pp=pipeline_parallel_size,
+                         dp=data_parallel_size, ep=expert_parallel_size)
+    layout.check(m, hw)
+    if quantization is not None and quantization not in eng.quantized_kernels:
+        raise SpecError(f"{eng.name} has no {quantization} kernels "
+                        f"(it has: {', '.join(eng.quantized_kernels)})", field="quantization")
+    prec = resolve_precision(m, hw, dtype=dtype, quantization=quantization,
+                             kv_cache_dtype=kv_cache_dtype)
+    return Deployment(m, hw, eng, layout, prec)
+
+
+def estimate(
+    *,
+    model: str | ModelSpec,
+    hardware: str | HardwareSpec,
+    batch_size: int = 1,
+    input_len: int = 1024,
+    output_len: int = 128,
+    engine: str | EngineSpec = "vllm",
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    dtype: str = "auto",
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+    enforce_eager: bool = False,
+    gpu_memory_utilization: float | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    enable_chunked_prefill: bool | None = None,
+) -> LatencyResult:
+    """Predict `vllm bench latency` analytically: TTFT, TPOT, total latency, memory plan and a
+    per-operator breakdown."""
+    dep = deployment(model=model, hardware=hardware, engine=engine,
+                     tensor_parallel_size=tensor_parallel_size,
+                     pipeline_parallel_size=pipeline_parallel_size, dtype=dtype,
+                     quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+    return bench_latency(
+        dep.model, dep.hardware, dep.layout, dep.precision, dep.engine,
+        batch_size=batch_size, input_len=input_len, output_len=output_len,
+        enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs, chunked_prefill=enable_chunked_prefill,
+        gpu_memory_utilization=gpu_memory_utilization,
+    )
+
+
+# -- single operators -----------------------------------------------------------------------------
+def _positive(**values: int | float) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise SpecError(f"must be at least 1, got {value}", field=name)
+
+
+def gemm_cost(*, hardware: str | HardwareSpec, m: int, n: int, k: int, dtype: str = "bf16") -> OpCost:
+    """One m x k by k x n GEMM. fp8/int8 need the device's matrix unit for that dtype."""
+    _positive(m=m, n=n, k=k)
+    hw = _hw(hardware)
+    if dtype not in ("bf16", "fp16", "fp8", "int8"):
+        raise SpecError(f"unknown dtype {dtype!r} (bf16, fp16, fp8, int8)", field="dtype")
+    if not hw.supports(dtype):
+        raise SpecError(f"{hw.name} has no {dtype} matrix unit", source=hw.id, field="dtype")
+    act = dtype if dtype in ("bf16", "fp16") else "bf16"
+    prec = Precision(weights=dtype, compute=dtype, kv_cache=act, activations=act)  # type: ignore[arg-type]
+    op = gemm("gemm", m=float(m), n=float(n), k=float(k), count=1, prec=prec)
+    return evaluate([op], hw)[0]
+
+
+def attention_cost(
+    *,
+    hardware: str | HardwareSpec,
+    phase: str,
+    batch_size: int,
+    seq_len: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    kv_cache_dtype: str = "auto",
+    dtype: str = "bf16",
+) -> OpCost:
+    """One attention layer call: prefill of `batch_size` causal prompts of `seq_len` tokens, or
+    a decode step of `batch_size` sequences attending to `seq_len` KV tokens each."""
+    _positive(batch_size=batch_size, seq_len=seq_len, num_heads=num_heads,
+              num_kv_heads=num_kv_heads, head_dim=head_dim)
+    if num_heads % num_kv_heads:
+        raise SpecError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}",
+                        field="num_kv_heads")
+    kv = dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+    if kv not in DTYPE_BYTES:
+        raise SpecError(f"unknown KV cache dtype {kv_cache_dtype!r}", field="kv_cache_dtype")
+    prec = Precision(weights=dtype, compute=dtype, kv_cache=kv, activations=dtype)  # type: ignore[arg-type]
+    match phase:
+        case "prefill":
+            batch = BatchShape.prefill(batch_size=batch_size, prompt_len=seq_len)
+        case "decode":
+            batch = BatchShape.decode(batch_size=batch_size, context_len=seq_len)
+        case _:
+            raise SpecError(f"unknown phase {phase!r} (prefill, decode)", field="phase")
+    ops = attention_ops(heads=num_heads, kv_heads=num_kv_heads, head_dim=head_dim, prec=prec,
+                        batch=batch, count=1)
+    op = ops[0] if phase == "prefill" else ops[1]
+    return evaluate([op], _hw(hardware))[0]
+
+
+def allreduce_cost(*, hardware: str | HardwareSpec, num_devices: int, size_bytes: float) -> OpCost:
+    """One ring all-reduce of `size_bytes` among `num_devices` devices of one node."""
+    _positive(num_devices=num_devices, size_bytes=size_bytes)
+    hw = _hw(hardware)
+    if num_devices > hw.interconnect.gpus_per_node:
+        raise SpecError(f"{num_devices} devices exceed the {hw.interconnect.gpus_per_node} GPUs "
+                        f"of one {hw.id} node", field="num_devices")
+    op: Op = collective("all_reduce", "all_reduce", msg_bytes=float(size_bytes), group=num_devices,
+                        count=1)
+    if num_devices == 1:
+        op = collective("all_reduce", "all_reduce", msg_bytes=0.0, group=1, count=1)
+    return evaluate([op], hw)[0]
+
+
+def op_json(cost: OpCost) -> dict[str, object]:
+    """The contract's `llmsim op --json` object for one op."""
+    def scalar(x: object) -> float:
+        return float(np.ravel(np.asarray(x, dtype=float))[0])
+
+    op = cost.op
+    moved = op.msg_bytes if op.kind == "collective" else op.bytes
+    return {
+        "latency_s": scalar(cost.time_s),
+        "bound": str(np.ravel(cost.bound)[0]),
+        "flops": scalar(op.flops),
+        "bytes": scalar(moved),
+        "compute_s": scalar(cost.compute_s),
+        "memory_s": scalar(cost.memory_s),
+        "network_s": scalar(cost.network_s),
+        "fixed_latency_s": scalar(cost.latency_s),
+    }

@@ -1,0 +1,1 @@
+"""Pure functions: operators -> (FLOPs, bytes) -> seconds on a device."""

@@ -1,0 +1,162 @@
+"""`bench latency`, analytically: one batch prefilled, then decoded to the output length.
+
+Mirrors `vllm bench latency`: `batch_size` prompts of `input_len` tokens submitted together,
+each generating `output_len` tokens. The prefill is split into steps of at most
+`max_num_batched_tokens` tokens (whole prompts per step without chunked prefill); then
+output_len - 1 decode steps follow with the context growing by one token each step.
+
+Not modelled here (the serving simulator does it): decodes of prompts that finished early
+interleaving with the remaining prefill chunks; the run-to-run noise vLLM's percentiles show
+(every iteration of the simulation takes the same time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.memory import MemoryPlan, plan_memory, require_fit
+from simulator.costmodel.step import StepCost, engine_step_time, step_cost
+from simulator.errors import SpecError
+from simulator.specs.deployment import Parallelism, Precision
+from simulator.specs.engine import EngineSpec
+from simulator.specs.hardware import HardwareSpec
+from simulator.specs.model import ModelSpec
+
+PERCENTILES = (10, 25, 50, 75, 90, 99)
+
+
+@dataclass(frozen=True)
+class LatencyResult:
+    """Times in seconds. `prefill_steps` and `decode_steps` are the step-by-step times."""
+
+    ttft_s: float
+    tpot_s: float
+    latency_s: float
+    prefill_steps: np.ndarray
+    decode_steps: np.ndarray
+    memory: MemoryPlan
+    prefill_cost: StepCost
+    decode_cost: StepCost
+    num_iters: int = 30
+    config: dict[str, object] = field(default_factory=dict)
+
+    def breakdown(self) -> pd.DataFrame:
+        """Per-op time of the first prefill step and of the middle decode step."""
+        pre = self.prefill_cost.breakdown().assign(phase="prefill")
+        mid = len(self.decode_steps) // 2
+        dec = self.decode_cost.breakdown(index=mid).assign(phase="decode") if len(self.decode_steps) else None
+        return pd.concat([pre, dec]) if dec is not None else pre
+
+    def as_json(self) -> dict[str, object]:
+        """vLLM `bench latency --output-json` keys, plus ttft_s / tpot_s and the breakdown."""
+        latencies = [self.latency_s] * self.num_iters
+        return {
+            "avg_latency": self.latency_s,
+            "latencies": latencies,
+            "percentiles": {str(p): float(np.percentile(latencies, p)) for p in PERCENTILES},
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
+            "config": self.config,
+            "memory": self.memory.as_dict(),
+            "breakdown": self.breakdown().to_dict(orient="records"),
+        }
+
+
+def prefill_schedule(
+    *, batch_size: int, input_len: int, max_tokens: int, chunked: bool
+) -> list[list[tuple[int, int, bool]]]:
+    """The prefill steps as lists of (tokens, offset, last_chunk) per sequence."""
+    if not chunked:
+        if input_len > max_tokens:
+            raise SpecError(
+                f"input length {input_len} exceeds max_num_batched_tokens {max_tokens} "
+                "without chunked prefill",
+                field="max_num_batched_tokens",
+            )
+        per_step = max_tokens // input_len
+        return [[(input_len, 0, True)] * min(per_step, batch_size - i)
+                for i in range(0, batch_size, per_step)]
+    steps: list[list[tuple[int, int, bool]]] = []
+    seq, done, step, budget = 0, 0, [], max_tokens
+    while seq < batch_size:
+        take = min(budget, input_len - done)
+        step.append((take, done, done + take == input_len))
+        done, budget = done + take, budget - take
+        if done == input_len:
+            seq, done = seq + 1, 0
+        if budget == 0 or seq == batch_size:
+            steps.append(step)
+            step, budget = [], max_tokens
+    return steps
+
+
+def bench_latency(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    layout: Parallelism,
+    prec: Precision,
+    engine: EngineSpec,
+    *,
+    batch_size: int,
+    input_len: int,
+    output_len: int,
+    enforce_eager: bool = False,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+    chunked_prefill: bool | None = None,
+    gpu_memory_utilization: float | None = None,
+    num_iters: int = 30,
+) -> LatencyResult:
+    """Predict `vllm bench latency` for one replica. Raises SpecError if it cannot run."""
+    for name, value in (("batch_size", batch_size), ("input_len", input_len), ("output_len", output_len)):
+        if value < 1:
+            raise SpecError(f"must be at least 1, got {value}", field=name)
+    layout.check(model, hw)
+    sched = engine.scheduler
+    max_tokens = max_num_batched_tokens or sched.max_num_batched_tokens
+    plan = plan_memory(model, hw, layout, prec, engine, gpu_memory_utilization=gpu_memory_utilization,
+                       max_num_batched_tokens=max_tokens, max_num_seqs=max_num_seqs)
+    require_fit(plan, what=f"{model.id} on {hw.id} (tp={layout.tp}, pp={layout.pp}, {prec.weights})")
+    needed = batch_size * -(-(input_len + output_len) // plan.block_size)
+    if needed > plan.kv_capacity_blocks:
+        raise SpecError(
+            f"batch of {batch_size} x {input_len + output_len} tokens needs {needed} KV blocks, "
+            f"only {plan.kv_capacity_blocks} fit (largest batch: "
+            f"{plan.max_batch(seq_len=input_len + output_len)})",
+            field="batch_size",
+        )
+    window = model.attention.sliding_window
+    chunked = sched.chunked_prefill if chunked_prefill is None else chunked_prefill
+    schedule = prefill_schedule(batch_size=batch_size, input_len=input_len, max_tokens=max_tokens,
+                                chunked=chunked)
+    shapes = [BatchShape.mixed(chunks=s, window=window) for s in schedule]
+    stacked = BatchShape(**{f: np.array([getattr(b, f) for b in shapes]) for f in BatchShape.__slots__})
+    pre_cost = step_cost(model, hw, layout, prec, stacked, attention_factor=engine.attention_factor)
+    prefill = engine_step_time(pre_cost, engine, num_tokens=stacked.num_tokens,
+                               num_seqs=stacked.prefill_seqs, enforce_eager=enforce_eager)
+    context = input_len + np.arange(1, output_len, dtype=float)
+    dec = BatchShape.decode(batch_size=np.full(context.shape, float(batch_size)),
+                            context_len=context, window=window)
+    dec_cost = step_cost(model, hw, layout, prec, dec, attention_factor=engine.attention_factor)
+    decode = engine_step_time(dec_cost, engine, num_tokens=float(batch_size), num_seqs=float(batch_size),
+                              enforce_eager=enforce_eager) if output_len > 1 else np.zeros(0)
+    decode = np.broadcast_to(decode, context.shape)
+    ttft = float(prefill.sum())
+    return LatencyResult(
+        ttft_s=ttft,
+        tpot_s=float(decode.mean()) if decode.size else 0.0,
+        latency_s=ttft + float(decode.sum()),
+        prefill_steps=prefill,
+        decode_steps=np.asarray(decode),
+        memory=plan,
+        prefill_cost=pre_cost,
+        decode_cost=dec_cost,
+        num_iters=num_iters,
+        config={"model": model.id, "hardware": hw.id, "engine": engine.id, "tp": layout.tp,
+                "pp": layout.pp, "precision": prec.model_dump(), "batch_size": batch_size,
+                "input_len": input_len, "output_len": output_len, "enforce_eager": enforce_eager},
+    )

@@ -1,0 +1,194 @@
+"""Device memory: weights per device, activation workspace, engine reserve, KV capacity.
+
+Mirrors how vLLM sizes its KV cache: usable = gpu_memory_utilization x capacity, minus the
+weights of the busiest device, minus the peak activation of a profiling forward pass with
+max_num_batched_tokens tokens (and the sampler's logits for max_num_seqs sequences), minus the
+engine's reserve (CUDA context, workspaces, graph pool); what remains holds KV blocks.
+
+Not modelled: allocator fragmentation, LoRA adapters, multimodal encoders' memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.costmodel.ops import weight_bytes_per_param
+from simulator.errors import SpecError
+from simulator.specs.deployment import Parallelism, Precision
+from simulator.specs.engine import EngineSpec
+from simulator.specs.hardware import HardwareSpec
+from simulator.specs.model import DTYPE_BYTES, GQAttention, ModelSpec
+from simulator.units import GiB
+
+
+def _attention_params_per_device(model: ModelSpec, tp: int) -> tuple[float, float]:
+    """(sharded linear params, replicated 16-bit params) of one attention block."""
+    attn, h = model.attention, model.hidden_size
+    if isinstance(attn, GQAttention):
+        q = attn.q_dim // tp
+        kv = max(1, attn.num_kv_heads // tp) * attn.head_dim
+        return h * (q + 2 * kv) + q * h, (q + 2 * kv if attn.qkv_bias else 0)
+    heads = attn.num_heads // tp
+    replicated = h * attn.kv_elems_per_token + attn.kv_lora_rank  # kv_a + its norm
+    sharded = attn.kv_lora_rank * heads * (attn.qk_nope_head_dim + attn.v_head_dim)
+    sharded += heads * attn.v_head_dim * h
+    if attn.q_lora_rank:
+        replicated += h * attn.q_lora_rank + attn.q_lora_rank
+        sharded += attn.q_lora_rank * heads * attn.head_dim
+    else:
+        sharded += h * heads * attn.head_dim
+    return sharded, replicated
+
+
+def layer_weight_bytes(model: ModelSpec, layout: Parallelism, prec: Precision) -> np.ndarray:
+    """Bytes of each layer's weights held by one device of its pipeline stage."""
+    tp, h = layout.tp, model.hidden_size
+    wb, ab = weight_bytes_per_param(prec.weights), DTYPE_BYTES[prec.activations]
+    sharded, replicated = _attention_params_per_device(model, tp)
+    norms = (2 if model.norm == "layer" else 1) * h * 2
+    attn_bytes = sharded * wb + (replicated + norms) * ab
+    dense = attn_bytes + model.mlp.params(h) / tp * wb
+    per_layer = np.full(model.num_layers, dense)
+    if model.moe is not None:
+        moe = model.moe
+        group = layout.tp * (layout.dp if layout.ep > layout.tp else 1)  # devices sharing experts
+        experts = moe.num_experts * moe.expert.params(h) / group * wb
+        shared = (moe.num_shared_experts * moe.shared_expert.params(h) / tp * wb
+                  if moe.shared_expert is not None else 0.0)
+        router = h * moe.num_experts * ab
+        per_layer[moe.first_dense_layers:] = attn_bytes + experts + shared + router
+    return per_layer
+
+
+def weight_bytes_per_device(model: ModelSpec, layout: Parallelism, prec: Precision) -> float:
+    """Weights on the busiest device: layers split evenly over pipeline stages, embedding on
+    the first stage and the LM head on the last (both vocab-parallel over TP, kept 16-bit)."""
+    stages = np.array_split(layer_weight_bytes(model, layout, prec), layout.pp)
+    per_stage = np.array([s.sum() for s in stages])
+    table = model.vocab_size * model.hidden_size / layout.tp * DTYPE_BYTES[prec.activations]
+    per_stage[0] += table
+    if not model.tie_word_embeddings or layout.pp > 1:
+        per_stage[-1] += table
+    return float(per_stage.max())
+
+
+def activation_bytes(
+    model: ModelSpec, layout: Parallelism, prec: Precision, *, max_tokens: int, max_seqs: int
+) -> float:
+    """Peak activation memory of vLLM's profiling run: the widest intermediate tensors of one
+    layer for `max_tokens` tokens plus fp32 logits and probabilities for `max_seqs` rows."""
+    h, tp, a = model.hidden_size, layout.tp, DTYPE_BYTES[prec.activations]
+    attn = model.attention
+    width = attn.num_heads * attn.head_dim / tp + 2 * attn.kv_elems_per_token
+    inter = 3 * model.mlp.intermediate_size / tp
+    if model.moe is not None:
+        inter = max(inter, 3 * model.moe.top_k * model.moe.expert.intermediate_size / tp)
+    layer = max_tokens * a * (4 * h + width + inter)
+    sampler = max_seqs * model.vocab_size * 4.0 * 2
+    return float(layer + sampler)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """Per-device memory budget (bytes) and the KV cache it leaves."""
+
+    capacity_bytes: float
+    usable_bytes: float
+    weights_bytes: float
+    activation_bytes: float
+    reserve_bytes: float
+    kv_bytes_per_token: float  # per device: this device's share of layers and KV heads
+    block_size: int
+
+    @property
+    def kv_cache_bytes(self) -> float:
+        return self.usable_bytes - self.weights_bytes - self.activation_bytes - self.reserve_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_cache_bytes >= self.kv_bytes_per_token * self.block_size
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return max(0, self.kv_capacity_blocks * self.block_size)
+
+    @property
+    def kv_capacity_blocks(self) -> int:
+        return max(0, int(self.kv_cache_bytes // (self.kv_bytes_per_token * self.block_size)))
+
+    def max_batch(self, *, seq_len: int) -> int:
+        """Largest number of sequences of `seq_len` tokens whose KV fits at once."""
+        blocks_per_seq = -(-seq_len // self.block_size)
+        return self.kv_capacity_blocks // max(1, blocks_per_seq)
+
+    def summary(self) -> str:
+        g = GiB
+        return (
+            f"weights {self.weights_bytes / g:.2f} GiB + activations {self.activation_bytes / g:.2f} GiB"
+            f" + engine reserve {self.reserve_bytes / g:.2f} GiB"
+            f" vs {self.usable_bytes / g:.2f} GiB usable of {self.capacity_bytes / g:.2f} GiB"
+        )
+
+    def as_dict(self) -> dict[str, float | int | bool]:
+        return {
+            "capacity_bytes": self.capacity_bytes,
+            "usable_bytes": self.usable_bytes,
+            "weights_bytes": self.weights_bytes,
+            "activation_bytes": self.activation_bytes,
+            "reserve_bytes": self.reserve_bytes,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "kv_capacity_blocks": self.kv_capacity_blocks,
+            "block_size": self.block_size,
+            "fits": self.fits,
+        }
+
+
+def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: Precision) -> float:
+    """KV bytes one token occupies on one device: its stage's layers, its share of KV heads
+    (replicated when there are fewer KV heads than TP ranks; MLA's latent is replicated)."""
+    attn = model.attention
+    elems = (2 * max(1, attn.num_kv_heads // layout.tp) * attn.head_dim
+             if isinstance(attn, GQAttention) else attn.kv_elems_per_token)
+    layers = -(-model.num_layers // layout.pp)
+    return float(elems * layers * DTYPE_BYTES[prec.kv_cache])
+
+
+def plan_memory(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    layout: Parallelism,
+    prec: Precision,
+    engine: EngineSpec,
+    *,
+    gpu_memory_utilization: float | None = None,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+) -> MemoryPlan:
+    """The memory budget of the busiest device; see `MemoryPlan.fits`."""
+    sched = engine.scheduler
+    util = gpu_memory_utilization if gpu_memory_utilization is not None else sched.gpu_memory_utilization
+    if not 0 < util <= 1:
+        raise SpecError(f"must be in (0, 1], got {util}", field="gpu_memory_utilization")
+    return MemoryPlan(
+        capacity_bytes=hw.memory.capacity_bytes,
+        usable_bytes=util * hw.memory.capacity_bytes,
+        weights_bytes=weight_bytes_per_device(model, layout, prec),
+        activation_bytes=activation_bytes(
+            model, layout, prec,
+            max_tokens=max_num_batched_tokens or sched.max_num_batched_tokens,
+            max_seqs=max_num_seqs or sched.max_num_seqs,
+        ),
+        reserve_bytes=engine.memory_reserve_bytes,
+        kv_bytes_per_token=kv_bytes_per_token_per_device(model, layout, prec),
+        block_size=sched.block_size,
+    )
+
+
+def require_fit(plan: MemoryPlan, *, what: str) -> None:
+    """Raise SpecError with the breakdown if the model does not fit."""
+    if not plan.fits:
+        raise SpecError(f"does not fit: {plan.summary()}", source=what, field="memory")

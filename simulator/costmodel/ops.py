@@ -1,0 +1,255 @@
+"""The declarative operator list of one engine step on one device.
+
+`step_ops(model, layout, precision, batch)` returns every kernel of the step with its FLOPs and
+DRAM bytes per instance and a repeat count (layers). No device or time appears here: that is
+`roofline.evaluate`'s job. Sizes are per device after tensor/expert parallel sharding; the
+counts walk every layer of the model once (all pipeline stages in sequence), so the sum is the
+latency of one step through the pipeline.
+
+Not modelled: bias adds and residual adds as separate kernels (fused into the GEMM/norm
+epilogues, as vLLM does), rotary/ALiBi arithmetic beyond its memory traffic, kernel fusion
+across operators, the KV-cache block-table indirection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from simulator.costmodel.batch import BatchShape, Num
+from simulator.specs.deployment import Parallelism, Precision
+from simulator.specs.model import DTYPE_BYTES, MLP, GQAttention, MLAttention, ModelSpec
+
+OpKind = Literal["gemm", "attention_prefill", "attention_decode", "memory", "collective"]
+Collective = Literal["", "all_reduce", "all_gather", "all_to_all", "send_recv"]
+
+INT4_GROUP_SIZE = 128  # AWQ/GPTQ: one fp16 scale per 128 weights
+
+
+def weight_bytes_per_param(dtype: str) -> float:
+    """Storage bytes per weight including quantisation scales."""
+    if dtype == "int4":
+        return 0.5 + 2.0 / INT4_GROUP_SIZE
+    return DTYPE_BYTES[dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One kernel, `count` times per step. flops/bytes are per instance; for GEMMs m, n, k are
+    the shape and `groups` the number of independent GEMMs fused in one launch (MoE experts,
+    per-head batched GEMMs); for attention `seq_len` is the mean query (prefill) or KV (decode)
+    length; collectives move `msg_bytes` among `group_size` devices."""
+
+    name: str
+    kind: OpKind
+    count: float
+    flops: Num
+    bytes: Num
+    dtype: str = "bf16"
+    m: Num = 0.0
+    n: float = 0.0
+    k: float = 0.0
+    groups: Num = 1.0
+    seq_len: Num = 0.0
+    collective: Collective = ""
+    group_size: int = 1
+    msg_bytes: Num = 0.0
+    scale_out: bool = False
+
+
+def _safe_div(a: Num, b: Num) -> Num:
+    return np.divide(a, b, out=np.zeros_like(np.asarray(a, dtype=float)), where=np.asarray(b) > 0)
+
+
+def gemm(
+    name: str, *, m: Num, n: float, k: float, count: float, prec: Precision,
+    weight_dtype: str | None = None, groups: Num = 1.0,
+) -> Op:
+    """A (groups x) m-by-k times k-by-n GEMM whose k-by-n operand is a stored weight."""
+    a = DTYPE_BYTES[prec.activations]
+    wb = weight_bytes_per_param(weight_dtype or prec.weights)
+    dtype = prec.compute if (weight_dtype or prec.weights) == prec.weights else prec.activations
+    g = np.asarray(groups, dtype=float)
+    flops = 2.0 * m * n * k * g
+    bytes_ = g * (n * k * wb + m * (k + n) * a)
+    active = np.asarray(m, dtype=float) > 0
+    return Op(name, "gemm", count, np.where(active, flops, 0.0), np.where(active, bytes_, 0.0),
+              dtype=dtype, m=m, n=n, k=k, groups=g)
+
+
+def elementwise(name: str, *, bytes_: Num, count: float) -> Op:
+    return Op(name, "memory", count, 0.0, bytes_)
+
+
+def collective(
+    name: str, kind: Collective, *, msg_bytes: Num, group: int, count: float, scale_out: bool = False
+) -> Op:
+    return Op(name, "collective", count, 0.0, 0.0, collective=kind, group_size=group,
+              msg_bytes=msg_bytes, scale_out=scale_out)
+
+
+# -- attention ----------------------------------------------------------------------------------
+def attention_ops(
+    *, heads: int, kv_heads: int, head_dim: int, prec: Precision, batch: BatchShape, count: float
+) -> list[Op]:
+    """Flash-style attention of a mixed batch, per device: one varlen prefill kernel over all
+    chunks (causal, each chunk reading its cached prefix) and one paged decode kernel."""
+    a, kvb = DTYPE_BYTES[prec.activations], DTYPE_BYTES[prec.kv_cache]
+    kv_elems = 2 * kv_heads * head_dim  # K and V per token
+    b = batch
+    return [
+        Op("attention_prefill", "attention_prefill", count,
+           flops=4.0 * heads * head_dim * b.prefill_pairs,
+           bytes=b.prefill_tokens * (2 * heads * head_dim * a + kv_elems * kvb)
+           + b.prefill_kv_tokens * kv_elems * kvb,
+           dtype=prec.activations, seq_len=_safe_div(b.prefill_tokens, b.prefill_seqs)),
+        Op("attention_decode", "attention_decode", count,
+           flops=4.0 * heads * head_dim * b.decode_kv_tokens,
+           bytes=b.decode_kv_tokens * kv_elems * kvb
+           + b.decode_seqs * (2 * heads * head_dim * a + kv_elems * kvb),
+           dtype=prec.activations, seq_len=_safe_div(b.decode_kv_tokens, b.decode_seqs)),
+    ]
+
+
+def _gqa_ops(attn: GQAttention, model: ModelSpec, tp: int, prec: Precision, b: BatchShape) -> list[Op]:
+    h, d, n_layers = model.hidden_size, attn.head_dim, model.num_layers
+    heads = attn.num_heads // tp
+    kv_heads = max(1, attn.num_kv_heads // tp)  # replicated when fewer KV heads than ranks
+    a = DTYPE_BYTES[prec.activations]
+    t = b.num_tokens
+    return [
+        gemm("qkv_proj", m=t, n=(heads + 2 * kv_heads) * d, k=h, count=n_layers, prec=prec),
+        elementwise("rotary", bytes_=t * (heads + kv_heads) * d * a * 2, count=n_layers),
+        *attention_ops(heads=heads, kv_heads=kv_heads, head_dim=d, prec=prec, batch=b, count=n_layers),
+        gemm("o_proj", m=t, n=h, k=heads * d, count=n_layers, prec=prec),
+    ]
+
+
+def _mla_ops(attn: MLAttention, model: ModelSpec, tp: int, prec: Precision, b: BatchShape) -> list[Op]:
+    """DeepSeek MLA as vLLM runs it: prefill up-projects the latent to per-head K/V (MHA with
+    qk dim nope+rope, v dim v_head_dim); decode absorbs W_UK/W_UV into the query/output and
+    attends in the latent space (MQA over kv_lora_rank + rope dims)."""
+    h, n_layers = model.hidden_size, model.num_layers
+    heads = attn.num_heads // tp
+    qk, v, lat = attn.head_dim, attn.v_head_dim, attn.kv_elems_per_token
+    a, kvb = DTYPE_BYTES[prec.activations], DTYPE_BYTES[prec.kv_cache]
+    t = b.num_tokens
+    ops: list[Op] = []
+    if attn.q_lora_rank:
+        ops.append(gemm("q_a_proj", m=t, n=attn.q_lora_rank, k=h, count=n_layers, prec=prec))
+        ops.append(gemm("q_b_proj", m=t, n=heads * qk, k=attn.q_lora_rank, count=n_layers, prec=prec))
+    else:
+        ops.append(gemm("q_proj", m=t, n=heads * qk, k=h, count=n_layers, prec=prec))
+    ops.append(gemm("kv_a_proj", m=t, n=lat, k=h, count=n_layers, prec=prec))
+    nope = attn.qk_nope_head_dim
+    ops += [
+        gemm("kv_b_proj", m=b.prefill_kv_tokens, n=heads * (nope + v), k=attn.kv_lora_rank,
+             count=n_layers, prec=prec),
+        Op("attention_prefill", "attention_prefill", n_layers,
+           flops=2.0 * heads * (qk + v) * b.prefill_pairs,
+           bytes=b.prefill_tokens * (heads * (qk + v) * a + lat * kvb)
+           + b.prefill_kv_tokens * heads * (qk + v) * a,
+           dtype=prec.activations, seq_len=_safe_div(b.prefill_tokens, b.prefill_seqs)),
+        gemm("w_uk_absorb", m=b.decode_seqs, n=attn.kv_lora_rank, k=nope, groups=heads,
+             count=n_layers, prec=prec),
+        Op("attention_decode", "attention_decode", n_layers,
+           flops=2.0 * heads * (lat + attn.kv_lora_rank) * b.decode_kv_tokens,
+           bytes=b.decode_kv_tokens * lat * kvb + b.decode_seqs * heads * (lat + attn.kv_lora_rank) * a,
+           dtype=prec.activations, seq_len=_safe_div(b.decode_kv_tokens, b.decode_seqs)),
+        gemm("w_uv_absorb", m=b.decode_seqs, n=v, k=attn.kv_lora_rank, groups=heads,
+             count=n_layers, prec=prec),
+        gemm("o_proj", m=t, n=h, k=heads * v, count=n_layers, prec=prec),
+    ]
+    return ops
+
+
+# -- feed-forward ---------------------------------------------------------------------------------
+def _mlp_ops(prefix: str, mlp: MLP, *, h: int, shards: int, tokens: Num, count: float,
+             prec: Precision, groups: Num = 1.0) -> list[Op]:
+    inter = mlp.intermediate_size / shards
+    up_n = (2 if mlp.gated else 1) * inter
+    a = DTYPE_BYTES[prec.activations]
+    g = np.asarray(groups, dtype=float)
+    return [
+        gemm(f"{prefix}up_proj", m=tokens, n=up_n, k=h, count=count, prec=prec, groups=groups),
+        elementwise(f"{prefix}act", bytes_=g * tokens * (up_n + inter) * a, count=count),
+        gemm(f"{prefix}down_proj", m=tokens, n=h, k=inter, count=count, prec=prec, groups=groups),
+    ]
+
+
+def experts_hit(num_experts: int, top_k: int, tokens: Num) -> Num:
+    """Expected distinct experts selected by `tokens` tokens under uniform top-k routing."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** np.asarray(tokens, dtype=float))
+
+
+def _moe_ops(model: ModelSpec, layout: Parallelism, prec: Precision, b: BatchShape) -> list[Op]:
+    moe = model.moe
+    assert moe is not None
+    h, count, t = model.hidden_size, float(model.num_moe_layers), b.num_tokens
+    wide_ep = layout.ep > layout.tp  # DP attention: experts spread over tp * dp devices
+    expert_tp = (layout.tp * (layout.dp if wide_ep else 1)) // layout.ep
+    # Tokens whose routing reaches this device's experts: every token of the EP group.
+    group_tokens = t * (layout.dp if wide_ep else 1)
+    hit = experts_hit(moe.num_experts, moe.top_k, group_tokens) / layout.ep
+    per_expert = _safe_div(group_tokens * moe.top_k / layout.ep, hit)
+    ops = [
+        gemm("router", m=t, n=moe.num_experts, k=h, count=count, prec=prec,
+             weight_dtype=prec.activations),
+        elementwise("topk_softmax", bytes_=t * moe.num_experts * 4.0 * 2, count=count),
+        *_mlp_ops("expert_", moe.expert, h=h, shards=expert_tp, tokens=per_expert, count=count,
+                  prec=prec, groups=hit),
+    ]
+    if moe.shared_expert is not None:
+        shared = MLP(intermediate_size=moe.shared_expert.intermediate_size * moe.num_shared_experts,
+                     gated=moe.shared_expert.gated)
+        ops += _mlp_ops("shared_", shared, h=h, shards=layout.tp, tokens=t, count=count, prec=prec)
+    if wide_ep:
+        a = DTYPE_BYTES[prec.activations]
+        for stage in ("dispatch", "combine"):
+            ops.append(collective(f"moe_{stage}", "all_to_all", msg_bytes=t * moe.top_k * h * a,
+                                  group=layout.ep, count=count))
+    return ops
+
+
+# -- the step -----------------------------------------------------------------------------------
+def step_ops(
+    model: ModelSpec, layout: Parallelism, prec: Precision, batch: BatchShape, *, gpus_per_node: int = 8
+) -> list[Op]:
+    """Every kernel of one step on one device of the replica, with repeat counts. Pipeline
+    stages of `tp` devices fill nodes of `gpus_per_node` in order; a stage boundary that
+    crosses a node boundary sends over the scale-out network."""
+    h, tp, n_layers = model.hidden_size, layout.tp, float(model.num_layers)
+    a = DTYPE_BYTES[prec.activations]
+    t = batch.num_tokens
+    norm = elementwise("norm", bytes_=t * h * a * 3, count=2 * n_layers)  # fused add + norm
+    attn = model.attention
+    attn_ops = (_gqa_ops(attn, model, tp, prec, batch) if isinstance(attn, GQAttention)
+                else _mla_ops(attn, model, tp, prec, batch))
+    ops = [elementwise("embedding", bytes_=t * h * a * 2, count=1), norm, *attn_ops]
+    if model.num_dense_layers:
+        ops += _mlp_ops("", model.mlp, h=h, shards=tp, tokens=t, count=float(model.num_dense_layers),
+                        prec=prec)
+    if model.moe is not None:
+        ops += _moe_ops(model, layout, prec, batch)
+    ops += [
+        elementwise("final_norm", bytes_=t * h * a * 2, count=1),
+        gemm("lm_head", m=batch.sampled, n=model.vocab_size / tp, k=h, count=1, prec=prec,
+             weight_dtype=prec.activations),
+        elementwise("sampler", bytes_=batch.sampled * model.vocab_size * 4.0 * 2, count=1),
+    ]
+    if tp > 1:
+        ops += [
+            collective("tp_all_reduce", "all_reduce", msg_bytes=t * h * a, group=tp,
+                       count=2 * n_layers + 1),  # attention out, MLP out, vocab-parallel embedding
+            collective("logits_all_gather", "all_gather", msg_bytes=batch.sampled * model.vocab_size * a,
+                       group=tp, count=1),
+        ]
+    if layout.pp > 1:
+        crossing = sum(1 for i in range(1, layout.pp) if (i * tp) % gpus_per_node == 0)
+        for name, n, out in (("pp_send_recv", layout.pp - 1 - crossing, False),
+                             ("pp_send_recv_internode", crossing, True)):
+            ops.append(collective(name, "send_recv", msg_bytes=t * h * a, group=2, count=n,
+                                  scale_out=out))
+    return [op for op in ops if op.count > 0]

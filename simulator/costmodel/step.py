@@ -1,0 +1,86 @@
+"""One engine step's cost on a replica: the op list evaluated on a device, plus a breakdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.ops import step_ops
+from simulator.costmodel.roofline import OpCost, evaluate, total_time
+from simulator.specs.deployment import Parallelism, Precision
+from simulator.specs.engine import EngineSpec
+from simulator.specs.hardware import HardwareSpec
+from simulator.specs.model import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """Time of one step through every pipeline stage (`time_s`) and its per-op breakdown."""
+
+    costs: list[OpCost]
+    time_s: np.ndarray
+
+    @property
+    def seconds(self) -> float:
+        """The step time as a float (the first element when vectorised)."""
+        return float(np.ravel(self.time_s)[0])
+
+    def breakdown(self, index: int = 0) -> pd.DataFrame:
+        """One row per op: count, time per instance and in total, share, FLOPs, bytes, bound."""
+        rows = []
+        total = float(np.ravel(self.time_s)[index]) or 1.0
+        for c in self.costs:
+            def at(x: object) -> float:
+                arr = np.ravel(np.asarray(x, dtype=float))
+                return float(arr[index] if arr.size > 1 else arr[0])
+
+            t = at(c.time_s)
+            if t == 0.0:
+                continue
+            rows.append({
+                "op": c.op.name,
+                "kind": c.op.kind,
+                "count": c.op.count,
+                "time_s": t,
+                "total_s": t * c.op.count,
+                "share": t * c.op.count / total,
+                "flops": at(c.op.flops) * c.op.count,
+                "bytes": (at(c.op.bytes) + at(c.op.msg_bytes)) * c.op.count,
+                "bound": str(np.ravel(c.bound)[index if np.ravel(c.bound).size > 1 else 0]),
+            })
+        return pd.DataFrame(rows)
+
+
+def step_cost(
+    model: ModelSpec, hw: HardwareSpec, layout: Parallelism, prec: Precision, batch: BatchShape,
+    *, attention_factor: float = 1.0,
+) -> StepCost:
+    """GPU time of one step of `batch` on one replica (no engine CPU overheads)."""
+    ops = step_ops(model, layout, prec, batch, gpus_per_node=hw.interconnect.gpus_per_node)
+    costs = evaluate(ops, hw, attention_factor=attention_factor)
+    return StepCost(costs, total_time(costs))
+
+
+def kernel_launches(step: StepCost) -> np.ndarray:
+    """Kernels launched in the step (ops with work, times their repeat count)."""
+    return sum((c.op.count * (c.time_s > 0) for c in step.costs), start=np.zeros(1))
+
+
+def engine_step_time(
+    step: StepCost, engine: EngineSpec, *, num_tokens: np.ndarray | float,
+    num_seqs: np.ndarray | float, enforce_eager: bool = False,
+) -> np.ndarray:
+    """Wall time of a step under a serving engine: the CPU launches kernels asynchronously, so
+    the GPU time and the launch time overlap and the longer one counts; the scheduler's
+    per-step and per-sequence CPU work does not overlap (vLLM runs it between steps).
+
+    A step is replayed from a CUDA graph when the engine captures graphs, `enforce_eager` is
+    off and the step has at most `cuda_graph_max_tokens` tokens."""
+    ov = engine.overhead
+    graphed = (engine.cuda_graphs and not enforce_eager) & (
+        np.asarray(num_tokens) <= engine.cuda_graph_max_tokens)
+    launch = np.where(graphed, ov.graph_launch_s, kernel_launches(step) * ov.launch_eager_s)
+    return np.maximum(step.time_s, launch) + ov.step_s + ov.per_seq_s * np.asarray(num_seqs)

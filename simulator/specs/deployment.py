@@ -1,0 +1,119 @@
+"""How a model is laid out on devices: parallelism and precision. Pure validated data."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from simulator.errors import SpecError
+from simulator.specs._base import Frozen
+from simulator.specs.hardware import HardwareSpec
+from simulator.specs.model import ModelSpec
+
+Quantization = Literal["fp8", "int8", "int4"]
+
+
+class Parallelism(Frozen):
+    """Tensor (tp), pipeline (pp), data (dp, replicas) and expert (ep) parallel sizes.
+
+    One replica spans tp * pp devices. Experts are split over `ep` groups inside the TP group
+    and each expert's FFN over the remaining tp / ep devices (ep = tp: whole experts per GPU).
+    """
+
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    dp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
+
+    @property
+    def devices_per_replica(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def num_devices(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def check(self, model: ModelSpec, hw: HardwareSpec, *, source: str = "layout") -> None:
+        """Raise SpecError if this layout cannot run `model` on `hw`."""
+        attn = model.attention
+        if attn.num_heads % self.tp:
+            raise SpecError(
+                f"tensor parallel size {self.tp} does not divide the {attn.num_heads} "
+                f"attention heads of {model.id or model.name}",
+                source=source,
+                field="tensor_parallel_size",
+            )
+        kv = attn.num_kv_heads
+        if attn.kind == "gqa" and kv % self.tp and self.tp % kv:
+            raise SpecError(
+                f"tensor parallel size {self.tp} neither divides nor is a multiple of the "
+                f"{kv} KV heads",
+                source=source,
+                field="tensor_parallel_size",
+            )
+        if self.pp > model.num_layers:
+            raise SpecError(
+                f"pipeline parallel size {self.pp} exceeds the {model.num_layers} layers",
+                source=source,
+                field="pipeline_parallel_size",
+            )
+        if self.ep > 1:
+            if model.moe is None:
+                raise SpecError("expert parallelism needs a MoE model", source=source, field="ep")
+            if self.tp % self.ep or model.moe.num_experts % self.ep:
+                raise SpecError(
+                    f"expert parallel size {self.ep} must divide the tensor parallel size "
+                    f"{self.tp} and the {model.moe.num_experts} experts",
+                    source=source,
+                    field="ep",
+                )
+        if self.tp > hw.interconnect.gpus_per_node:
+            raise SpecError(
+                f"tensor parallel size {self.tp} exceeds the {hw.interconnect.gpus_per_node} "
+                f"GPUs of one {hw.id} node",
+                source=source,
+                field="tensor_parallel_size",
+            )
+
+
+class Precision(Frozen):
+    """Resolved precisions: what the weights are stored in, what the matrix units compute in,
+    what the KV cache holds, and what activations are kept in between kernels."""
+
+    weights: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+    compute: Literal["fp32", "bf16", "fp16", "fp8", "int8"]
+    kv_cache: Literal["fp32", "bf16", "fp16", "fp8"]
+    activations: Literal["fp32", "bf16", "fp16"]
+
+    @property
+    def weight_only(self) -> bool:
+        """True when quantized weights are dequantised and multiplied in 16-bit."""
+        return self.weights in ("fp8", "int8", "int4") and self.compute in ("bf16", "fp16")
+
+
+def resolve_precision(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    *,
+    dtype: str = "auto",
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+) -> Precision:
+    """vLLM's rules: `auto` takes the model's dtype (fp32 checkpoints serve in bf16);
+    fp8/int8 weights run W8A8 where the device has the matrix unit, weight-only otherwise
+    (Marlin); int4 is always weight-only."""
+    dtypes = {"auto": model.dtype, "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+    if dtype not in dtypes and dtype not in ("bf16", "fp16"):
+        raise SpecError(f"unknown dtype {dtype!r} (auto, bfloat16, float16)", field="dtype")
+    act = dtypes.get(dtype, dtype)
+    if act == "fp32":
+        act = "bf16"
+    weights = quantization or (model.weight_dtype if model.weight_dtype != "fp32" else act)
+    if weights in ("bf16", "fp16"):
+        weights = act
+    compute = weights if weights in ("fp8", "int8") and hw.supports(weights) else act
+    if kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16"):
+        raise SpecError(f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8)", field="kv_cache_dtype")
+    kv = act if kv_cache_dtype == "auto" else ("fp8" if kv_cache_dtype.startswith("fp8") else kv_cache_dtype)
+    return Precision(weights=weights, compute=compute, kv_cache=kv, activations=act)  # type: ignore[arg-type]

@@ -1,0 +1,47 @@
+"""Serving-engine profiles: what differs between frameworks on the same hardware.
+
+One YAML per engine in `simulator/specs/engines/` (file name = id): per-step CPU overhead,
+kernel-launch cost with and without CUDA/HIP graphs, an attention-kernel factor, the memory the
+engine keeps outside the KV cache, default scheduler knobs, and which quantized kernels exist.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from simulator.specs._base import Bytes, Frozen, Seconds
+
+
+class EngineOverhead(Frozen):
+    step_s: Seconds = Field(ge=0, description="CPU scheduling and input preparation per step")
+    per_seq_s: Seconds = Field(ge=0, description="extra CPU time per running sequence per step")
+    launch_eager_s: Seconds = Field(ge=0, description="CPU cost of launching one kernel eagerly")
+    graph_launch_s: Seconds = Field(ge=0, description="CPU cost of replaying one captured graph")
+
+
+class SchedulerDefaults(Frozen):
+    max_num_seqs: int = Field(gt=0)
+    max_num_batched_tokens: int = Field(gt=0)
+    chunked_prefill: bool
+    block_size: int = Field(gt=0)
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+
+
+class EngineSpec(Frozen):
+    id: str = Field(default="", description="set from the file name by the loader")
+    name: str
+    version: str
+    overhead: EngineOverhead
+    cuda_graphs: bool = Field(description="captures decode steps in CUDA/HIP graphs by default")
+    cuda_graph_max_tokens: int = Field(ge=0, description="largest step (tokens) that is captured")
+    attention_factor: float = Field(
+        default=1.0, gt=0, le=2, description="multiplies the device's attention efficiency"
+    )
+    memory_reserve_bytes: Bytes = Field(
+        ge=0, description="non-KV memory outside weights and activations: CUDA context, "
+        "library workspaces, communication buffers, graph pool"
+    )
+    scheduler: SchedulerDefaults
+    quantized_kernels: tuple[Literal["fp8", "int8", "int4"], ...] = ("fp8", "int8", "int4")

@@ -1,0 +1,185 @@
+"""The shipped hardware specs (`hardware_specs/*.yaml`): every file loads, the interface ids are
+there, a few datasheet numbers are pinned, and the numbers are mutually sane."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator.specs import HardwareSpec, load_hardware
+from simulator.units import GB, TFLOPS, MiB
+
+SPEC_DIR = Path(__file__).resolve().parents[2] / "hardware_specs"
+SPEC_FILES = sorted(SPEC_DIR.glob("*.yaml"))
+
+# Ids other parts of the simulator (CLI, scenarios, docs) refer to; they must always exist.
+INTERFACE_IDS = [
+    "h100_sxm",
+    "h100_pcie",
+    "h200_sxm",
+    "a100_sxm_80gb",
+    "a100_sxm_40gb",
+    "a100_pcie_80gb",
+    "l40s",
+    "rtx_4090",
+    "b200",
+    "mi300x",
+    "mi325x",
+]
+
+
+def _load(path: Path) -> HardwareSpec:
+    # By path, so a user's LLMSIM_HARDWARE_PATH cannot shadow the shipped file.
+    return load_hardware(str(path))
+
+
+@pytest.fixture(scope="module")
+def specs() -> dict[str, HardwareSpec]:
+    return {p.stem: _load(p) for p in SPEC_FILES}
+
+
+def test_spec_dir_is_not_empty() -> None:
+    assert SPEC_FILES, f"no YAML files in {SPEC_DIR}"
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: p.stem)
+def test_every_file_loads_and_takes_its_id_from_the_file_name(path: Path) -> None:
+    spec = _load(path)
+    assert spec.id == path.stem
+    assert spec.name
+
+
+def test_interface_ids_are_present() -> None:
+    shipped = {p.stem for p in SPEC_FILES}
+    missing = sorted(set(INTERFACE_IDS) - shipped)
+    assert not missing, f"missing hardware specs: {missing}"
+
+
+def test_interface_ids_resolve_by_id() -> None:
+    for hw in INTERFACE_IDS:
+        assert load_hardware(hw).id == hw
+
+
+# -- pinned datasheet numbers (docs/hardware_sources.md) -----------------------------------------
+def test_h100_sxm_bf16_is_the_dense_peak(specs: dict[str, HardwareSpec]) -> None:
+    # 1,830 MHz x 528 tensor cores x 512 FMA x 2 = 989.4 TFLOP/s dense; 1,979 is the sparse figure.
+    assert specs["h100_sxm"].peak_flops("bf16") == pytest.approx(989.4 * TFLOPS)
+
+
+@pytest.mark.parametrize("hw", ["a100_sxm_80gb", "a100_sxm_40gb", "a100_pcie_80gb"])
+def test_a100_has_no_fp8(specs: dict[str, HardwareSpec], hw: str) -> None:
+    # Ampere has no FP8 matrix unit: the key is absent, so the cost model runs fp8 weight-only.
+    spec = specs[hw]
+    assert "fp8" not in spec.compute.peak_flops_per_s
+    assert not spec.supports("fp8")
+    assert spec.peak_flops("bf16") == pytest.approx(312 * TFLOPS)
+
+
+def test_rtx_4090_bf16_uses_fp32_accumulate(specs: dict[str, HardwareSpec]) -> None:
+    # 165.2 with FP32 accumulate (what PyTorch/cuBLAS use); 330.3 is the FP16-accumulate rate.
+    spec = specs["rtx_4090"]
+    assert spec.peak_flops("bf16") == pytest.approx(165.2 * TFLOPS)
+    assert spec.peak_flops("fp8") == pytest.approx(330.3 * TFLOPS)
+    assert spec.interconnect.topology == "pcie"
+
+
+def test_l40s_bf16_is_full_rate_dense(specs: dict[str, HardwareSpec]) -> None:
+    # 362 dense (full-rate FP32 accumulate); 733 is sparse, 183 is a wrong "dense" halving.
+    assert specs["l40s"].peak_flops("bf16") == pytest.approx(362 * TFLOPS)
+
+
+def test_mi300x_is_a_mesh_with_64_gb_s_per_peer(specs: dict[str, HardwareSpec]) -> None:
+    # xGMI full mesh: 7 links x 64 GB/s per direction; any one peer gets only one link.
+    ic = specs["mi300x"].interconnect
+    assert ic.topology == "mesh"
+    assert ic.peer_bw_bytes_per_s == pytest.approx(64 * GB)
+    assert ic.link_bw_bytes_per_s == pytest.approx(448 * GB)
+
+
+@pytest.mark.parametrize("hw", ["mi300x", "mi325x"])
+def test_amd_fp8_is_present(specs: dict[str, HardwareSpec], hw: str) -> None:
+    # FNUZ FP8, but a real matrix unit: 2,614.9 TFLOP/s dense.
+    assert specs[hw].peak_flops("fp8") == pytest.approx(2614.9 * TFLOPS)
+
+
+def test_b200_has_fp4_and_driver_memory(specs: dict[str, HardwareSpec]) -> None:
+    spec = specs["b200"]
+    assert spec.supports("fp4")
+    assert spec.peak_flops("fp4") == pytest.approx(9000 * TFLOPS)
+    assert spec.memory.capacity_bytes == pytest.approx(183359 * MiB)
+    assert spec.memory.bandwidth_bytes_per_s == pytest.approx(7.67e12)
+
+
+def test_driver_visible_capacities(specs: dict[str, HardwareSpec]) -> None:
+    assert specs["h200_sxm"].memory.capacity_bytes == pytest.approx(143771 * MiB)
+    assert specs["a100_sxm_40gb"].memory.capacity_bytes == pytest.approx(40441 * MiB)
+    assert specs["mi300x"].memory.capacity_bytes == pytest.approx(192 * 1024**3)
+
+
+@pytest.mark.parametrize("hw", ["h100_pcie", "a100_pcie_80gb", "l40s", "rtx_4090"])
+def test_parts_without_nvswitch_are_pcie(specs: dict[str, HardwareSpec], hw: str) -> None:
+    assert specs[hw].interconnect.topology == "pcie"
+
+
+# -- sanity of every spec ---------------------------------------------------------------------
+@pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: p.stem)
+def test_peak_ordering(path: Path) -> None:
+    spec = _load(path)
+    peak = spec.compute.peak_flops_per_s
+    assert all(v > 0 for v in peak.values())
+    half = peak.get("bf16", peak.get("fp16", 0.0))
+    if "fp8" in peak:
+        assert peak["fp8"] >= half
+    if "fp4" in peak:
+        assert peak["fp4"] >= peak.get("fp8", half)
+    if "bf16" in peak and "tf32" in peak:
+        assert peak["bf16"] >= peak["tf32"]
+    if "tf32" in peak and "fp32" in peak:
+        assert peak["tf32"] >= peak["fp32"]
+    if "bf16" in peak and "fp32" in peak:
+        assert peak["bf16"] >= peak["fp32"]
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: p.stem)
+def test_power_and_price(path: Path) -> None:
+    spec = _load(path)
+    assert 0 < spec.power.idle_w < spec.power.tdp_w
+    assert spec.price.usd_per_hour > 0
+    assert spec.price.source and spec.price.date
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: p.stem)
+def test_efficiencies_are_fractions(path: Path) -> None:
+    eff = _load(path).efficiency
+    fractions = {
+        **{f"gemm.{k}": v for k, v in eff.gemm.peak_fraction.items()},
+        "memory.stream_fraction": eff.memory.stream_fraction,
+        "attention.prefill_fraction": eff.attention.prefill_fraction,
+        "attention.decode_fraction": eff.attention.decode_fraction,
+        "host_link_fraction": eff.host_link_fraction,
+    }
+    for name, value in fractions.items():
+        assert 0 < value <= 1, f"{name} = {value}"
+    # NVLS busbw may exceed the wire speed, so the collective fraction may reach 1.2.
+    assert 0 < eff.collective.busbw_fraction <= 1.2
+    assert eff.collective.latency_s >= 0
+    assert eff.kernel_latency_s >= 0
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: p.stem)
+def test_gemm_fractions_cover_exactly_the_supported_dtypes(path: Path) -> None:
+    spec = _load(path)
+    assert set(spec.efficiency.gemm.peak_fraction) == set(spec.compute.peak_flops_per_s)
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: p.stem)
+def test_interconnect_is_consistent(path: Path) -> None:
+    ic = _load(path).interconnect
+    assert ic.peer_bw_bytes_per_s <= ic.link_bw_bytes_per_s
+    if ic.topology == "mesh":
+        # a full mesh splits the aggregate evenly over the other GPUs
+        per_peer = ic.link_bw_bytes_per_s / (ic.gpus_per_node - 1)
+        assert ic.peer_bw_bytes_per_s == pytest.approx(per_peer, rel=0.01)
+    if ic.topology == "switch":
+        assert ic.peer_bw_bytes_per_s == ic.link_bw_bytes_per_s
