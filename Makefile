@@ -19,8 +19,10 @@ $(DEVSTAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
+# The quickstart: Llama-3.1-8B on one H100 with vLLM, one batch of 8 prompts.
 demo: $(STAMP)
-	$(BIN)/llmsim demo
+	$(BIN)/llmsim bench latency --hardware h100_sxm --model llama-3.1-8b \
+		--batch-size 8 --input-len 1024 --output-len 256
 
 lint: $(DEVSTAMP)
 	$(BIN)/ruff check simulator tests benchmarks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -38,10 +39,24 @@ class Deployment:
     layout: Parallelism
     precision: Precision
 
-    def memory(self, **knobs: float | int | None) -> MemoryPlan:
-        """Per-device memory budget; knobs as in `plan_memory`."""
-        return plan_memory(self.model, self.hardware, self.layout, self.precision, self.engine,
-                           **knobs)  # type: ignore[arg-type]
+    def memory(
+        self,
+        *,
+        gpu_memory_utilization: float | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_num_seqs: int | None = None,
+    ) -> MemoryPlan:
+        """Per-device memory budget and KV-cache capacity (engine defaults where None)."""
+        return plan_memory(
+            self.model,
+            self.hardware,
+            self.layout,
+            self.precision,
+            self.engine,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+        )
 
 
 def deployment(
@@ -61,20 +76,30 @@ def deployment(
     m = model if isinstance(model, ModelSpec) else load_model(model)
     hw = _hw(hardware)
     eng = engine if isinstance(engine, EngineSpec) else load_engine(engine)
-    for name, value in (("tensor_parallel_size", tensor_parallel_size),
-                        ("pipeline_parallel_size", pipeline_parallel_size),
-                        ("data_parallel_size", data_parallel_size),
-                        ("expert_parallel_size", expert_parallel_size)):
+    for name, value in (
+        ("tensor_parallel_size", tensor_parallel_size),
+        ("pipeline_parallel_size", pipeline_parallel_size),
+        ("data_parallel_size", data_parallel_size),
+        ("expert_parallel_size", expert_parallel_size),
+    ):
         if value < 1:
             raise SpecError(f"must be at least 1, got {value}", field=name)
-    layout = Parallelism(tp=tensor_parallel_size, pp=pipeline_parallel_size,
-                         dp=data_parallel_size, ep=expert_parallel_size)
+    layout = Parallelism(
+        tp=tensor_parallel_size,
+        pp=pipeline_parallel_size,
+        dp=data_parallel_size,
+        ep=expert_parallel_size,
+    )
     layout.check(m, hw)
     if quantization is not None and quantization not in eng.quantized_kernels:
-        raise SpecError(f"{eng.name} has no {quantization} kernels "
-                        f"(it has: {', '.join(eng.quantized_kernels)})", field="quantization")
-    prec = resolve_precision(m, hw, dtype=dtype, quantization=quantization,
-                             kv_cache_dtype=kv_cache_dtype)
+        raise SpecError(
+            f"{eng.name} has no {quantization} kernels "
+            f"(it has: {', '.join(eng.quantized_kernels)})",
+            field="quantization",
+        )
+    prec = resolve_precision(
+        m, hw, dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype
+    )
     return Deployment(m, hw, eng, layout, prec)
 
 
@@ -99,15 +124,29 @@ def estimate(
 ) -> LatencyResult:
     """Predict `vllm bench latency` analytically: TTFT, TPOT, total latency, memory plan and a
     per-operator breakdown."""
-    dep = deployment(model=model, hardware=hardware, engine=engine,
-                     tensor_parallel_size=tensor_parallel_size,
-                     pipeline_parallel_size=pipeline_parallel_size, dtype=dtype,
-                     quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+    dep = deployment(
+        model=model,
+        hardware=hardware,
+        engine=engine,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        dtype=dtype,
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     return bench_latency(
-        dep.model, dep.hardware, dep.layout, dep.precision, dep.engine,
-        batch_size=batch_size, input_len=input_len, output_len=output_len,
-        enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs, chunked_prefill=enable_chunked_prefill,
+        dep.model,
+        dep.hardware,
+        dep.layout,
+        dep.precision,
+        dep.engine,
+        batch_size=batch_size,
+        input_len=input_len,
+        output_len=output_len,
+        enforce_eager=enforce_eager,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        chunked_prefill=enable_chunked_prefill,
         gpu_memory_utilization=gpu_memory_utilization,
     )
 
@@ -119,7 +158,9 @@ def _positive(**values: int | float) -> None:
             raise SpecError(f"must be at least 1, got {value}", field=name)
 
 
-def gemm_cost(*, hardware: str | HardwareSpec, m: int, n: int, k: int, dtype: str = "bf16") -> OpCost:
+def gemm_cost(
+    *, hardware: str | HardwareSpec, m: int, n: int, k: int, dtype: str = "bf16"
+) -> OpCost:
     """One m x k by k x n GEMM. fp8/int8 need the device's matrix unit for that dtype."""
     _positive(m=m, n=n, k=k)
     hw = _hw(hardware)
@@ -128,7 +169,7 @@ def gemm_cost(*, hardware: str | HardwareSpec, m: int, n: int, k: int, dtype: st
     if not hw.supports(dtype):
         raise SpecError(f"{hw.name} has no {dtype} matrix unit", source=hw.id, field="dtype")
     act = dtype if dtype in ("bf16", "fp16") else "bf16"
-    prec = Precision(weights=dtype, compute=dtype, kv_cache=act, activations=act)  # type: ignore[arg-type]
+    prec = Precision(weights=dtype, compute=dtype, kv_cache=act, activations=act)
     op = gemm("gemm", m=float(m), n=float(n), k=float(k), count=1, prec=prec)
     return evaluate([op], hw)[0]
 
@@ -147,15 +188,22 @@ def attention_cost(
 ) -> OpCost:
     """One attention layer call: prefill of `batch_size` causal prompts of `seq_len` tokens, or
     a decode step of `batch_size` sequences attending to `seq_len` KV tokens each."""
-    _positive(batch_size=batch_size, seq_len=seq_len, num_heads=num_heads,
-              num_kv_heads=num_kv_heads, head_dim=head_dim)
+    _positive(
+        batch_size=batch_size,
+        seq_len=seq_len,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+    )
     if num_heads % num_kv_heads:
-        raise SpecError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}",
-                        field="num_kv_heads")
+        raise SpecError(
+            f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}",
+            field="num_kv_heads",
+        )
     kv = dtype if kv_cache_dtype == "auto" else kv_cache_dtype
     if kv not in DTYPE_BYTES:
         raise SpecError(f"unknown KV cache dtype {kv_cache_dtype!r}", field="kv_cache_dtype")
-    prec = Precision(weights=dtype, compute=dtype, kv_cache=kv, activations=dtype)  # type: ignore[arg-type]
+    prec = Precision(weights=dtype, compute=dtype, kv_cache=kv, activations=dtype)
     match phase:
         case "prefill":
             batch = BatchShape.prefill(batch_size=batch_size, prompt_len=seq_len)
@@ -163,8 +211,9 @@ def attention_cost(
             batch = BatchShape.decode(batch_size=batch_size, context_len=seq_len)
         case _:
             raise SpecError(f"unknown phase {phase!r} (prefill, decode)", field="phase")
-    ops = attention_ops(heads=num_heads, kv_heads=num_kv_heads, head_dim=head_dim, prec=prec,
-                        batch=batch, count=1)
+    ops = attention_ops(
+        heads=num_heads, kv_heads=num_kv_heads, head_dim=head_dim, prec=prec, batch=batch, count=1
+    )
     op = ops[0] if phase == "prefill" else ops[1]
     return evaluate([op], _hw(hardware))[0]
 
@@ -174,17 +223,22 @@ def allreduce_cost(*, hardware: str | HardwareSpec, num_devices: int, size_bytes
     _positive(num_devices=num_devices, size_bytes=size_bytes)
     hw = _hw(hardware)
     if num_devices > hw.interconnect.gpus_per_node:
-        raise SpecError(f"{num_devices} devices exceed the {hw.interconnect.gpus_per_node} GPUs "
-                        f"of one {hw.id} node", field="num_devices")
-    op: Op = collective("all_reduce", "all_reduce", msg_bytes=float(size_bytes), group=num_devices,
-                        count=1)
+        raise SpecError(
+            f"{num_devices} devices exceed the {hw.interconnect.gpus_per_node} GPUs "
+            f"of one {hw.id} node",
+            field="num_devices",
+        )
+    op: Op = collective(
+        "all_reduce", "all_reduce", msg_bytes=float(size_bytes), group=num_devices, count=1
+    )
     if num_devices == 1:
         op = collective("all_reduce", "all_reduce", msg_bytes=0.0, group=1, count=1)
     return evaluate([op], hw)[0]
 
 
-def op_json(cost: OpCost) -> dict[str, object]:
+def op_json(cost: OpCost) -> dict[str, Any]:
     """The contract's `llmsim op --json` object for one op."""
+
     def scalar(x: object) -> float:
         return float(np.ravel(np.asarray(x, dtype=float))[0])
 

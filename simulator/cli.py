@@ -17,11 +17,22 @@ from rich.table import Table
 
 from simulator import api
 from simulator.errors import SpecError
-from simulator.specs import list_engines, list_hardware, list_models, load_engine, load_hardware, load_model
+from simulator.specs import (
+    list_engines,
+    list_hardware,
+    list_models,
+    load_engine,
+    load_hardware,
+    load_model,
+)
 from simulator.units import GiB, format_bytes, format_seconds
 
-app = typer.Typer(help="llmsim: performance simulator for LLM serving.", no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="llmsim: performance simulator for LLM serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 hardware_app = typer.Typer(help="Accelerator specs.", no_args_is_help=True)
 models_app = typer.Typer(help="Model catalogue.", no_args_is_help=True)
 engines_app = typer.Typer(help="Serving-engine profiles.", no_args_is_help=True)
@@ -51,15 +62,23 @@ def hardware_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> N
     table = Table("id", "name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory", "bandwidth", "$/h")
     for s in specs:
         fp8 = s.peak_flops("fp8")
-        table.add_row(s.id, s.name, f"{s.peak_flops('bf16') / 1e12:,.0f}",
-                      f"{fp8 / 1e12:,.0f}" if fp8 else "-", f"{s.memory.capacity_bytes / GiB:.0f} GiB",
-                      f"{s.memory.bandwidth_bytes_per_s / 1e12:.2f} TB/s", f"{s.price.usd_per_hour:.2f}")
+        table.add_row(
+            s.id,
+            s.name,
+            f"{s.peak_flops('bf16') / 1e12:,.0f}",
+            f"{fp8 / 1e12:,.0f}" if fp8 else "-",
+            f"{s.memory.capacity_bytes / GiB:.0f} GiB",
+            f"{s.memory.bandwidth_bytes_per_s / 1e12:.2f} TB/s",
+            f"{s.price.usd_per_hour:.2f}",
+        )
     out.print(table)
 
 
 @hardware_app.command("show")
-def hardware_show(hw_id: Annotated[str, typer.Argument(metavar="ID")],
-                  as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def hardware_show(
+    hw_id: Annotated[str, typer.Argument(metavar="ID")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
     """Show one hardware spec."""
     spec = load_hardware(hw_id)
     data = {
@@ -75,13 +94,20 @@ def hardware_show(hw_id: Annotated[str, typer.Argument(metavar="ID")],
     out.print(f"[bold]{spec.name}[/bold] ({spec.id})")
     for dtype, peak in spec.compute.peak_flops_per_s.items():
         out.print(f"  {dtype:>5}: {peak / 1e12:,.1f} TFLOP/s dense")
-    out.print(f"  memory: {format_bytes(spec.memory.capacity_bytes)} at "
-              f"{spec.memory.bandwidth_bytes_per_s / 1e12:.2f} TB/s; L2 {format_bytes(spec.memory.l2_cache_bytes)}")
+    out.print(
+        f"  memory: {format_bytes(spec.memory.capacity_bytes)} at "
+        f"{spec.memory.bandwidth_bytes_per_s / 1e12:.2f} TB/s; "
+        f"L2 {format_bytes(spec.memory.l2_cache_bytes)}"
+    )
     ic = spec.interconnect
-    out.print(f"  interconnect: {ic.topology}, {ic.link_bw_bytes_per_s / 1e9:.0f} GB/s per direction, "
-              f"{ic.gpus_per_node} GPUs per node")
-    out.print(f"  power: {spec.power.tdp_w:.0f} W TDP; price ~${spec.price.usd_per_hour:.2f}/GPU-hour "
-              f"({spec.price.source}, {spec.price.date})")
+    out.print(
+        f"  interconnect: {ic.topology}, {ic.link_bw_bytes_per_s / 1e9:.0f} GB/s per direction, "
+        f"{ic.gpus_per_node} GPUs per node"
+    )
+    out.print(
+        f"  power: {spec.power.tdp_w:.0f} W TDP; price ~${spec.price.usd_per_hour:.2f}/GPU-hour "
+        f"({spec.price.source}, {spec.price.date})"
+    )
 
 
 @models_app.command("list")
@@ -93,26 +119,41 @@ def models_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
         return
     table = Table("id", "params", "active", "layers", "hidden", "attention", "KV/token")
     for s in specs:
-        table.add_row(s.id, f"{s.num_params / 1e9:.1f}B", f"{s.num_active_params / 1e9:.1f}B",
-                      str(s.num_layers), str(s.hidden_size), s.attention.kind,
-                      format_bytes(s.kv_bytes_per_token()))
+        table.add_row(
+            s.id,
+            f"{s.num_params / 1e9:.1f}B",
+            f"{s.num_active_params / 1e9:.1f}B",
+            str(s.num_layers),
+            str(s.hidden_size),
+            s.attention.kind,
+            format_bytes(s.kv_bytes_per_token()),
+        )
     out.print(table)
 
 
 @models_app.command("show")
-def models_show(model_id: Annotated[str, typer.Argument(metavar="ID")],
-                as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def models_show(
+    model_id: Annotated[str, typer.Argument(metavar="ID")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
     """Show one model (a catalogue id or a path to a Hugging Face config.json)."""
     spec = load_model(model_id)
-    data = {"id": spec.id, "num_params": spec.num_params, "num_active_params": spec.num_active_params,
-            "kv_bytes_per_token": spec.kv_bytes_per_token(), **spec.model_dump(exclude={"id"})}
+    data = {
+        "id": spec.id,
+        "num_params": spec.num_params,
+        "num_active_params": spec.num_active_params,
+        "kv_bytes_per_token": spec.kv_bytes_per_token(),
+        **spec.model_dump(exclude={"id"}),
+    }
     if as_json:
         _print_json(data)
         return
-    out.print(f"[bold]{spec.id}[/bold]: {spec.num_params / 1e9:.2f}B parameters "
-              f"({spec.num_active_params / 1e9:.2f}B active), {spec.num_layers} layers, "
-              f"hidden {spec.hidden_size}, {spec.attention.kind} attention, "
-              f"KV {format_bytes(spec.kv_bytes_per_token())}/token at {spec.dtype}")
+    out.print(
+        f"[bold]{spec.id}[/bold]: {spec.num_params / 1e9:.2f}B parameters "
+        f"({spec.num_active_params / 1e9:.2f}B active), {spec.num_layers} layers, "
+        f"hidden {spec.hidden_size}, {spec.attention.kind} attention, "
+        f"KV {format_bytes(spec.kv_bytes_per_token())}/token at {spec.dtype}"
+    )
 
 
 @engines_app.command("list")
@@ -124,8 +165,10 @@ def engines_list() -> None:
 
 
 @engines_app.command("show")
-def engines_show(engine_id: Annotated[str, typer.Argument(metavar="ID")],
-                 as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def engines_show(
+    engine_id: Annotated[str, typer.Argument(metavar="ID")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
     """Show one engine profile."""
     spec = load_engine(engine_id)
     if as_json:
@@ -156,17 +199,24 @@ def _print_op(cost: Any, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
-    out.print(f"latency {format_seconds(data['latency_s'])} ({data['bound']}-bound): "
-              f"{data['flops'] / 1e9:,.3f} GFLOP, {format_bytes(data['bytes'])}; "
-              f"compute {format_seconds(data['compute_s'])}, memory {format_seconds(data['memory_s'])}, "
-              f"network {format_seconds(data['network_s'])}, fixed {format_seconds(data['fixed_latency_s'])}")
+    out.print(
+        f"latency {format_seconds(data['latency_s'])} ({data['bound']}-bound): "
+        f"{data['flops'] / 1e9:,.3f} GFLOP, {format_bytes(data['bytes'])}; "
+        f"compute {format_seconds(data['compute_s'])}, memory {format_seconds(data['memory_s'])}, "
+        f"network {format_seconds(data['network_s'])}, "
+        f"fixed {format_seconds(data['fixed_latency_s'])}"
+    )
 
 
 @op_app.command("gemm")
-def op_gemm(hardware: HardwareOpt, m: Annotated[int, typer.Option("--m")],
-            n: Annotated[int, typer.Option("--n")], k: Annotated[int, typer.Option("--k")],
-            dtype: Annotated[GemmDtype, typer.Option("--dtype")] = GemmDtype.bf16,
-            as_json: JsonOpt = False) -> None:
+def op_gemm(
+    hardware: HardwareOpt,
+    m: Annotated[int, typer.Option("--m")],
+    n: Annotated[int, typer.Option("--n")],
+    k: Annotated[int, typer.Option("--k")],
+    dtype: Annotated[GemmDtype, typer.Option("--dtype")] = GemmDtype.bf16,
+    as_json: JsonOpt = False,
+) -> None:
     """One GEMM: (m x k) times (k x n)."""
     _print_op(api.gemm_cost(hardware=hardware, m=m, n=n, k=k, dtype=dtype.value), as_json)
 
@@ -176,7 +226,9 @@ def op_attention(
     hardware: HardwareOpt,
     phase: Annotated[Phase, typer.Option("--phase")],
     batch_size: Annotated[int, typer.Option("--batch-size")],
-    seq_len: Annotated[int, typer.Option("--seq-len", help="prompt length (prefill) or KV length (decode)")],
+    seq_len: Annotated[
+        int, typer.Option("--seq-len", help="prompt length (prefill) or KV length (decode)")
+    ],
     num_heads: Annotated[int, typer.Option("--num-heads")],
     num_kv_heads: Annotated[int, typer.Option("--num-kv-heads")],
     head_dim: Annotated[int, typer.Option("--head-dim")],
@@ -184,16 +236,33 @@ def op_attention(
     as_json: JsonOpt = False,
 ) -> None:
     """One attention layer call (flash-style prefill or paged decode)."""
-    _print_op(api.attention_cost(hardware=hardware, phase=phase.value, batch_size=batch_size,
-                                 seq_len=seq_len, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                                 head_dim=head_dim, kv_cache_dtype=kv_cache_dtype), as_json)
+    _print_op(
+        api.attention_cost(
+            hardware=hardware,
+            phase=phase.value,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            kv_cache_dtype=kv_cache_dtype,
+        ),
+        as_json,
+    )
 
 
 @op_app.command("allreduce")
-def op_allreduce(hardware: HardwareOpt, num_devices: Annotated[int, typer.Option("--num-devices")],
-                 size_bytes: Annotated[int, typer.Option("--size-bytes")], as_json: JsonOpt = False) -> None:
+def op_allreduce(
+    hardware: HardwareOpt,
+    num_devices: Annotated[int, typer.Option("--num-devices")],
+    size_bytes: Annotated[int, typer.Option("--size-bytes")],
+    as_json: JsonOpt = False,
+) -> None:
     """One all-reduce among GPUs of a node."""
-    _print_op(api.allreduce_cost(hardware=hardware, num_devices=num_devices, size_bytes=size_bytes), as_json)
+    _print_op(
+        api.allreduce_cost(hardware=hardware, num_devices=num_devices, size_bytes=size_bytes),
+        as_json,
+    )
 
 
 # -- bench ------------------------------------------------------------------------------------
@@ -212,26 +281,40 @@ def bench_latency_cmd(
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
     engine: Annotated[str, typer.Option("--engine")] = "vllm",
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
-    gpu_memory_utilization: Annotated[float | None, typer.Option("--gpu-memory-utilization")] = None,
+    gpu_memory_utilization: Annotated[
+        float | None, typer.Option("--gpu-memory-utilization")
+    ] = None,
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs")] = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option("--max-num-batched-tokens")] = None,
-    enable_chunked_prefill: Annotated[bool | None, typer.Option(
-        "--enable-chunked-prefill/--no-enable-chunked-prefill")] = None,
+    enable_chunked_prefill: Annotated[
+        bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill")
+    ] = None,
     num_iters: Annotated[int, typer.Option("--num-iters")] = 30,
     output_json: Annotated[str | None, typer.Option("--output-json")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Latency of one batch: prefill, then decode to the output length (analytic)."""
     if data_parallel_size != 1:
-        raise SpecError("bench latency runs one replica; drop --data-parallel-size",
-                        field="data_parallel_size")
+        raise SpecError(
+            "bench latency runs one replica; drop --data-parallel-size", field="data_parallel_size"
+        )
     result = api.estimate(
-        model=model, hardware=hardware, batch_size=batch_size, input_len=input_len,
-        output_len=output_len, engine=engine, tensor_parallel_size=tensor_parallel_size,
-        pipeline_parallel_size=pipeline_parallel_size, dtype=dtype, quantization=quantization,
-        kv_cache_dtype=kv_cache_dtype, enforce_eager=enforce_eager,
-        gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
+        model=model,
+        hardware=hardware,
+        batch_size=batch_size,
+        input_len=input_len,
+        output_len=output_len,
+        engine=engine,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        dtype=dtype,
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+        enforce_eager=enforce_eager,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_chunked_prefill=enable_chunked_prefill,
     )
     result = type(result)(**{**result.__dict__, "num_iters": num_iters})
     data = result.as_json()
@@ -248,15 +331,27 @@ def _print_latency_summary(result: Any) -> None:
     out.print(f"Avg latency: {result.latency_s:.6f} seconds")
     for p, v in result.as_json()["percentiles"].items():
         out.print(f"{p}% percentile latency: {v:.6f} seconds")
-    out.print(f"TTFT (prefill of the batch): {format_seconds(result.ttft_s)}; "
-              f"TPOT (mean decode step): {format_seconds(result.tpot_s)}")
+    out.print(
+        f"TTFT (prefill of the batch): {format_seconds(result.ttft_s)}; "
+        f"TPOT (mean decode step): {format_seconds(result.tpot_s)}"
+    )
     mem = result.memory
-    out.print(f"Memory per device: {mem.summary()}; KV cache {format_bytes(mem.kv_cache_bytes)} "
-              f"= {mem.kv_capacity_tokens:,} tokens")
+    out.print(
+        f"Memory per device: {mem.summary()}; KV cache {format_bytes(mem.kv_cache_bytes)} "
+        f"= {mem.kv_capacity_tokens:,} tokens"
+    )
     table = Table("phase", "op", "count", "time", "share", "bound", title="Where the time goes")
-    for row in result.breakdown().sort_values(["phase", "total_s"], ascending=[False, False]).itertuples():
-        table.add_row(row.phase, row.op, f"{row.count:g}", format_seconds(row.total_s),
-                      f"{row.share:.1%}", row.bound)
+    for row in (
+        result.breakdown().sort_values(["phase", "total_s"], ascending=[False, False]).itertuples()
+    ):
+        table.add_row(
+            row.phase,
+            row.op,
+            f"{row.count:g}",
+            format_seconds(row.total_s),
+            f"{row.share:.1%}",
+            row.bound,
+        )
     out.print(table)
 
 
@@ -276,6 +371,8 @@ def main(argv: list[str] | None = None) -> None:
         # and a message; anything else is a bug and keeps its traceback.
         if getattr(exc, "exit_code", None) != 2 or not hasattr(exc, "format_message"):
             raise
+        if type(exc).__name__ == "NoArgsIsHelpError":  # help was printed: a bare command group
+            raise SystemExit(0) from None
         message = " ".join(exc.format_message().split())
         sys.stderr.write(f"llmsim: error: {message}\n")
         raise SystemExit(2) from None

@@ -53,7 +53,12 @@ class BatchShape:
 
     @classmethod
     def prefill(
-        cls, *, batch_size: Num, prompt_len: Num, offset: Num = 0.0, window: int | None = None,
+        cls,
+        *,
+        batch_size: Num,
+        prompt_len: Num,
+        offset: Num = 0.0,
+        window: int | None = None,
         last_chunk: bool = True,
     ) -> BatchShape:
         """`batch_size` sequences each computing `prompt_len` tokens after `offset` cached."""

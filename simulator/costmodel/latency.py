@@ -48,7 +48,11 @@ class LatencyResult:
         """Per-op time of the first prefill step and of the middle decode step."""
         pre = self.prefill_cost.breakdown().assign(phase="prefill")
         mid = len(self.decode_steps) // 2
-        dec = self.decode_cost.breakdown(index=mid).assign(phase="decode") if len(self.decode_steps) else None
+        dec = (
+            self.decode_cost.breakdown(index=mid).assign(phase="decode")
+            if len(self.decode_steps)
+            else None
+        )
         return pd.concat([pre, dec]) if dec is not None else pre
 
     def as_json(self) -> dict[str, object]:
@@ -78,8 +82,10 @@ def prefill_schedule(
                 field="max_num_batched_tokens",
             )
         per_step = max_tokens // input_len
-        return [[(input_len, 0, True)] * min(per_step, batch_size - i)
-                for i in range(0, batch_size, per_step)]
+        return [
+            [(input_len, 0, True)] * min(per_step, batch_size - i)
+            for i in range(0, batch_size, per_step)
+        ]
     steps: list[list[tuple[int, int, bool]]] = []
     seq, done, step, budget = 0, 0, [], max_tokens
     while seq < batch_size:
@@ -112,15 +118,29 @@ def bench_latency(
     num_iters: int = 30,
 ) -> LatencyResult:
     """Predict `vllm bench latency` for one replica. Raises SpecError if it cannot run."""
-    for name, value in (("batch_size", batch_size), ("input_len", input_len), ("output_len", output_len)):
+    for name, value in (
+        ("batch_size", batch_size),
+        ("input_len", input_len),
+        ("output_len", output_len),
+    ):
         if value < 1:
             raise SpecError(f"must be at least 1, got {value}", field=name)
     layout.check(model, hw)
     sched = engine.scheduler
     max_tokens = max_num_batched_tokens or sched.max_num_batched_tokens
-    plan = plan_memory(model, hw, layout, prec, engine, gpu_memory_utilization=gpu_memory_utilization,
-                       max_num_batched_tokens=max_tokens, max_num_seqs=max_num_seqs)
-    require_fit(plan, what=f"{model.id} on {hw.id} (tp={layout.tp}, pp={layout.pp}, {prec.weights})")
+    plan = plan_memory(
+        model,
+        hw,
+        layout,
+        prec,
+        engine,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_batched_tokens=max_tokens,
+        max_num_seqs=max_num_seqs,
+    )
+    require_fit(
+        plan, what=f"{model.id} on {hw.id} (tp={layout.tp}, pp={layout.pp}, {prec.weights})"
+    )
     needed = batch_size * -(-(input_len + output_len) // plan.block_size)
     if needed > plan.kv_capacity_blocks:
         raise SpecError(
@@ -131,19 +151,37 @@ def bench_latency(
         )
     window = model.attention.sliding_window
     chunked = sched.chunked_prefill if chunked_prefill is None else chunked_prefill
-    schedule = prefill_schedule(batch_size=batch_size, input_len=input_len, max_tokens=max_tokens,
-                                chunked=chunked)
+    schedule = prefill_schedule(
+        batch_size=batch_size, input_len=input_len, max_tokens=max_tokens, chunked=chunked
+    )
     shapes = [BatchShape.mixed(chunks=s, window=window) for s in schedule]
-    stacked = BatchShape(**{f: np.array([getattr(b, f) for b in shapes]) for f in BatchShape.__slots__})
+    stacked = BatchShape(
+        **{f: np.array([getattr(b, f) for b in shapes]) for f in BatchShape.__slots__}
+    )
     pre_cost = step_cost(model, hw, layout, prec, stacked, attention_factor=engine.attention_factor)
-    prefill = engine_step_time(pre_cost, engine, num_tokens=stacked.num_tokens,
-                               num_seqs=stacked.prefill_seqs, enforce_eager=enforce_eager)
+    prefill = engine_step_time(
+        pre_cost,
+        engine,
+        num_tokens=stacked.num_tokens,
+        num_seqs=stacked.prefill_seqs,
+        enforce_eager=enforce_eager,
+    )
     context = input_len + np.arange(1, output_len, dtype=float)
-    dec = BatchShape.decode(batch_size=np.full(context.shape, float(batch_size)),
-                            context_len=context, window=window)
+    dec = BatchShape.decode(
+        batch_size=np.full(context.shape, float(batch_size)), context_len=context, window=window
+    )
     dec_cost = step_cost(model, hw, layout, prec, dec, attention_factor=engine.attention_factor)
-    decode = engine_step_time(dec_cost, engine, num_tokens=float(batch_size), num_seqs=float(batch_size),
-                              enforce_eager=enforce_eager) if output_len > 1 else np.zeros(0)
+    decode = (
+        engine_step_time(
+            dec_cost,
+            engine,
+            num_tokens=float(batch_size),
+            num_seqs=float(batch_size),
+            enforce_eager=enforce_eager,
+        )
+        if output_len > 1
+        else np.zeros(0)
+    )
     decode = np.broadcast_to(decode, context.shape)
     ttft = float(prefill.sum())
     return LatencyResult(
@@ -156,7 +194,16 @@ def bench_latency(
         prefill_cost=pre_cost,
         decode_cost=dec_cost,
         num_iters=num_iters,
-        config={"model": model.id, "hardware": hw.id, "engine": engine.id, "tp": layout.tp,
-                "pp": layout.pp, "precision": prec.model_dump(), "batch_size": batch_size,
-                "input_len": input_len, "output_len": output_len, "enforce_eager": enforce_eager},
+        config={
+            "model": model.id,
+            "hardware": hw.id,
+            "engine": engine.id,
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "precision": prec.model_dump(),
+            "batch_size": batch_size,
+            "input_len": input_len,
+            "output_len": output_len,
+            "enforce_eager": enforce_eager,
+        },
     )

@@ -55,10 +55,13 @@ def layer_weight_bytes(model: ModelSpec, layout: Parallelism, prec: Precision) -
         moe = model.moe
         group = layout.tp * (layout.dp if layout.ep > layout.tp else 1)  # devices sharing experts
         experts = moe.num_experts * moe.expert.params(h) / group * wb
-        shared = (moe.num_shared_experts * moe.shared_expert.params(h) / tp * wb
-                  if moe.shared_expert is not None else 0.0)
+        shared = (
+            moe.num_shared_experts * moe.shared_expert.params(h) / tp * wb
+            if moe.shared_expert is not None
+            else 0.0
+        )
         router = h * moe.num_experts * ab
-        per_layer[moe.first_dense_layers:] = attn_bytes + experts + shared + router
+        per_layer[moe.first_dense_layers :] = attn_bytes + experts + shared + router
     return per_layer
 
 
@@ -126,7 +129,8 @@ class MemoryPlan:
     def summary(self) -> str:
         g = GiB
         return (
-            f"weights {self.weights_bytes / g:.2f} GiB + activations {self.activation_bytes / g:.2f} GiB"
+            f"weights {self.weights_bytes / g:.2f} GiB"
+            f" + activations {self.activation_bytes / g:.2f} GiB"
             f" + engine reserve {self.reserve_bytes / g:.2f} GiB"
             f" vs {self.usable_bytes / g:.2f} GiB usable of {self.capacity_bytes / g:.2f} GiB"
         )
@@ -151,8 +155,11 @@ def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: P
     """KV bytes one token occupies on one device: its stage's layers, its share of KV heads
     (replicated when there are fewer KV heads than TP ranks; MLA's latent is replicated)."""
     attn = model.attention
-    elems = (2 * max(1, attn.num_kv_heads // layout.tp) * attn.head_dim
-             if isinstance(attn, GQAttention) else attn.kv_elems_per_token)
+    elems = (
+        2 * max(1, attn.num_kv_heads // layout.tp) * attn.head_dim
+        if isinstance(attn, GQAttention)
+        else attn.kv_elems_per_token
+    )
     layers = -(-model.num_layers // layout.pp)
     return float(elems * layers * DTYPE_BYTES[prec.kv_cache])
 
@@ -170,7 +177,11 @@ def plan_memory(
 ) -> MemoryPlan:
     """The memory budget of the busiest device; see `MemoryPlan.fits`."""
     sched = engine.scheduler
-    util = gpu_memory_utilization if gpu_memory_utilization is not None else sched.gpu_memory_utilization
+    util = (
+        gpu_memory_utilization
+        if gpu_memory_utilization is not None
+        else sched.gpu_memory_utilization
+    )
     if not 0 < util <= 1:
         raise SpecError(f"must be in (0, 1], got {util}", field="gpu_memory_utilization")
     return MemoryPlan(
@@ -178,7 +189,9 @@ def plan_memory(
         usable_bytes=util * hw.memory.capacity_bytes,
         weights_bytes=weight_bytes_per_device(model, layout, prec),
         activation_bytes=activation_bytes(
-            model, layout, prec,
+            model,
+            layout,
+            prec,
             max_tokens=max_num_batched_tokens or sched.max_num_batched_tokens,
             max_seqs=max_num_seqs or sched.max_num_seqs,
         ),

@@ -64,8 +64,15 @@ def _safe_div(a: Num, b: Num) -> Num:
 
 
 def gemm(
-    name: str, *, m: Num, n: float, k: float, count: float, prec: Precision,
-    weight_dtype: str | None = None, groups: Num = 1.0,
+    name: str,
+    *,
+    m: Num,
+    n: float,
+    k: float,
+    count: float,
+    prec: Precision,
+    weight_dtype: str | None = None,
+    groups: Num = 1.0,
 ) -> Op:
     """A (groups x) m-by-k times k-by-n GEMM whose k-by-n operand is a stored weight."""
     a = DTYPE_BYTES[prec.activations]
@@ -75,8 +82,18 @@ def gemm(
     flops = 2.0 * m * n * k * g
     bytes_ = g * (n * k * wb + m * (k + n) * a)
     active = np.asarray(m, dtype=float) > 0
-    return Op(name, "gemm", count, np.where(active, flops, 0.0), np.where(active, bytes_, 0.0),
-              dtype=dtype, m=m, n=n, k=k, groups=g)
+    return Op(
+        name,
+        "gemm",
+        count,
+        np.where(active, flops, 0.0),
+        np.where(active, bytes_, 0.0),
+        dtype=dtype,
+        m=m,
+        n=n,
+        k=k,
+        groups=g,
+    )
 
 
 def elementwise(name: str, *, bytes_: Num, count: float) -> Op:
@@ -84,10 +101,25 @@ def elementwise(name: str, *, bytes_: Num, count: float) -> Op:
 
 
 def collective(
-    name: str, kind: Collective, *, msg_bytes: Num, group: int, count: float, scale_out: bool = False
+    name: str,
+    kind: Collective,
+    *,
+    msg_bytes: Num,
+    group: int,
+    count: float,
+    scale_out: bool = False,
 ) -> Op:
-    return Op(name, "collective", count, 0.0, 0.0, collective=kind, group_size=group,
-              msg_bytes=msg_bytes, scale_out=scale_out)
+    return Op(
+        name,
+        "collective",
+        count,
+        0.0,
+        0.0,
+        collective=kind,
+        group_size=group,
+        msg_bytes=msg_bytes,
+        scale_out=scale_out,
+    )
 
 
 # -- attention ----------------------------------------------------------------------------------
@@ -100,20 +132,32 @@ def attention_ops(
     kv_elems = 2 * kv_heads * head_dim  # K and V per token
     b = batch
     return [
-        Op("attention_prefill", "attention_prefill", count,
-           flops=4.0 * heads * head_dim * b.prefill_pairs,
-           bytes=b.prefill_tokens * (2 * heads * head_dim * a + kv_elems * kvb)
-           + b.prefill_kv_tokens * kv_elems * kvb,
-           dtype=prec.activations, seq_len=_safe_div(b.prefill_tokens, b.prefill_seqs)),
-        Op("attention_decode", "attention_decode", count,
-           flops=4.0 * heads * head_dim * b.decode_kv_tokens,
-           bytes=b.decode_kv_tokens * kv_elems * kvb
-           + b.decode_seqs * (2 * heads * head_dim * a + kv_elems * kvb),
-           dtype=prec.activations, seq_len=_safe_div(b.decode_kv_tokens, b.decode_seqs)),
+        Op(
+            "attention_prefill",
+            "attention_prefill",
+            count,
+            flops=4.0 * heads * head_dim * b.prefill_pairs,
+            bytes=b.prefill_tokens * (2 * heads * head_dim * a + kv_elems * kvb)
+            + b.prefill_kv_tokens * kv_elems * kvb,
+            dtype=prec.activations,
+            seq_len=_safe_div(b.prefill_tokens, b.prefill_seqs),
+        ),
+        Op(
+            "attention_decode",
+            "attention_decode",
+            count,
+            flops=4.0 * heads * head_dim * b.decode_kv_tokens,
+            bytes=b.decode_kv_tokens * kv_elems * kvb
+            + b.decode_seqs * (2 * heads * head_dim * a + kv_elems * kvb),
+            dtype=prec.activations,
+            seq_len=_safe_div(b.decode_kv_tokens, b.decode_seqs),
+        ),
     ]
 
 
-def _gqa_ops(attn: GQAttention, model: ModelSpec, tp: int, prec: Precision, b: BatchShape) -> list[Op]:
+def _gqa_ops(
+    attn: GQAttention, model: ModelSpec, tp: int, prec: Precision, b: BatchShape
+) -> list[Op]:
     h, d, n_layers = model.hidden_size, attn.head_dim, model.num_layers
     heads = attn.num_heads // tp
     kv_heads = max(1, attn.num_kv_heads // tp)  # replicated when fewer KV heads than ranks
@@ -122,12 +166,16 @@ def _gqa_ops(attn: GQAttention, model: ModelSpec, tp: int, prec: Precision, b: B
     return [
         gemm("qkv_proj", m=t, n=(heads + 2 * kv_heads) * d, k=h, count=n_layers, prec=prec),
         elementwise("rotary", bytes_=t * (heads + kv_heads) * d * a * 2, count=n_layers),
-        *attention_ops(heads=heads, kv_heads=kv_heads, head_dim=d, prec=prec, batch=b, count=n_layers),
+        *attention_ops(
+            heads=heads, kv_heads=kv_heads, head_dim=d, prec=prec, batch=b, count=n_layers
+        ),
         gemm("o_proj", m=t, n=h, k=heads * d, count=n_layers, prec=prec),
     ]
 
 
-def _mla_ops(attn: MLAttention, model: ModelSpec, tp: int, prec: Precision, b: BatchShape) -> list[Op]:
+def _mla_ops(
+    attn: MLAttention, model: ModelSpec, tp: int, prec: Precision, b: BatchShape
+) -> list[Op]:
     """DeepSeek MLA as vLLM runs it: prefill up-projects the latent to per-head K/V (MHA with
     qk dim nope+rope, v dim v_head_dim); decode absorbs W_UK/W_UV into the query/output and
     attends in the latent space (MQA over kv_lora_rank + rope dims)."""
@@ -139,35 +187,77 @@ def _mla_ops(attn: MLAttention, model: ModelSpec, tp: int, prec: Precision, b: B
     ops: list[Op] = []
     if attn.q_lora_rank:
         ops.append(gemm("q_a_proj", m=t, n=attn.q_lora_rank, k=h, count=n_layers, prec=prec))
-        ops.append(gemm("q_b_proj", m=t, n=heads * qk, k=attn.q_lora_rank, count=n_layers, prec=prec))
+        ops.append(
+            gemm("q_b_proj", m=t, n=heads * qk, k=attn.q_lora_rank, count=n_layers, prec=prec)
+        )
     else:
         ops.append(gemm("q_proj", m=t, n=heads * qk, k=h, count=n_layers, prec=prec))
     ops.append(gemm("kv_a_proj", m=t, n=lat, k=h, count=n_layers, prec=prec))
     nope = attn.qk_nope_head_dim
     ops += [
-        gemm("kv_b_proj", m=b.prefill_kv_tokens, n=heads * (nope + v), k=attn.kv_lora_rank,
-             count=n_layers, prec=prec),
-        Op("attention_prefill", "attention_prefill", n_layers,
-           flops=2.0 * heads * (qk + v) * b.prefill_pairs,
-           bytes=b.prefill_tokens * (heads * (qk + v) * a + lat * kvb)
-           + b.prefill_kv_tokens * heads * (qk + v) * a,
-           dtype=prec.activations, seq_len=_safe_div(b.prefill_tokens, b.prefill_seqs)),
-        gemm("w_uk_absorb", m=b.decode_seqs, n=attn.kv_lora_rank, k=nope, groups=heads,
-             count=n_layers, prec=prec),
-        Op("attention_decode", "attention_decode", n_layers,
-           flops=2.0 * heads * (lat + attn.kv_lora_rank) * b.decode_kv_tokens,
-           bytes=b.decode_kv_tokens * lat * kvb + b.decode_seqs * heads * (lat + attn.kv_lora_rank) * a,
-           dtype=prec.activations, seq_len=_safe_div(b.decode_kv_tokens, b.decode_seqs)),
-        gemm("w_uv_absorb", m=b.decode_seqs, n=v, k=attn.kv_lora_rank, groups=heads,
-             count=n_layers, prec=prec),
+        gemm(
+            "kv_b_proj",
+            m=b.prefill_kv_tokens,
+            n=heads * (nope + v),
+            k=attn.kv_lora_rank,
+            count=n_layers,
+            prec=prec,
+        ),
+        Op(
+            "attention_prefill",
+            "attention_prefill",
+            n_layers,
+            flops=2.0 * heads * (qk + v) * b.prefill_pairs,
+            bytes=b.prefill_tokens * (heads * (qk + v) * a + lat * kvb)
+            + b.prefill_kv_tokens * heads * (qk + v) * a,
+            dtype=prec.activations,
+            seq_len=_safe_div(b.prefill_tokens, b.prefill_seqs),
+        ),
+        gemm(
+            "w_uk_absorb",
+            m=b.decode_seqs,
+            n=attn.kv_lora_rank,
+            k=nope,
+            groups=heads,
+            count=n_layers,
+            prec=prec,
+        ),
+        Op(
+            "attention_decode",
+            "attention_decode",
+            n_layers,
+            flops=2.0 * heads * (lat + attn.kv_lora_rank) * b.decode_kv_tokens,
+            bytes=b.decode_kv_tokens * lat * kvb
+            + b.decode_seqs * heads * (lat + attn.kv_lora_rank) * a,
+            dtype=prec.activations,
+            seq_len=_safe_div(b.decode_kv_tokens, b.decode_seqs),
+        ),
+        gemm(
+            "w_uv_absorb",
+            m=b.decode_seqs,
+            n=v,
+            k=attn.kv_lora_rank,
+            groups=heads,
+            count=n_layers,
+            prec=prec,
+        ),
         gemm("o_proj", m=t, n=h, k=heads * v, count=n_layers, prec=prec),
     ]
     return ops
 
 
 # -- feed-forward ---------------------------------------------------------------------------------
-def _mlp_ops(prefix: str, mlp: MLP, *, h: int, shards: int, tokens: Num, count: float,
-             prec: Precision, groups: Num = 1.0) -> list[Op]:
+def _mlp_ops(
+    prefix: str,
+    mlp: MLP,
+    *,
+    h: int,
+    shards: int,
+    tokens: Num,
+    count: float,
+    prec: Precision,
+    groups: Num = 1.0,
+) -> list[Op]:
     inter = mlp.intermediate_size / shards
     up_n = (2 if mlp.gated else 1) * inter
     a = DTYPE_BYTES[prec.activations]
@@ -195,27 +285,56 @@ def _moe_ops(model: ModelSpec, layout: Parallelism, prec: Precision, b: BatchSha
     hit = experts_hit(moe.num_experts, moe.top_k, group_tokens) / layout.ep
     per_expert = _safe_div(group_tokens * moe.top_k / layout.ep, hit)
     ops = [
-        gemm("router", m=t, n=moe.num_experts, k=h, count=count, prec=prec,
-             weight_dtype=prec.activations),
+        gemm(
+            "router",
+            m=t,
+            n=moe.num_experts,
+            k=h,
+            count=count,
+            prec=prec,
+            weight_dtype=prec.activations,
+        ),
         elementwise("topk_softmax", bytes_=t * moe.num_experts * 4.0 * 2, count=count),
-        *_mlp_ops("expert_", moe.expert, h=h, shards=expert_tp, tokens=per_expert, count=count,
-                  prec=prec, groups=hit),
+        *_mlp_ops(
+            "expert_",
+            moe.expert,
+            h=h,
+            shards=expert_tp,
+            tokens=per_expert,
+            count=count,
+            prec=prec,
+            groups=hit,
+        ),
     ]
     if moe.shared_expert is not None:
-        shared = MLP(intermediate_size=moe.shared_expert.intermediate_size * moe.num_shared_experts,
-                     gated=moe.shared_expert.gated)
+        shared = MLP(
+            intermediate_size=moe.shared_expert.intermediate_size * moe.num_shared_experts,
+            gated=moe.shared_expert.gated,
+        )
         ops += _mlp_ops("shared_", shared, h=h, shards=layout.tp, tokens=t, count=count, prec=prec)
     if wide_ep:
         a = DTYPE_BYTES[prec.activations]
         for stage in ("dispatch", "combine"):
-            ops.append(collective(f"moe_{stage}", "all_to_all", msg_bytes=t * moe.top_k * h * a,
-                                  group=layout.ep, count=count))
+            ops.append(
+                collective(
+                    f"moe_{stage}",
+                    "all_to_all",
+                    msg_bytes=t * moe.top_k * h * a,
+                    group=layout.ep,
+                    count=count,
+                )
+            )
     return ops
 
 
 # -- the step -----------------------------------------------------------------------------------
 def step_ops(
-    model: ModelSpec, layout: Parallelism, prec: Precision, batch: BatchShape, *, gpus_per_node: int = 8
+    model: ModelSpec,
+    layout: Parallelism,
+    prec: Precision,
+    batch: BatchShape,
+    *,
+    gpus_per_node: int = 8,
 ) -> list[Op]:
     """Every kernel of one step on one device of the replica, with repeat counts. Pipeline
     stages of `tp` devices fill nodes of `gpus_per_node` in order; a stage boundary that
@@ -225,31 +344,51 @@ def step_ops(
     t = batch.num_tokens
     norm = elementwise("norm", bytes_=t * h * a * 3, count=2 * n_layers)  # fused add + norm
     attn = model.attention
-    attn_ops = (_gqa_ops(attn, model, tp, prec, batch) if isinstance(attn, GQAttention)
-                else _mla_ops(attn, model, tp, prec, batch))
+    attn_ops = (
+        _gqa_ops(attn, model, tp, prec, batch)
+        if isinstance(attn, GQAttention)
+        else _mla_ops(attn, model, tp, prec, batch)
+    )
     ops = [elementwise("embedding", bytes_=t * h * a * 2, count=1), norm, *attn_ops]
     if model.num_dense_layers:
-        ops += _mlp_ops("", model.mlp, h=h, shards=tp, tokens=t, count=float(model.num_dense_layers),
-                        prec=prec)
+        ops += _mlp_ops(
+            "", model.mlp, h=h, shards=tp, tokens=t, count=float(model.num_dense_layers), prec=prec
+        )
     if model.moe is not None:
         ops += _moe_ops(model, layout, prec, batch)
     ops += [
         elementwise("final_norm", bytes_=t * h * a * 2, count=1),
-        gemm("lm_head", m=batch.sampled, n=model.vocab_size / tp, k=h, count=1, prec=prec,
-             weight_dtype=prec.activations),
+        gemm(
+            "lm_head",
+            m=batch.sampled,
+            n=model.vocab_size / tp,
+            k=h,
+            count=1,
+            prec=prec,
+            weight_dtype=prec.activations,
+        ),
         elementwise("sampler", bytes_=batch.sampled * model.vocab_size * 4.0 * 2, count=1),
     ]
     if tp > 1:
         ops += [
-            collective("tp_all_reduce", "all_reduce", msg_bytes=t * h * a, group=tp,
-                       count=2 * n_layers + 1),  # attention out, MLP out, vocab-parallel embedding
-            collective("logits_all_gather", "all_gather", msg_bytes=batch.sampled * model.vocab_size * a,
-                       group=tp, count=1),
+            collective(
+                "tp_all_reduce", "all_reduce", msg_bytes=t * h * a, group=tp, count=2 * n_layers + 1
+            ),  # attention out, MLP out, vocab-parallel embedding
+            collective(
+                "logits_all_gather",
+                "all_gather",
+                msg_bytes=batch.sampled * model.vocab_size * a,
+                group=tp,
+                count=1,
+            ),
         ]
     if layout.pp > 1:
         crossing = sum(1 for i in range(1, layout.pp) if (i * tp) % gpus_per_node == 0)
-        for name, n, out in (("pp_send_recv", layout.pp - 1 - crossing, False),
-                             ("pp_send_recv_internode", crossing, True)):
-            ops.append(collective(name, "send_recv", msg_bytes=t * h * a, group=2, count=n,
-                                  scale_out=out))
+        for name, n, out in (
+            ("pp_send_recv", layout.pp - 1 - crossing, False),
+            ("pp_send_recv_internode", crossing, True),
+        ):
+            ops.append(
+                collective(name, "send_recv", msg_bytes=t * h * a, group=2, count=n, scale_out=out)
+            )
     return [op for op in ops if op.count > 0]

@@ -43,7 +43,9 @@ class OpCost:
     def bound(self) -> np.ndarray:
         """Which of compute, memory, latency (fixed costs) or network dominates; "none" for an
         op with no work."""
-        parts = np.stack(np.broadcast_arrays(self.compute_s, self.memory_s, self.latency_s, self.network_s))
+        parts = np.stack(
+            np.broadcast_arrays(self.compute_s, self.memory_s, self.latency_s, self.network_s)
+        )
         names = np.asarray(BOUNDS)[np.argmax(parts, axis=0)]
         return np.where(parts.max(axis=0) > 0, names, "none")
 
@@ -84,16 +86,24 @@ def _kernel_cost(
     eff = hw.efficiency
     mem_eff = eff.memory.stream_fraction * eff.memory.size_curve(nbytes)
     peak = _peak(hw, op.dtype)
+    comp_eff: np.ndarray | float
     match op.kind:
         case "gemm":
             comp_eff = gemm_efficiency(hw, op)
         case "attention_prefill":
-            comp_eff = (eff.attention.prefill_fraction * attention_factor
-                        * eff.attention.prefill_len_curve(op.seq_len))
+            comp_eff = (
+                eff.attention.prefill_fraction
+                * attention_factor
+                * eff.attention.prefill_len_curve(op.seq_len)
+            )
         case "attention_decode":
             comp_eff = eff.attention.prefill_fraction * attention_factor
-            mem_eff = np.minimum(1.0, eff.attention.decode_fraction * attention_factor
-                                 * eff.attention.decode_len_curve(op.seq_len))
+            mem_eff = np.minimum(
+                1.0,
+                eff.attention.decode_fraction
+                * attention_factor
+                * eff.attention.decode_len_curve(op.seq_len),
+            )
         case _:
             comp_eff = 1.0
     compute = np.divide(flops, peak * comp_eff, out=np.zeros_like(flops), where=flops > 0)
@@ -114,7 +124,10 @@ def collective_bandwidth(hw: HardwareSpec, group: int, *, scale_out: bool) -> fl
         case "mesh":  # a direct link to each of the other group members
             return min(ic.link_bw_bytes_per_s, ic.peer_bw_bytes_per_s * (group - 1))
         case "pcie":
-            return min(ic.peer_bw_bytes_per_s, hw.host.pcie_bw_bytes_per_s * hw.efficiency.host_link_fraction)
+            return min(
+                ic.peer_bw_bytes_per_s,
+                hw.host.pcie_bw_bytes_per_s * hw.efficiency.host_link_fraction,
+            )
 
 
 def wire_bytes(op: Op) -> np.ndarray:

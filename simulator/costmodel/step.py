@@ -33,6 +33,7 @@ class StepCost:
         rows = []
         total = float(np.ravel(self.time_s)[index]) or 1.0
         for c in self.costs:
+
             def at(x: object) -> float:
                 arr = np.ravel(np.asarray(x, dtype=float))
                 return float(arr[index] if arr.size > 1 else arr[0])
@@ -40,23 +41,30 @@ class StepCost:
             t = at(c.time_s)
             if t == 0.0:
                 continue
-            rows.append({
-                "op": c.op.name,
-                "kind": c.op.kind,
-                "count": c.op.count,
-                "time_s": t,
-                "total_s": t * c.op.count,
-                "share": t * c.op.count / total,
-                "flops": at(c.op.flops) * c.op.count,
-                "bytes": (at(c.op.bytes) + at(c.op.msg_bytes)) * c.op.count,
-                "bound": str(np.ravel(c.bound)[index if np.ravel(c.bound).size > 1 else 0]),
-            })
+            rows.append(
+                {
+                    "op": c.op.name,
+                    "kind": c.op.kind,
+                    "count": c.op.count,
+                    "time_s": t,
+                    "total_s": t * c.op.count,
+                    "share": t * c.op.count / total,
+                    "flops": at(c.op.flops) * c.op.count,
+                    "bytes": (at(c.op.bytes) + at(c.op.msg_bytes)) * c.op.count,
+                    "bound": str(np.ravel(c.bound)[index if np.ravel(c.bound).size > 1 else 0]),
+                }
+            )
         return pd.DataFrame(rows)
 
 
 def step_cost(
-    model: ModelSpec, hw: HardwareSpec, layout: Parallelism, prec: Precision, batch: BatchShape,
-    *, attention_factor: float = 1.0,
+    model: ModelSpec,
+    hw: HardwareSpec,
+    layout: Parallelism,
+    prec: Precision,
+    batch: BatchShape,
+    *,
+    attention_factor: float = 1.0,
 ) -> StepCost:
     """GPU time of one step of `batch` on one replica (no engine CPU overheads)."""
     ops = step_ops(model, layout, prec, batch, gpus_per_node=hw.interconnect.gpus_per_node)
@@ -70,8 +78,12 @@ def kernel_launches(step: StepCost) -> np.ndarray:
 
 
 def engine_step_time(
-    step: StepCost, engine: EngineSpec, *, num_tokens: np.ndarray | float,
-    num_seqs: np.ndarray | float, enforce_eager: bool = False,
+    step: StepCost,
+    engine: EngineSpec,
+    *,
+    num_tokens: np.ndarray | float,
+    num_seqs: np.ndarray | float,
+    enforce_eager: bool = False,
 ) -> np.ndarray:
     """Wall time of a step under a serving engine: the CPU launches kernels asynchronously, so
     the GPU time and the launch time overlap and the longer one counts; the scheduler's
@@ -81,6 +93,7 @@ def engine_step_time(
     off and the step has at most `cuda_graph_max_tokens` tokens."""
     ov = engine.overhead
     graphed = (engine.cuda_graphs and not enforce_eager) & (
-        np.asarray(num_tokens) <= engine.cuda_graph_max_tokens)
+        np.asarray(num_tokens) <= engine.cuda_graph_max_tokens
+    )
     launch = np.where(graphed, ov.graph_launch_s, kernel_launches(step) * ov.launch_eager_s)
     return np.maximum(step.time_s, launch) + ov.step_s + ov.per_seq_s * np.asarray(num_seqs)

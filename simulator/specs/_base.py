@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Annotated
 
 import numpy as np
@@ -40,7 +41,7 @@ class Curve(Frozen):
         if not pts:
             raise ValueError("a curve needs at least one [x, y] point")
         xs = [x for x, _ in pts]
-        if any(x <= 0 for x in xs) or any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
+        if any(x <= 0 for x in xs) or any(b <= a for a, b in pairwise(xs)):
             raise ValueError("curve x values must be positive and strictly ascending")
         if any(y <= 0 for _, y in pts):
             raise ValueError("curve y values must be positive")

@@ -114,6 +114,12 @@ def resolve_precision(
         weights = act
     compute = weights if weights in ("fp8", "int8") and hw.supports(weights) else act
     if kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16"):
-        raise SpecError(f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8)", field="kv_cache_dtype")
-    kv = act if kv_cache_dtype == "auto" else ("fp8" if kv_cache_dtype.startswith("fp8") else kv_cache_dtype)
-    return Precision(weights=weights, compute=compute, kv_cache=kv, activations=act)  # type: ignore[arg-type]
+        raise SpecError(
+            f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8)", field="kv_cache_dtype"
+        )
+    kv = (
+        act
+        if kv_cache_dtype == "auto"
+        else ("fp8" if kv_cache_dtype.startswith("fp8") else kv_cache_dtype)
+    )
+    return Precision(weights=weights, compute=compute, kv_cache=kv, activations=act)

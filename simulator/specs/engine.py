@@ -40,8 +40,9 @@ class EngineSpec(Frozen):
         default=1.0, gt=0, le=2, description="multiplies the device's attention efficiency"
     )
     memory_reserve_bytes: Bytes = Field(
-        ge=0, description="non-KV memory outside weights and activations: CUDA context, "
-        "library workspaces, communication buffers, graph pool"
+        ge=0,
+        description="non-KV memory outside weights and activations: CUDA context, "
+        "library workspaces, communication buffers, graph pool",
     )
     scheduler: SchedulerDefaults
     quantized_kernels: tuple[Literal["fp8", "int8", "int4"], ...] = ("fp8", "int8", "int4")

@@ -22,8 +22,12 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 MODELS_DIR = _PACKAGE_DIR / "models"
 ENGINES_DIR = _PACKAGE_DIR / "engines"
 # The hardware specs live at the top of the repository (`hardware_specs/`); an installed wheel
-# carries a copy inside the package. LLMSIM_HARDWARE_PATH adds folders of the user's own.
-_HARDWARE_CANDIDATES = (_PACKAGE_DIR.parents[1] / "hardware_specs", _PACKAGE_DIR / "hardware")
+# carries a copy inside the package (simulator/hardware_specs). LLMSIM_HARDWARE_PATH adds
+# folders of the user's own.
+_HARDWARE_CANDIDATES = (
+    _PACKAGE_DIR.parents[1] / "hardware_specs",
+    _PACKAGE_DIR.parent / "hardware_specs",
+)
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -108,7 +112,9 @@ def _load_model_file(path: Path, model_id: str) -> ModelSpec:
     except OSError as exc:
         raise SpecError(f"cannot read file ({exc.strerror})", source=str(path)) from None
     except json.JSONDecodeError as exc:
-        raise SpecError(f"malformed JSON: {exc.msg}", source=str(path), field=f"line {exc.lineno}") from None
+        raise SpecError(
+            f"malformed JSON: {exc.msg}", source=str(path), field=f"line {exc.lineno}"
+        ) from None
     if not isinstance(cfg, dict):
         raise SpecError("expected a JSON object", source=str(path))
     try:
@@ -133,7 +139,9 @@ def load_model(model: str) -> ModelSpec:
             raise SpecError("no such file", source=str(path), field="model")
         return _load_model_file(path.resolve(), str(path))
     known = ", ".join(list_models())
-    raise SpecError(f"unknown model id (known: {known}; or a path to config.json)", source=model, field="model")
+    raise SpecError(
+        f"unknown model id (known: {known}; or a path to config.json)", source=model, field="model"
+    )
 
 
 # -- engines ----------------------------------------------------------------------------------

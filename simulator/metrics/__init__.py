@@ -1,0 +1,1 @@
+"""Reserved for the metrics layer (see README)."""

@@ -1,0 +1,1 @@
+"""Reserved for the serving layer (see README)."""
