@@ -29,6 +29,7 @@ from simulator.specs import (
     load_model,
 )
 from simulator.specs.deployment import Parallelism, Precision, resolve_precision
+from simulator.validate import run_validation
 
 __version__ = "0.1.0"
 
@@ -57,5 +58,6 @@ __all__ = [
     "load_model",
     "plan_memory",
     "resolve_precision",
+    "run_validation",
     "step_cost",
 ]

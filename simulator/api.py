@@ -121,6 +121,7 @@ def estimate(
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     enable_chunked_prefill: bool | None = None,
+    num_iters: int = 30,
 ) -> LatencyResult:
     """Predict `vllm bench latency` analytically: TTFT, TPOT, total latency, memory plan and a
     per-operator breakdown."""
@@ -148,6 +149,7 @@ def estimate(
         max_num_seqs=max_num_seqs,
         chunked_prefill=enable_chunked_prefill,
         gpu_memory_utilization=gpu_memory_utilization,
+        num_iters=num_iters,
     )
 
 
@@ -201,6 +203,7 @@ def attention_cost(
             field="num_kv_heads",
         )
     kv = dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+    kv = "fp8" if kv.startswith("fp8") else kv  # fp8, fp8_e4m3, fp8_e5m2 (vLLM's spellings)
     if kv not in DTYPE_BYTES:
         raise SpecError(f"unknown KV cache dtype {kv_cache_dtype!r}", field="kv_cache_dtype")
     prec = Precision(weights=dtype, compute=dtype, kv_cache=kv, activations=dtype)

@@ -315,8 +315,8 @@ def bench_latency_cmd(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         enable_chunked_prefill=enable_chunked_prefill,
+        num_iters=num_iters,
     )
-    result = type(result)(**{**result.__dict__, "num_iters": num_iters})
     data = result.as_json()
     if output_json:
         with open(output_json, "w", encoding="utf-8") as fh:
@@ -353,6 +353,59 @@ def _print_latency_summary(result: Any) -> None:
             row.bound,
         )
     out.print(table)
+
+
+# -- validate ---------------------------------------------------------------------------------
+@app.command("validate")
+def validate_cmd(
+    suite: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--suite",
+            help="ops, layers, iteration, iteration_prefill or iteration_decode; repeat the "
+            "flag for several (default: all)",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Error tables of predicted vs measured against the bundled measurements."""
+    from simulator.validate import kind_stats, run_validation, worst_cases
+    from simulator.validate.summary import STAT_KEYS
+
+    summary, df = run_validation(suite)
+    if as_json:
+        _print_json(summary)
+        return
+
+    def cells(stats: Any) -> list[str]:
+        return [str(stats["n"]), *(f"{float(stats[k]):.1f}%" for k in STAT_KEYS)]
+
+    stat_cols = ("n", "MAPE", "median", "p90", "worst")
+    table = Table("suite", "device", *stat_cols, "fitted", title="Absolute % error")
+    for name, entry in summary["suites"].items():
+        table.add_row(name, "all", *cells(entry), "yes" if entry["fitted"] else "no")
+        for device, stats in entry["by_device"].items():
+            table.add_row("", device, *cells(stats), "")
+    out.print(table)
+    kinds = kind_stats(df)
+    kinds = kinds[kinds.groupby("suite")["kind"].transform("nunique") > 1]
+    if not kinds.empty:
+        by_kind = Table("suite", "device", "kind", *stat_cols, title="By kind of case")
+        for row in kinds.to_dict(orient="records"):
+            by_kind.add_row(str(row["suite"]), str(row["device"]), str(row["kind"]), *cells(row))
+        out.print(by_kind)
+    for name in summary["suites"]:
+        worst = Table("device", "case", "predicted", "measured", "error", title=f"{name}: worst 5")
+        for r in worst_cases(df, name).itertuples():
+            sign = "+" if r.predicted_s >= r.measured_s else "-"
+            times = (format_seconds(r.predicted_s), format_seconds(r.measured_s))
+            worst.add_row(str(r.device), str(r.case), *times, f"{sign}{r.ape_pct:.0f}%")
+        out.print(worst)
+    skipped = df.attrs.get("skipped", [])
+    if skipped:
+        out.print(f"Skipped {len(skipped)} configuration(s):")
+        for line in skipped:
+            out.print(f"  {line}", markup=False)
 
 
 # -- entry point ------------------------------------------------------------------------------

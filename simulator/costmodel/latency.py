@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.memory import MemoryPlan, plan_memory, require_fit
+from simulator.costmodel.memory import MemoryPlan, pick, plan_memory, positive, require_fit
 from simulator.costmodel.step import StepCost, engine_step_time, step_cost
 from simulator.errors import SpecError
 from simulator.specs.deployment import Parallelism, Precision
@@ -100,7 +100,25 @@ def prefill_schedule(
     return steps
 
 
-def bench_latency(
+def _check_lengths(
+    model: ModelSpec, *, batch_size: int, input_len: int, output_len: int, num_iters: int
+) -> None:
+    for name, value in (
+        ("batch_size", batch_size),
+        ("input_len", input_len),
+        ("output_len", output_len),
+        ("num_iters", num_iters),
+    ):
+        positive(value, field=name)
+    if input_len + output_len > model.max_position_embeddings:
+        raise SpecError(
+            f"input_len + output_len = {input_len + output_len} exceeds the model's context "
+            f"length {model.max_position_embeddings} (vLLM's max_model_len)",
+            field="input_len",
+        )
+
+
+def _wave(
     model: ModelSpec,
     hw: HardwareSpec,
     layout: Parallelism,
@@ -110,47 +128,12 @@ def bench_latency(
     batch_size: int,
     input_len: int,
     output_len: int,
-    enforce_eager: bool = False,
-    max_num_batched_tokens: int | None = None,
-    max_num_seqs: int | None = None,
-    chunked_prefill: bool | None = None,
-    gpu_memory_utilization: float | None = None,
-    num_iters: int = 30,
-) -> LatencyResult:
-    """Predict `vllm bench latency` for one replica. Raises SpecError if it cannot run."""
-    for name, value in (
-        ("batch_size", batch_size),
-        ("input_len", input_len),
-        ("output_len", output_len),
-    ):
-        if value < 1:
-            raise SpecError(f"must be at least 1, got {value}", field=name)
-    layout.check(model, hw)
-    sched = engine.scheduler
-    max_tokens = max_num_batched_tokens or sched.max_num_batched_tokens
-    plan = plan_memory(
-        model,
-        hw,
-        layout,
-        prec,
-        engine,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_num_batched_tokens=max_tokens,
-        max_num_seqs=max_num_seqs,
-    )
-    require_fit(
-        plan, what=f"{model.id} on {hw.id} (tp={layout.tp}, pp={layout.pp}, {prec.weights})"
-    )
-    needed = batch_size * -(-(input_len + output_len) // plan.block_size)
-    if needed > plan.kv_capacity_blocks:
-        raise SpecError(
-            f"batch of {batch_size} x {input_len + output_len} tokens needs {needed} KV blocks, "
-            f"only {plan.kv_capacity_blocks} fit (largest batch: "
-            f"{plan.max_batch(seq_len=input_len + output_len)})",
-            field="batch_size",
-        )
+    max_tokens: int,
+    chunked: bool,
+    enforce_eager: bool,
+) -> tuple[np.ndarray, np.ndarray, StepCost, StepCost]:
+    """Prefill and decode step times of one batch that runs to completion together."""
     window = model.attention.sliding_window
-    chunked = sched.chunked_prefill if chunked_prefill is None else chunked_prefill
     schedule = prefill_schedule(
         batch_size=batch_size, input_len=input_len, max_tokens=max_tokens, chunked=chunked
     )
@@ -171,23 +154,95 @@ def bench_latency(
         batch_size=np.full(context.shape, float(batch_size)), context_len=context, window=window
     )
     dec_cost = step_cost(model, hw, layout, prec, dec, attention_factor=engine.attention_factor)
-    decode = (
-        engine_step_time(
-            dec_cost,
+    decode = engine_step_time(
+        dec_cost,
+        engine,
+        num_tokens=float(batch_size),
+        num_seqs=float(batch_size),
+        enforce_eager=enforce_eager,
+    )
+    return prefill, np.broadcast_to(decode, context.shape), pre_cost, dec_cost
+
+
+def bench_latency(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    layout: Parallelism,
+    prec: Precision,
+    engine: EngineSpec,
+    *,
+    batch_size: int,
+    input_len: int,
+    output_len: int,
+    enforce_eager: bool = False,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+    chunked_prefill: bool | None = None,
+    gpu_memory_utilization: float | None = None,
+    num_iters: int = 30,
+) -> LatencyResult:
+    """Predict `vllm bench latency` for one replica. Raises SpecError if it cannot run.
+
+    A batch larger than `max_num_seqs` runs in waves of at most `max_num_seqs` sequences, one
+    after another; TTFT is the first wave's prefill."""
+    _check_lengths(
+        model,
+        batch_size=batch_size,
+        input_len=input_len,
+        output_len=output_len,
+        num_iters=num_iters,
+    )
+    layout.check(model, hw)
+    sched = engine.scheduler
+    max_tokens = pick(max_num_batched_tokens, sched.max_num_batched_tokens)
+    max_seqs = pick(max_num_seqs, sched.max_num_seqs)
+    plan = plan_memory(
+        model,
+        hw,
+        layout,
+        prec,
+        engine,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_batched_tokens=max_tokens,
+        max_num_seqs=max_seqs,
+    )
+    require_fit(
+        plan, what=f"{model.id} on {hw.id} (tp={layout.tp}, pp={layout.pp}, {prec.weights})"
+    )
+    wave = min(batch_size, max_seqs)
+    needed = wave * -(-(input_len + output_len) // plan.block_size)
+    if needed > plan.kv_capacity_blocks:
+        raise SpecError(
+            f"batch of {wave} x {input_len + output_len} tokens needs {needed} KV blocks, "
+            f"only {plan.kv_capacity_blocks} fit (largest batch: "
+            f"{plan.max_batch(seq_len=input_len + output_len)})",
+            field="batch_size",
+        )
+    chunked = sched.chunked_prefill if chunked_prefill is None else chunked_prefill
+    sizes = [wave] * (batch_size // wave) + ([batch_size % wave] if batch_size % wave else [])
+    runs = {
+        size: _wave(
+            model,
+            hw,
+            layout,
+            prec,
             engine,
-            num_tokens=float(batch_size),
-            num_seqs=float(batch_size),
+            batch_size=size,
+            input_len=input_len,
+            output_len=output_len,
+            max_tokens=max_tokens,
+            chunked=chunked,
             enforce_eager=enforce_eager,
         )
-        if output_len > 1
-        else np.zeros(0)
-    )
-    decode = np.broadcast_to(decode, context.shape)
-    ttft = float(prefill.sum())
+        for size in set(sizes)
+    }
+    prefill, decode, pre_cost, dec_cost = runs[sizes[0]]
+    total = sum(float(runs[s][0].sum() + runs[s][1].sum()) for s in sizes)
+    all_decode = np.concatenate([runs[s][1] for s in sizes])
     return LatencyResult(
-        ttft_s=ttft,
-        tpot_s=float(decode.mean()) if decode.size else 0.0,
-        latency_s=ttft + float(decode.sum()),
+        ttft_s=float(prefill.sum()),
+        tpot_s=float(all_decode.mean()) if all_decode.size else 0.0,
+        latency_s=total,
         prefill_steps=prefill,
         decode_steps=np.asarray(decode),
         memory=plan,
@@ -205,5 +260,6 @@ def bench_latency(
             "input_len": input_len,
             "output_len": output_len,
             "enforce_eager": enforce_eager,
+            "waves": len(sizes),
         },
     )

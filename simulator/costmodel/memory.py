@@ -11,6 +11,7 @@ Not modelled: allocator fragmentation, LoRA adapters, multimodal encoders' memor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -21,6 +22,8 @@ from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import DTYPE_BYTES, GQAttention, ModelSpec
 from simulator.units import GiB
+
+T = TypeVar("T")
 
 
 def _attention_params_per_device(model: ModelSpec, tp: int) -> tuple[float, float]:
@@ -164,6 +167,18 @@ def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: P
     return float(elems * layers * DTYPE_BYTES[prec.kv_cache])
 
 
+def pick(value: T | None, default: T) -> T:
+    """`value` unless it is None (0 is a value to check, not a request for the default)."""
+    return default if value is None else value
+
+
+def positive(value: int, *, field: str) -> int:
+    """`value` if it is at least 1, else a SpecError naming `field`."""
+    if value < 1:
+        raise SpecError(f"must be at least 1, got {value}", field=field)
+    return value
+
+
 def plan_memory(
     model: ModelSpec,
     hw: HardwareSpec,
@@ -175,15 +190,14 @@ def plan_memory(
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
 ) -> MemoryPlan:
-    """The memory budget of the busiest device; see `MemoryPlan.fits`."""
+    """The memory budget of the busiest device; see `MemoryPlan.fits`. Knobs left None take
+    the engine's defaults."""
     sched = engine.scheduler
-    util = (
-        gpu_memory_utilization
-        if gpu_memory_utilization is not None
-        else sched.gpu_memory_utilization
-    )
+    util = pick(gpu_memory_utilization, sched.gpu_memory_utilization)
     if not 0 < util <= 1:
         raise SpecError(f"must be in (0, 1], got {util}", field="gpu_memory_utilization")
+    max_tokens = pick(max_num_batched_tokens, sched.max_num_batched_tokens)
+    max_seqs = pick(max_num_seqs, sched.max_num_seqs)
     return MemoryPlan(
         capacity_bytes=hw.memory.capacity_bytes,
         usable_bytes=util * hw.memory.capacity_bytes,
@@ -192,8 +206,8 @@ def plan_memory(
             model,
             layout,
             prec,
-            max_tokens=max_num_batched_tokens or sched.max_num_batched_tokens,
-            max_seqs=max_num_seqs or sched.max_num_seqs,
+            max_tokens=positive(max_tokens, field="max_num_batched_tokens"),
+            max_seqs=positive(max_seqs, field="max_num_seqs"),
         ),
         reserve_bytes=engine.memory_reserve_bytes,
         kv_bytes_per_token=kv_bytes_per_token_per_device(model, layout, prec),

@@ -49,8 +49,8 @@ class Op:
     bytes: Num
     dtype: str = "bf16"
     m: Num = 0.0
-    n: float = 0.0
-    k: float = 0.0
+    n: Num = 0.0
+    k: Num = 0.0
     groups: Num = 1.0
     seq_len: Num = 0.0
     collective: Collective = ""
@@ -67,8 +67,8 @@ def gemm(
     name: str,
     *,
     m: Num,
-    n: float,
-    k: float,
+    n: Num,
+    k: Num,
     count: float,
     prec: Precision,
     weight_dtype: str | None = None,

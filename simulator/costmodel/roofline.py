@@ -41,13 +41,13 @@ class OpCost:
 
     @property
     def bound(self) -> np.ndarray:
-        """Which of compute, memory, latency (fixed costs) or network dominates; "none" for an
-        op with no work."""
+        """Which of compute, memory, latency (fixed costs) or network dominates. An op with no
+        work (an all-reduce over one device) counts as latency-bound: only fixed costs remain."""
         parts = np.stack(
             np.broadcast_arrays(self.compute_s, self.memory_s, self.latency_s, self.network_s)
         )
         names = np.asarray(BOUNDS)[np.argmax(parts, axis=0)]
-        return np.where(parts.max(axis=0) > 0, names, "none")
+        return np.where(parts.max(axis=0) > 0, names, "latency")
 
 
 def _ceil_div(a: Num, b: float) -> np.ndarray:
@@ -66,7 +66,8 @@ def gemm_efficiency(hw: HardwareSpec, op: Op) -> np.ndarray:
     padding = (m * op.n) / (tiles_m * tile_m * tiles_n * eff.tile_n)
     tiles = tiles_m * tiles_n * np.maximum(np.asarray(op.groups, dtype=float), 1.0)
     units = hw.compute.units
-    split_k = np.clip(np.floor(units / tiles), 1.0, max(1.0, op.k // 512))
+    max_split = np.maximum(1.0, np.floor(np.asarray(op.k, dtype=float) / 512))
+    split_k = np.clip(np.floor(units / tiles), 1.0, max_split)
     work = tiles * split_k
     waves = work / (np.ceil(work / units) * units)
     frac = eff.peak_fraction.get(op.dtype, eff.peak_fraction.get("bf16", 0.7))  # type: ignore[call-overload]

@@ -45,6 +45,18 @@ def _int(cfg: dict[str, Any], name: str, default: Any = ...) -> int:
     return value
 
 
+def _first_int(cfg: dict[str, Any], *keys: str, default: int) -> int:
+    """The first of `keys` present (and truthy) in the config, as an integer; else `default`."""
+    for key in keys:
+        value = cfg.get(key)
+        if value is None or value is False or value == 0:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigKeyError(key, f"expected an integer, got {value!r}")
+        return value
+    return default
+
+
 def _attention(cfg: dict[str, Any], hidden: int) -> GQAttention | MLAttention:
     heads = _int(cfg, "num_heads")
     if cfg.get("kv_lora_rank"):
@@ -66,7 +78,7 @@ def _attention(cfg: dict[str, Any], hidden: int) -> GQAttention | MLAttention:
         qkv_bias=bias,
         o_bias=bool(cfg.get("attention_bias", False)) or model_type == "bloom",
         qk_norm=model_type in ("qwen3", "qwen3_moe"),
-        sliding_window=int(cfg["sliding_window"]) if use_window else None,
+        sliding_window=_first_int(cfg, "sliding_window", default=0) or None if use_window else None,
     )
 
 
@@ -74,43 +86,48 @@ def _dense_mlp(cfg: dict[str, Any], hidden: int) -> MLP:
     model_type = cfg.get("model_type", "")
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
     gated = act in _GATED_ACTS and model_type != "bloom"
-    size = cfg.get("intermediate_size") or cfg.get("ffn_dim") or cfg.get("n_inner") or 4 * hidden
-    return MLP(intermediate_size=int(size), gated=gated, bias=model_type == "bloom")
+    size = _first_int(cfg, "intermediate_size", "ffn_dim", "n_inner", default=4 * hidden)
+    bias = model_type == "bloom" or bool(cfg.get("mlp_bias", False))  # Llama configs: mlp_bias
+    return MLP(intermediate_size=size, gated=gated, bias=bias)
 
 
 def _moe(cfg: dict[str, Any], num_layers: int) -> MoE | None:
-    experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts")
-    if not experts or int(experts) <= 1:
+    experts = _first_int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
+    if experts <= 1:
         return None
-    expert_size = cfg.get("moe_intermediate_size") or _int(cfg, "intermediate_size")
-    shared = int(cfg.get("n_shared_experts") or 0)
-    shared_size = cfg.get("shared_expert_intermediate_size")
+    expert_size = _first_int(cfg, "moe_intermediate_size", default=0) or _int(
+        cfg, "intermediate_size"
+    )
+    shared = _first_int(cfg, "n_shared_experts", default=0)
+    shared_size = _first_int(cfg, "shared_expert_intermediate_size", default=0)
     if shared_size:  # Qwen-MoE: one shared expert of its own size
         shared = 1
     elif shared:  # DeepSeek: n_shared_experts of the routed-expert size
         shared_size = expert_size
-    first_dense = int(cfg.get("first_k_dense_replace") or 0)
+    first_dense = _first_int(cfg, "first_k_dense_replace", default=0)
     if cfg.get("mlp_only_layers"):
         first_dense = len(cfg["mlp_only_layers"])
-    sparse_step = int(cfg.get("decoder_sparse_step") or 1)
-    if int(cfg.get("moe_layer_freq") or 1) != 1 or sparse_step != 1:
+    sparse_step = _first_int(cfg, "decoder_sparse_step", default=1)
+    if _first_int(cfg, "moe_layer_freq", default=1) != 1 or sparse_step != 1:
         raise ConfigKeyError("moe_layer_freq", "only MoE in every layer after the dense ones")
     return MoE(
-        num_experts=int(experts),
+        num_experts=experts,
         top_k=_int(cfg, "num_experts_per_tok"),
-        expert=MLP(intermediate_size=int(expert_size)),
+        expert=MLP(intermediate_size=expert_size),
         num_shared_experts=shared,
-        shared_expert=MLP(intermediate_size=int(shared_size)) if shared and shared_size else None,
+        shared_expert=MLP(intermediate_size=shared_size) if shared and shared_size else None,
         first_dense_layers=min(first_dense, num_layers),
     )
 
 
 def _weight_dtype(cfg: dict[str, Any], dtype: str) -> str:
     quant = cfg.get("quantization_config") or {}
+    if not isinstance(quant, dict):
+        raise ConfigKeyError("quantization_config", f"expected a mapping, got {quant!r}")
     method = str(quant.get("quant_method", "")).lower()
     if method == "fp8":
         return "fp8"
-    if method in ("awq", "gptq") and int(quant.get("bits", 16)) == 4:
+    if method in ("awq", "gptq") and _first_int(quant, "bits", default=16) == 4:
         return "int4"
     return dtype
 
@@ -135,7 +152,7 @@ def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type == "bloom")),
         dtype=dtype,
         weight_dtype=_weight_dtype(cfg, dtype),
-        max_position_embeddings=int(
-            cfg.get("max_position_embeddings") or cfg.get("seq_length") or 4096
+        max_position_embeddings=_first_int(
+            cfg, "max_position_embeddings", "seq_length", "n_positions", default=4096
         ),
     )

@@ -1,0 +1,125 @@
+"""The bundled measurements (`simulator/data/measured/`), read into DataFrames.
+
+The only place that reads the measured CSVs. Each loader checks the columns the suites use and
+returns a fresh copy (callers may add columns). Provenance and column meanings are in
+`simulator/data/README.md`; every device name is mapped here to a hardware id.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pandas as pd
+
+from simulator.errors import SpecError
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+MEASURED_DIR = DATA_DIR / "measured"
+
+# aiconfigurator's system folder -> our hardware id
+AIC_DEVICES = {"a100_sxm": "a100_sxm_80gb", "h100_sxm": "h100_sxm"}
+# Vidur's profiling folder -> hardware id (Vidur profiled SXM parts in 8-GPU nodes)
+VIDUR_DEVICES = {"a100": "a100_sxm_80gb", "h100": "h100_sxm"}
+# Vidur's file stem -> a short model name for case strings (not all are catalogue ids)
+VIDUR_MODELS = {
+    "Llama-2-7b-hf": "llama-2-7b",
+    "Llama-2-70b-hf": "llama-2-70b",
+    "Meta-Llama-3-8B": "llama-3-8b",
+}
+# Splitwise's model and hardware names -> catalogue model id / hardware id
+SPLITWISE_MODELS = {"llama2-70b": "llama-2-70b", "bloom-176b": "bloom-176b"}
+SPLITWISE_HARDWARE = {"a100-80gb": "a100_sxm_80gb"}
+
+_ATTENTION = [
+    "batch_size",
+    "isl",
+    "num_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "attn_dtype",
+    "kv_cache_dtype",
+    "step",
+    "latency_ms",
+]
+AIC_COLUMNS: dict[str, list[str]] = {
+    "gemm": ["gemm_dtype", "m", "n", "k", "latency_ms"],
+    "context_attention": _ATTENTION,
+    "generation_attention": _ATTENTION,
+    "nccl": ["op_name", "nccl_dtype", "num_gpus", "message_size_elements", "latency_ms"],
+}
+VIDUR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+VIDUR_COLUMNS = [
+    *(f"time_stats.{op}.median" for op in VIDUR_OPS),
+    "n_head",
+    "n_kv_head",
+    "n_embd",
+    "n_expanded_embd",
+    "use_gated_mlp",
+    "num_tokens",
+    "num_tensor_parallel_workers",
+]
+SPLITWISE_COLUMNS = [
+    "model",
+    "hardware",
+    "prompt_size",
+    "batch_size",
+    "token_size",
+    "prompt_time",
+    "token_time",
+    "e2e_time",
+    "tensor_parallel",
+]
+
+
+@cache
+def _read(relpath: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    path = MEASURED_DIR / relpath
+    try:
+        df = pd.read_csv(path)
+    except OSError as exc:
+        raise SpecError(f"cannot read measured data ({exc.strerror})", source=str(path)) from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise SpecError(f"missing columns {missing}", source=str(path))
+    return df
+
+
+def read_measured(relpath: str, columns: list[str]) -> pd.DataFrame:
+    """A measured CSV under `simulator/data/measured/` (a copy; read once per process)."""
+    return _read(relpath, tuple(columns)).copy()
+
+
+def aiconfigurator(device: str, table: str) -> pd.DataFrame:
+    """One aiconfigurator table (`gemm`, `context_attention`, `generation_attention`, `nccl`)
+    of one system folder (`a100_sxm`, `h100_sxm`)."""
+    if device not in AIC_DEVICES:
+        raise SpecError(f"unknown device {device!r} ({', '.join(AIC_DEVICES)})", field="device")
+    if table not in AIC_COLUMNS:
+        raise SpecError(f"unknown table {table!r} ({', '.join(AIC_COLUMNS)})", field="table")
+    return read_measured(f"aiconfigurator/{device}/{table}.csv", AIC_COLUMNS[table])
+
+
+def vidur_files(device: str) -> list[Path]:
+    """The Vidur per-layer profiles bundled for one device folder (`a100`, `h100`)."""
+    return sorted((MEASURED_DIR / "vidur" / device).glob("*.mlp.csv"))
+
+
+def vidur(device: str) -> pd.DataFrame:
+    """Every bundled Vidur MLP/projection profile of one device folder, with a `model` column
+    (short name from VIDUR_MODELS). Times are in ms."""
+    if device not in VIDUR_DEVICES:
+        raise SpecError(f"unknown device {device!r} ({', '.join(VIDUR_DEVICES)})", field="device")
+    frames = []
+    for path in vidur_files(device):
+        stem = path.name.removesuffix(".mlp.csv")
+        df = read_measured(f"vidur/{device}/{path.name}", VIDUR_COLUMNS)
+        frames.append(df.assign(model=VIDUR_MODELS.get(stem, stem)))
+    if not frames:
+        raise SpecError("no Vidur profiles bundled", source=str(MEASURED_DIR / "vidur" / device))
+    return pd.concat(frames, ignore_index=True)
+
+
+def splitwise() -> pd.DataFrame:
+    """Splitwise's DGX-A100 iteration profile (every repeat; times in ms)."""
+    return read_measured("splitwise/perf_model_a100.csv", SPLITWISE_COLUMNS)

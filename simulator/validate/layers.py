@@ -1,0 +1,86 @@
+"""The `layers` suite: the four projection GEMMs of one transformer layer against Vidur.
+
+Vidur's profiles (fp16, Sarathi-Serve kernels) time each projection of one layer for
+`num_tokens` tokens on one GPU of a TP group. The shape columns (`n_head`, `n_kv_head`,
+`n_embd`, `n_expanded_embd`) are the full model's; each GPU holds a 1/TP column or row shard,
+as Megatron/vLLM split them (the times fall by ~TP x). KV heads are replicated when fewer than
+the TP degree, as vLLM does (no bundled profile needs it).
+
+predicted = sum of the cost model's GEMM times of attn_pre_proj (fused QKV), attn_post_proj
+(o_proj), mlp_up_proj (gate+up fused when `use_gated_mlp`) and mlp_down_proj at m = num_tokens;
+measured = the sum of those four medians. Not compared: norms, rotary, activation, residual
+adds, attention itself (other suites cover attention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from simulator.costmodel.ops import gemm
+from simulator.specs.deployment import Precision
+from simulator.specs.hardware import HardwareSpec
+from simulator.validate import data
+from simulator.validate.frame import finish, median_repeats
+from simulator.validate.operators import default_hardware, op_time
+
+SUITE = "layers"
+FP16 = Precision(weights="fp16", compute="fp16", kv_cache="fp16", activations="fp16")
+SHAPE = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "use_gated_mlp"]
+MEDIANS = [f"time_stats.{op}.median" for op in data.VIDUR_OPS]
+
+
+def projection_gemm_shapes(df: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per-GPU (n, k) of each projection GEMM for every row (TP-sharded)."""
+    tp = df["num_tensor_parallel_workers"].to_numpy(dtype=float)
+    heads = df["n_head"].to_numpy(dtype=float)
+    kv = df["n_kv_head"].to_numpy(dtype=float)
+    h = df["n_embd"].to_numpy(dtype=float)
+    inter = df["n_expanded_embd"].to_numpy(dtype=float) / tp
+    d = h / heads
+    q_local = heads / tp
+    kv_local = np.maximum(1.0, np.floor(kv / tp))  # replicated when kv < tp
+    gated = df["use_gated_mlp"].astype(str).str.lower().eq("true").to_numpy()
+    return {
+        "attn_pre_proj": ((q_local + 2.0 * kv_local) * d, h),
+        "attn_post_proj": (h, q_local * d),
+        "mlp_up_proj": (np.where(gated, 2.0, 1.0) * inter, h),
+        "mlp_down_proj": (h, inter),
+    }
+
+
+def layer_cases(hw: HardwareSpec, measured: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, TP, num_tokens) of a Vidur profile (as `data.vidur` returns it),
+    predicted on `hw`, vectorised over all rows."""
+    keys = ["model", *SHAPE, "num_tensor_parallel_workers", "num_tokens"]
+    rows = median_repeats(measured, keys, MEDIANS)
+    m = rows["num_tokens"].to_numpy(dtype=float)
+    predicted = np.zeros(len(rows))
+    for name, (n, k) in projection_gemm_shapes(rows).items():
+        t = op_time(gemm(name, m=m, n=n, k=k, count=1, prec=FP16), hw, len(rows))
+        rows[f"predicted_{name}_s"] = t
+        predicted += t
+    case = (
+        rows["model"]
+        + " tp"
+        + rows["num_tensor_parallel_workers"].astype(str)
+        + " tokens="
+        + rows["num_tokens"].astype(str)
+    )
+    return rows.assign(
+        kind="layer",
+        case=case,
+        predicted_s=predicted,
+        measured_s=rows[MEDIANS].sum(axis=1).to_numpy(dtype=float) / 1e3,
+        device=hw.id,
+    )
+
+
+def layers_suite(hardware: Mapping[str, HardwareSpec] | None = None) -> pd.DataFrame:
+    """The `layers` suite on every Vidur device. `hardware` maps a data folder (`a100`,
+    `h100`) to the spec to predict with; default: data.VIDUR_DEVICES."""
+    specs = default_hardware(data.VIDUR_DEVICES) if hardware is None else hardware
+    frames = [layer_cases(hw, data.vidur(folder)) for folder, hw in specs.items()]
+    return finish(pd.concat(frames, ignore_index=True), suite=SUITE, fitted=False)

@@ -1,0 +1,183 @@
+"""The `ops` suite: single kernels against aiconfigurator's per-kernel timings.
+
+Each `*_cases(hw, measured)` function is pure: it takes a hardware spec and one measured table
+(as `data.aiconfigurator` returns it) and gives one row per measured shape, predicted by the
+cost model's operator constructors and `roofline.evaluate`, vectorised over all rows of a
+shape group at once. Calibration can call them with modified specs.
+
+Measured (aiconfigurator, vLLM 0.14.0 kernels): cuBLAS/CUTLASS GEMMs, flash-attention prefill,
+paged decode attention, NCCL collectives. Repeats of one shape are reduced to their median.
+Not covered: fp8_block GEMMs (not bundled), fp8 GEMMs on devices without an fp8 matrix unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.ops import Collective, Op, attention_ops, collective, gemm
+from simulator.costmodel.roofline import evaluate
+from simulator.specs import load_hardware
+from simulator.specs.deployment import Precision
+from simulator.specs.hardware import HardwareSpec
+from simulator.validate import data
+from simulator.validate.frame import empty, finish, median_repeats
+
+SUITE = "ops"
+GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+KV_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+# GEMMs as `llmsim op gemm` runs them: the named dtype on the matrix unit, bf16 activations.
+GEMM_PRECISION = {
+    "bf16": Precision(weights="bf16", compute="bf16", kv_cache="bf16", activations="bf16"),
+    "fp8": Precision(weights="fp8", compute="fp8", kv_cache="bf16", activations="bf16"),
+}
+# Attention with bf16 activations and a bf16 or fp8 KV cache.
+ATTENTION_PRECISION = {
+    "bf16": Precision(weights="bf16", compute="bf16", kv_cache="bf16", activations="bf16"),
+    "fp8": Precision(weights="bf16", compute="bf16", kv_cache="fp8", activations="bf16"),
+}
+NCCL_OPS: dict[str, Collective] = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather",
+    "alltoall": "all_to_all",
+}
+HALF_BYTES = 2.0
+
+
+def op_time(op: Op, hw: HardwareSpec, rows: int) -> np.ndarray:
+    """Seconds of one instance of `op` on `hw`, broadcast to `rows` values."""
+    return np.broadcast_to(evaluate([op], hw)[0].time_s, (rows,)).astype(float)
+
+
+def gemm_cases(hw: HardwareSpec, measured: pd.DataFrame) -> pd.DataFrame:
+    """Every bf16 GEMM, and every fp8 GEMM where `hw` has an fp8 matrix unit."""
+    rows = measured[measured["gemm_dtype"].isin(list(GEMM_DTYPES))]
+    rows = median_repeats(rows, ["gemm_dtype", "m", "n", "k"], ["latency_ms"])
+    frames = []
+    for raw, dtype in GEMM_DTYPES.items():
+        g = rows[rows["gemm_dtype"] == raw]
+        if g.empty or not hw.supports(dtype):
+            continue
+        m, n, k = (g[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
+        op = gemm("gemm", m=m, n=n, k=k, count=1, prec=GEMM_PRECISION[dtype])
+        frames.append(
+            g.assign(
+                kind="gemm",
+                case=f"gemm {dtype} m="
+                + g["m"].astype(str)
+                + ",n="
+                + g["n"].astype(str)
+                + ",k="
+                + g["k"].astype(str),
+                predicted_s=op_time(op, hw, len(g)),
+                measured_s=g["latency_ms"].to_numpy(dtype=float) / 1e3,
+            )
+        )
+    return pd.concat(frames, ignore_index=True) if frames else empty(SUITE)
+
+
+def attention_cases(hw: HardwareSpec, measured: pd.DataFrame, *, phase: str) -> pd.DataFrame:
+    """Attention layer calls with bf16 activations. `phase` "prefill" reads a
+    context_attention table (`isl` causal prompt tokens per sequence), "decode" a
+    generation_attention table (`step` KV tokens attended to per sequence)."""
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"phase must be prefill or decode, got {phase!r}")
+    rows = measured[
+        (measured["attn_dtype"] == "bfloat16")
+        & measured["kv_cache_dtype"].isin(list(KV_DTYPES))
+        & (measured["num_heads"] % measured["num_key_value_heads"] == 0)
+    ]
+    heads = ["num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype"]
+    rows = median_repeats(rows, [*heads, "batch_size", "isl", "step"], ["latency_ms"])
+    kind = f"attention_{phase}"
+    seq = "isl" if phase == "prefill" else "step"
+    frames = []
+    for (h, kv, d, kv_raw), g in rows.groupby(heads, sort=True):
+        b, s = g["batch_size"].to_numpy(dtype=float), g[seq].to_numpy(dtype=float)
+        batch = (
+            BatchShape.prefill(batch_size=b, prompt_len=s)
+            if phase == "prefill"
+            else BatchShape.decode(batch_size=b, context_len=s)
+        )
+        kvd = KV_DTYPES[str(kv_raw)]
+        ops = attention_ops(
+            heads=int(h),
+            kv_heads=int(kv),
+            head_dim=int(d),
+            prec=ATTENTION_PRECISION[kvd],
+            batch=batch,
+            count=1,
+        )
+        op = ops[0] if phase == "prefill" else ops[1]
+        frames.append(
+            g.assign(
+                kind=kind,
+                case=f"{kind} kv={kvd} h={h},kv={kv},d={d} b="
+                + g["batch_size"].astype(str)
+                + f",{'s' if phase == 'prefill' else 'ctx'}="
+                + g[seq].astype(str),
+                predicted_s=op_time(op, hw, len(g)),
+                measured_s=g["latency_ms"].to_numpy(dtype=float) / 1e3,
+            )
+        )
+    return pd.concat(frames, ignore_index=True) if frames else empty(SUITE)
+
+
+def collective_cases(
+    hw: HardwareSpec, measured: pd.DataFrame, *, ops: tuple[str, ...] = ("all_reduce",)
+) -> pd.DataFrame:
+    """NCCL collectives of 16-bit (`half`) elements within one node; `ops` names
+    aiconfigurator's op_name values (all_reduce, all_gather, alltoall). The message is
+    `message_size_elements` x 2 bytes (for all_gather: the gathered output, as nccl-tests
+    counts it)."""
+    rows = measured[
+        measured["op_name"].isin(list(ops))
+        & (measured["nccl_dtype"] == "half")
+        & (measured["num_gpus"] <= hw.interconnect.gpus_per_node)
+    ]
+    keys = ["op_name", "num_gpus", "message_size_elements"]
+    rows = median_repeats(rows, keys, ["latency_ms"])
+    frames = []
+    for (name, group), g in rows.groupby(["op_name", "num_gpus"], sort=True):
+        kind = NCCL_OPS[str(name)]
+        msg = g["message_size_elements"].to_numpy(dtype=float) * HALF_BYTES
+        op = collective(kind, kind, msg_bytes=msg, group=int(group), count=1)
+        frames.append(
+            g.assign(
+                kind=kind,
+                case=f"{kind} n={group} bytes=" + (g["message_size_elements"] * 2).astype(str),
+                msg_bytes=msg,
+                predicted_s=op_time(op, hw, len(g)),
+                measured_s=g["latency_ms"].to_numpy(dtype=float) / 1e3,
+            )
+        )
+    return pd.concat(frames, ignore_index=True) if frames else empty(SUITE)
+
+
+def device_ops(hw: HardwareSpec, device: str) -> pd.DataFrame:
+    """The ops suite's rows for one aiconfigurator system folder, predicted on `hw`."""
+    parts = [
+        gemm_cases(hw, data.aiconfigurator(device, "gemm")),
+        attention_cases(hw, data.aiconfigurator(device, "context_attention"), phase="prefill"),
+        attention_cases(hw, data.aiconfigurator(device, "generation_attention"), phase="decode"),
+        collective_cases(hw, data.aiconfigurator(device, "nccl")),
+    ]
+    parts = [p for p in parts if not p.empty]
+    return pd.concat(parts, ignore_index=True).assign(device=hw.id)
+
+
+def default_hardware(devices: Mapping[str, str]) -> dict[str, HardwareSpec]:
+    """Load the hardware spec of each data folder in a folder -> hardware id mapping."""
+    return {folder: load_hardware(hw_id) for folder, hw_id in devices.items()}
+
+
+def ops_suite(hardware: Mapping[str, HardwareSpec] | None = None) -> pd.DataFrame:
+    """The `ops` suite on every aiconfigurator device. `hardware` maps a data folder
+    (`a100_sxm`, `h100_sxm`) to the spec to predict with; default: data.AIC_DEVICES.
+    `fitted` is True: these rows are what calibration fits the efficiency factors to."""
+    specs = default_hardware(data.AIC_DEVICES) if hardware is None else hardware
+    frames = [device_ops(hw, folder) for folder, hw in specs.items()]
+    return finish(pd.concat(frames, ignore_index=True), suite=SUITE, fitted=True)

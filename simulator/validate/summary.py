@@ -1,0 +1,123 @@
+"""Error statistics of the suites and the one entry point, `run_validation`.
+
+`summarize(df)` gives INTERFACE's `llmsim validate --json` object: per suite n, mean / median /
+p90 / worst absolute percentage error, whether the suite's rows were used to fit parameters,
+and the same statistics per device. `iteration` is the union of its two sub-suites.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simulator.errors import SpecError
+from simulator.validate.iteration import DECODE, PREFILL, iteration_suite
+from simulator.validate.layers import layers_suite
+from simulator.validate.operators import ops_suite
+
+# Every name `--suite` accepts, in output order; a union names the suites it is made of.
+UNIONS: dict[str, tuple[str, ...]] = {"iteration": (PREFILL, DECODE)}
+SUITE_NAMES = ("ops", "layers", "iteration", PREFILL, DECODE)
+STAT_KEYS = ("mape_pct", "median_ape_pct", "p90_ape_pct", "worst_ape_pct")
+
+
+def members(name: str) -> tuple[str, ...]:
+    """The row-level suites (`suite` column values) a suite name covers."""
+    return UNIONS.get(name, (name,))
+
+
+def error_stats(ape_pct: np.ndarray | pd.Series) -> dict[str, Any]:
+    """n, mean (MAPE), median, p90 and worst of absolute percentage errors."""
+    a = np.asarray(ape_pct, dtype=float)
+    if a.size == 0:
+        return {"n": 0, **dict.fromkeys(STAT_KEYS, float("nan"))}
+    return {
+        "n": int(a.size),
+        "mape_pct": float(a.mean()),
+        "median_ape_pct": float(np.median(a)),
+        "p90_ape_pct": float(np.percentile(a, 90)),
+        "worst_ape_pct": float(a.max()),
+    }
+
+
+def suite_entry(rows: pd.DataFrame) -> dict[str, Any]:
+    """One suite's JSON entry: error_stats, `fitted`, and error_stats per device."""
+    return {
+        **error_stats(rows["ape_pct"]),
+        "fitted": bool(rows["fitted"].astype(bool).any()),
+        "by_device": {
+            str(device): error_stats(g["ape_pct"])
+            for device, g in rows.groupby("device", sort=True)
+        },
+    }
+
+
+def summarize(df: pd.DataFrame, names: list[str] | None = None) -> dict[str, Any]:
+    """`{"suites": {name: entry}}` for each of `names` (default: every suite with rows; a
+    union only when all its parts have rows)."""
+    present = set(df["suite"].unique())
+    if names is None:
+        names = [n for n in SUITE_NAMES if set(members(n)) <= present]
+        names += sorted(present - set(SUITE_NAMES))
+    suites = {}
+    for name in names:
+        rows = df[df["suite"].isin(members(name))]
+        if not rows.empty:
+            suites[name] = suite_entry(rows)
+    return {"suites": suites}
+
+
+def resolve_suites(suites: list[str] | None) -> list[str]:
+    """The suite names to report, in output order; a union brings its parts.
+    Raises SpecError (field "suite") for an unknown name."""
+    if not suites:
+        return list(SUITE_NAMES)
+    for name in suites:
+        if name not in SUITE_NAMES:
+            raise SpecError(f"unknown suite {name!r} ({', '.join(SUITE_NAMES)})", field="suite")
+    wanted = {part for name in suites for part in (name, *UNIONS.get(name, ()))}
+    return [n for n in SUITE_NAMES if n in wanted]
+
+
+def run_suites(names: list[str]) -> pd.DataFrame:
+    """The rows of the row-level suites `names` cover (each suite computed once).
+    `attrs["skipped"]` lists the cases left out, with the reason."""
+    needed = {part for name in names for part in members(name)}
+    frames, skipped = [], []
+    if "ops" in needed:
+        frames.append(ops_suite())
+    if "layers" in needed:
+        frames.append(layers_suite())
+    if needed & {PREFILL, DECODE}:
+        it = iteration_suite()
+        skipped += list(it.attrs.get("skipped", []))
+        frames.append(it[it["suite"].isin(needed)])
+    df = pd.concat(frames, ignore_index=True)
+    df.attrs["skipped"] = skipped
+    return df
+
+
+def run_validation(suites: list[str] | None = None) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Predict every case of the named suites (default: all) against the bundled
+    measurements; returns (summarize's dict, the rows). Unknown name: SpecError."""
+    names = resolve_suites(suites)
+    df = run_suites(names)
+    return summarize(df, names), df
+
+
+def worst_cases(df: pd.DataFrame, name: str, k: int = 5) -> pd.DataFrame:
+    """The `k` rows of suite `name` with the largest error."""
+    rows = df[df["suite"].isin(members(name))]
+    return rows.nlargest(k, "ape_pct")
+
+
+def kind_stats(df: pd.DataFrame) -> pd.DataFrame:
+    """error_stats per (suite, device, kind): e.g. the ops suite split into GEMM, attention
+    and collectives."""
+    rows = [
+        {"suite": s, "device": d, "kind": k, **error_stats(g["ape_pct"])}
+        for (s, d, k), g in df.groupby(["suite", "device", "kind"], sort=True)
+    ]
+    return pd.DataFrame(rows)

@@ -1,0 +1,284 @@
+"""Roofline goldens computed by hand from the h100_sxm spec, pinned to rel=1e-6.
+
+The spec numbers the goldens use (H100 SXM, `hardware_specs/h100_sxm.yaml`):
+  bf16 peak 989.4e12 FLOP/s, 132 SMs, GEMM tiles 128 x 128, GEMM peak fraction 0.80 (bf16),
+  DRAM 3.35e12 B/s at stream fraction 0.89, decode attention at 0.80 of DRAM bandwidth,
+  kernel latency 3 us, NVSwitch 450e9 B/s per direction, all-reduce busbw fraction 0.80 and
+  fixed latency 25 us.
+`test_golden_inputs` fails first if any of them changes, so a broken golden points at the spec.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.api import Deployment, allreduce_cost, attention_cost, deployment, gemm_cost
+from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.memory import layer_weight_bytes
+from simulator.costmodel.ops import Op, collective, gemm, step_ops
+from simulator.costmodel.roofline import OpCost, collective_bandwidth, evaluate, wire_bytes
+from simulator.costmodel.step import kernel_launches, step_cost
+from simulator.specs import load_hardware
+from simulator.specs.deployment import Precision
+
+MiB = 1024**2
+H100_BF16_PEAK = 989.4e12
+H100_DRAM = 3.35e12 * 0.89  # datasheet bandwidth x STREAM fraction
+KERNEL_LATENCY = 3e-6
+BF16 = Precision(weights="bf16", compute="bf16", kv_cache="bf16", activations="bf16")
+
+
+def scalar(x: object) -> float:
+    """The one value of a scalar op's cost field (0-d or 1-element array)."""
+    return float(np.ravel(np.asarray(x, dtype=float))[0])
+
+
+def bound(cost: OpCost) -> str:
+    return str(np.ravel(cost.bound)[0])
+
+
+def make_deployment(model: str, hardware: str = "h100_sxm") -> Deployment:
+    return deployment(model=model, hardware=hardware)
+
+
+def test_golden_inputs() -> None:
+    hw = load_hardware("h100_sxm")
+    eff = hw.efficiency
+    assert hw.peak_flops("bf16") == H100_BF16_PEAK
+    assert hw.compute.units == 132
+    assert (eff.gemm.tile_m, eff.gemm.tile_n, eff.gemm.peak_fraction["bf16"]) == (128, 128, 0.80)
+    assert hw.memory.bandwidth_bytes_per_s == 3.35e12
+    assert eff.memory.stream_fraction == 0.89
+    assert eff.attention.decode_fraction == 0.80
+    assert eff.kernel_latency_s == pytest.approx(KERNEL_LATENCY, rel=1e-12)
+    assert hw.interconnect.topology == "switch"
+    assert hw.interconnect.link_bw_bytes_per_s == 450e9
+    assert eff.collective.busbw_fraction == 0.80
+    assert eff.collective.latency_s == pytest.approx(25e-6, rel=1e-12)
+
+
+# -- (a) a square GEMM ----------------------------------------------------------------------------
+def test_gemm_4096_cube_bf16_on_h100() -> None:
+    # flops = 2 * 4096^3 = 137,438,953,472
+    # tiles: (4096 / 128) x (4096 / 128) = 32 x 32 = 1024 output tiles, no padding; split-K off
+    #   (1024 tiles > 132 SMs); waves = ceil(1024 / 132) = 8 -> 8 x 132 = 1056 tile slots,
+    #   wave utilisation 1024 / 1056
+    # efficiency = 0.80 x 1024 / 1056 = 0.775758
+    # compute = 137.44e9 / (989.4e12 x 0.775758) = 179.07 us; memory = (4096 x 4096 weights
+    #   + 4096 x (4096 + 4096) activations) x 2 B = 100,663,296 B / 2.9815e12 B/s = 33.76 us
+    # time = compute + 3 us kernel latency = 182.07 us, compute-bound
+    flops = 2 * 4096**3
+    eff = 0.80 * 1024 / 1056
+    compute = flops / (H100_BF16_PEAK * eff)
+    cost = gemm_cost(hardware="h100_sxm", m=4096, n=4096, k=4096)
+    assert float(cost.op.flops) == flops
+    assert float(cost.op.bytes) == (4096 * 4096 + 4096 * 8192) * 2
+    assert scalar(cost.compute_s) == pytest.approx(compute, rel=1e-6)
+    assert scalar(cost.memory_s) == pytest.approx(100_663_296 / H100_DRAM, rel=1e-6)
+    assert scalar(cost.time_s) == pytest.approx(compute + KERNEL_LATENCY, rel=1e-6)
+    assert scalar(cost.time_s) == pytest.approx(182.065e-6, rel=1e-4)
+    assert bound(cost) == "compute"
+
+
+def test_gemm_single_row_is_memory_bound() -> None:
+    # m = 1 (a decode GEMV): bytes = 4096 x 4096 x 2 (weights) + 1 x (4096 + 4096) x 2 = 33,570,816
+    # memory = 33,570,816 / (3.35e12 x 0.89) = 11.26 us >> compute; time = memory + 3 us
+    cost = gemm_cost(hardware="h100_sxm", m=1, n=4096, k=4096)
+    nbytes = 4096 * 4096 * 2 + (4096 + 4096) * 2
+    assert float(cost.op.bytes) == nbytes
+    assert scalar(cost.time_s) == pytest.approx(nbytes / H100_DRAM + KERNEL_LATENCY, rel=1e-6)
+    assert bound(cost) == "memory"
+
+
+def test_fp8_gemm_runs_at_the_fp8_peak() -> None:
+    # fp8: peak 1978.9e12 x fraction 0.71 x the same 1024 / 1056 waves; weights 1 B, activations 2 B
+    flops = 2 * 4096**3
+    cost = gemm_cost(hardware="h100_sxm", m=4096, n=4096, k=4096, dtype="fp8")
+    assert scalar(cost.compute_s) == pytest.approx(
+        flops / (1978.9e12 * 0.71 * 1024 / 1056), rel=1e-6
+    )
+    assert float(cost.op.bytes) == 4096 * 4096 * 1 + 4096 * 8192 * 2
+
+
+# -- (b) a llama-2-7b decode step -----------------------------------------------------------------
+# llama-2-7b: hidden 4096, 32 layers, 32 heads = 32 KV heads (MHA) of 128, SwiGLU 11008,
+# vocab 32000, fp16. One decode token (m = 1); each GEMM reads its weights once plus m x (k + n)
+# activations, all 2 bytes:
+#   qkv_proj  k 4096, n (32 + 2 x 32) x 128 = 12288: 4096 x 12288 x 2 = 100,663,296 + 32,768
+#   o_proj    k 4096, n 4096:                        4096 x  4096 x 2 =  33,554,432 + 16,384
+#   up_proj   k 4096, n 2 x 11008 = 22016 (gate+up): 4096 x 22016 x 2 = 180,355,072 + 52,224
+#   down_proj k 11008, n 4096:                      11008 x  4096 x 2 =  90,177,536 + 30,208
+#   lm_head   k 4096, n 32000 (once):                4096 x 32000 x 2 = 262,144,000 + 72,192
+LLAMA2_7B_GEMM_BYTES = {
+    "qkv_proj": 100_663_296 + 32_768,
+    "o_proj": 33_554_432 + 16_384,
+    "up_proj": 180_355_072 + 52_224,
+    "down_proj": 90_177_536 + 30_208,
+    "lm_head": 262_144_000 + 72_192,
+}
+LLAMA2_7B_LAYER_WEIGHTS = 100_663_296 + 33_554_432 + 180_355_072 + 90_177_536  # 404,750,336
+LLAMA2_7B_WEIGHTS = 32 * LLAMA2_7B_LAYER_WEIGHTS + 262_144_000  # 13,214,154,752
+
+
+def _llama2_7b_decode() -> tuple[Deployment, BatchShape]:
+    return make_deployment("llama-2-7b"), BatchShape.decode(batch_size=1, context_len=1024)
+
+
+def test_llama2_7b_decode_gemms_stream_their_weights_once() -> None:
+    dep, batch = _llama2_7b_decode()
+    ops = {op.name: op for op in step_ops(dep.model, dep.layout, dep.precision, batch)}
+    for name, nbytes in LLAMA2_7B_GEMM_BYTES.items():
+        assert float(ops[name].bytes) == nbytes, name
+    assert {name: ops[name].count for name in LLAMA2_7B_GEMM_BYTES} == {
+        "qkv_proj": 32,
+        "o_proj": 32,
+        "up_proj": 32,
+        "down_proj": 32,
+        "lm_head": 1,
+    }
+
+
+def test_op_list_and_memory_model_agree_on_layer_weights() -> None:
+    # The memory model's per-layer bytes = the GEMM weights + two RMSNorms (2 x 4096 x 2 B).
+    dep, _ = _llama2_7b_decode()
+    per_layer = layer_weight_bytes(dep.model, dep.layout, dep.precision)
+    assert per_layer.shape == (32,)
+    assert np.all(per_layer == LLAMA2_7B_LAYER_WEIGHTS + 2 * 4096 * 2)
+
+
+def test_llama2_7b_decode_step_is_weight_streaming() -> None:
+    # KV read at context 1024: 32 layers x 1024 tokens x (2 x 32 x 128) x 2 B = 536,870,912 B
+    # Kernels with work: embedding 1 + norms 2 x 32 + 7 per layer x 32 (qkv, rotary, attention,
+    #   o, up, act, down) + final norm, lm_head, sampler 3 = 292 -> 292 x 3 us = 876 us
+    # step ~ (13,214,154,752 + 536,870,912) B / 2.9815e12 B/s + 876 us = 4.612 ms + 0.876 ms
+    #      = 5.488 ms (the KV read runs at 0.80 rather than 0.89 of DRAM; elementwise ops add a
+    #      little): within 10%
+    dep, batch = _llama2_7b_decode()
+    step = step_cost(dep.model, dep.hardware, dep.layout, dep.precision, batch)
+    kv_bytes = 32 * 1024 * 2 * 32 * 128 * 2
+    assert float(kernel_launches(step)[0]) == 292
+    expected = (LLAMA2_7B_WEIGHTS + kv_bytes) / H100_DRAM + 292 * KERNEL_LATENCY
+    assert step.seconds == pytest.approx(expected, rel=0.10)
+    bounds = {c.op.name: bound(c) for c in step.costs}
+    assert all(bounds[name] == "memory" for name in LLAMA2_7B_GEMM_BYTES)
+    # no prefill work: no time, no kernel latency; only fixed costs (none) remain
+    assert bounds["attention_prefill"] == "latency"
+
+
+# -- (c) an all-reduce ----------------------------------------------------------------------------
+def test_allreduce_8_gpus_16_mib_on_h100() -> None:
+    # ring all-reduce: each GPU sends 2 x (8 - 1) / 8 x 16 MiB = 29,360,128 B
+    # at 450e9 B/s x 0.80 busbw = 360e9 B/s -> 81.56 us, plus 25 us fixed = 106.56 us
+    size = 16 * MiB
+    cost = allreduce_cost(hardware="h100_sxm", num_devices=8, size_bytes=size)
+    expected = 25e-6 + 2 * 7 / 8 * size / (450e9 * 0.8)
+    assert scalar(cost.time_s) == pytest.approx(expected, rel=1e-6)
+    assert scalar(cost.time_s) == pytest.approx(106.556e-6, rel=1e-4)
+    assert bound(cost) == "network"
+
+
+def test_wire_bytes_of_each_collective() -> None:
+    def coll(kind: str) -> Op:
+        return collective("c", kind, msg_bytes=800.0, group=4, count=1)
+
+    assert float(wire_bytes(coll("all_reduce"))) == 2 * 3 / 4 * 800
+    assert float(wire_bytes(coll("all_gather"))) == 3 / 4 * 800
+    assert float(wire_bytes(coll("all_to_all"))) == 3 / 4 * 800
+    assert float(wire_bytes(coll("send_recv"))) == 800
+
+
+def test_collective_bandwidth_by_topology() -> None:
+    h100, rtx, mi300x = (load_hardware(h) for h in ("h100_sxm", "rtx_4090", "mi300x"))
+    assert collective_bandwidth(h100, 8, scale_out=False) == 450e9  # NVSwitch: the full link
+    # PCIe without P2P: min(peer 13 GB/s, host PCIe 32 GB/s x 0.81)
+    assert collective_bandwidth(rtx, 2, scale_out=False) == 13e9
+    # xGMI mesh: one 64 GB/s link to each other member, capped at the 448 GB/s aggregate
+    assert collective_bandwidth(mi300x, 2, scale_out=False) == 64e9
+    assert collective_bandwidth(mi300x, 8, scale_out=False) == 448e9
+    # more than a node, or explicitly scale-out: the NIC
+    scale_out = h100.interconnect.scale_out_bw_bytes_per_s
+    assert collective_bandwidth(h100, 16, scale_out=False) == scale_out
+    assert collective_bandwidth(h100, 2, scale_out=True) == scale_out
+
+
+# -- (d) decode attention -------------------------------------------------------------------------
+def test_decode_attention_bytes() -> None:
+    # batch B = 8, KV length S = 4096, H = 32 query heads, KV = 8 KV heads, D = 128, bf16 (2 B):
+    #   KV read      B x S x (2 x KV x D) x 2 = 8 x 4096 x 2 x 8 x 128 x 2 = 134,217,728
+    #   Q in, O out  B x (2 x H x D) x 2      = 8 x 2 x 32 x 128 x 2      =     131,072
+    #   new K, V     B x (2 x KV x D) x 2     = 8 x 2 x 8 x 128 x 2       =      32,768
+    #                                                              total  = 134,381,568
+    # flops = 4 x H x D x B x S (QK^T and PV) = 4 x 32 x 128 x 8 x 4096 = 536,870,912
+    # time = 134,381,568 / (3.35e12 x 0.80) + 3 us = 53.14 us, memory-bound
+    cost = attention_cost(
+        hardware="h100_sxm",
+        phase="decode",
+        batch_size=8,
+        seq_len=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+    )
+    nbytes = 8 * 4096 * 2 * 8 * 128 * 2 + 8 * 2 * 32 * 128 * 2 + 8 * 2 * 8 * 128 * 2
+    assert nbytes == 134_381_568
+    assert float(cost.op.bytes) == nbytes
+    assert float(cost.op.flops) == 4 * 32 * 128 * 8 * 4096
+    assert scalar(cost.time_s) == pytest.approx(
+        nbytes / (3.35e12 * 0.80) + KERNEL_LATENCY, rel=1e-6
+    )
+    assert bound(cost) == "memory"
+
+
+def test_fp8_kv_cache_halves_the_kv_read() -> None:
+    def decode_bytes(kv_dtype: str) -> float:
+        cost = attention_cost(
+            hardware="h100_sxm",
+            phase="decode",
+            batch_size=8,
+            seq_len=4096,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            kv_cache_dtype=kv_dtype,
+        )
+        return float(cost.op.bytes)
+
+    # KV read and new K/V at 1 B, Q/O still 2 B: 67,108,864 + 131,072 + 16,384
+    assert decode_bytes("fp8") == 8 * 4096 * 2 * 8 * 128 + 8 * 2 * 32 * 128 * 2 + 8 * 2 * 8 * 128
+    assert decode_bytes("auto") == 134_381_568
+
+
+def test_prefill_attention_flops_are_causal() -> None:
+    # B = 2 prompts of S = 1000: pairs = S (S + 1) / 2 = 500,500 each;
+    # flops = 4 x H x D x pairs x B = 4 x 32 x 128 x 500,500 x 2
+    cost = attention_cost(
+        hardware="h100_sxm",
+        phase="prefill",
+        batch_size=2,
+        seq_len=1000,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+    )
+    assert float(cost.op.flops) == 4 * 32 * 128 * 500_500 * 2
+    assert float(cost.op.seq_len) == 1000
+
+
+# -- no work, no cost -----------------------------------------------------------------------------
+def test_an_op_without_work_costs_nothing() -> None:
+    hw = load_hardware("h100_sxm")
+    empty_gemm = gemm("g", m=0.0, n=4096, k=4096, count=1, prec=BF16)
+    empty_coll = collective("c", "all_reduce", msg_bytes=0.0, group=8, count=1)
+    for cost in evaluate([empty_gemm, empty_coll], hw):
+        assert scalar(cost.time_s) == 0.0
+        assert bound(cost) == "latency"  # the contract's set has no "none"
+
+
+def test_evaluate_broadcasts_over_a_vector_of_shapes() -> None:
+    hw = load_hardware("h100_sxm")
+    ms = np.array([1.0, 64.0, 4096.0])
+    vec = evaluate([gemm("g", m=ms, n=4096, k=4096, count=1, prec=BF16)], hw)[0]
+    for i, m in enumerate(ms):
+        one = gemm_cost(hardware=hw, m=int(m), n=4096, k=4096)
+        assert vec.time_s[i] == pytest.approx(scalar(one.time_s), rel=1e-12)

@@ -1,0 +1,302 @@
+"""The flat Python API (`simulator.*`): what it returns for good input and the SpecError it
+raises for bad input, never another exception type."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import simulator
+from simulator import SpecError
+from simulator.api import op_json
+from simulator.costmodel.roofline import OpCost
+
+OP_KEYS = {"latency_s", "bound", "flops", "bytes"}
+
+
+# Runs one API call in a child process that the kernel ends (SIGALRM, default action) once the
+# call has run `seconds`: the only safe way to test a code path that may never return. A timer in
+# this process is not enough: a TimeoutError raised while a finalizer runs is swallowed.
+DEADLINE_CHILD = """
+import signal
+import simulator
+
+simulator.deployment(model="llama-3.1-8b", hardware="h100_sxm")  # load the specs first
+signal.setitimer(signal.ITIMER_REAL, {seconds})
+try:
+    {call}
+except simulator.SpecError as exc:
+    print(exc)
+"""
+
+
+def run_with_deadline(call: str, *, seconds: float = 0.5) -> subprocess.CompletedProcess[str]:
+    """Run `call` (one line of Python) in a child; returncode -SIGALRM means it ran too long."""
+    code = DEADLINE_CHILD.format(seconds=seconds, call=call)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def decode_attention(**overrides: Any) -> OpCost:
+    args: dict[str, Any] = dict(
+        hardware="h100_sxm",
+        phase="decode",
+        batch_size=8,
+        seq_len=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+    )
+    return simulator.attention_cost(**{**args, **overrides})
+
+
+# -- good input -----------------------------------------------------------------------------------
+def test_public_names_are_exported() -> None:
+    for name in simulator.__all__:
+        assert hasattr(simulator, name), name
+
+
+def test_estimate_returns_a_latency_result() -> None:
+    r = simulator.estimate(
+        model="llama-3.1-8b", hardware="h100_sxm", batch_size=4, input_len=256, output_len=16
+    )
+    assert isinstance(r, simulator.LatencyResult)
+    assert 0 < r.ttft_s < r.latency_s
+    assert r.tpot_s > 0
+    assert r.memory.fits
+    assert r.config["model"] == "llama-3.1-8b"
+    assert {"prefill", "decode"} == set(r.breakdown()["phase"])
+
+
+def test_estimate_takes_spec_objects_as_well_as_ids() -> None:
+    by_id = simulator.estimate(model="llama-3.1-8b", hardware="h100_sxm", output_len=4)
+    by_spec = simulator.estimate(
+        model=simulator.load_model("llama-3.1-8b"),
+        hardware=simulator.load_hardware("h100_sxm"),
+        engine=simulator.load_engine("vllm"),
+        output_len=4,
+    )
+    assert by_spec.latency_s == by_id.latency_s
+
+
+def test_deployment_resolves_precision() -> None:
+    dep = simulator.deployment(model="llama-3.1-70b", hardware="h100_sxm", quantization="fp8")
+    assert (dep.precision.weights, dep.precision.compute) == ("fp8", "fp8")  # W8A8
+    dep = simulator.deployment(model="llama-3.1-70b", hardware="a100_sxm_80gb", quantization="fp8")
+    assert (dep.precision.weights, dep.precision.compute) == ("fp8", "bf16")  # weight-only
+    assert dep.precision.weight_only
+    dep = simulator.deployment(model="llama-2-7b", hardware="h100_sxm", kv_cache_dtype="fp8")
+    assert (dep.precision.activations, dep.precision.kv_cache) == ("fp16", "fp8")
+
+
+def test_expert_parallel_on_a_moe_model() -> None:
+    dep = simulator.deployment(
+        model="mixtral-8x7b", hardware="h100_sxm", tensor_parallel_size=8, expert_parallel_size=8
+    )
+    assert dep.layout.ep == 8
+
+
+@pytest.mark.parametrize(
+    "cost",
+    [
+        lambda: simulator.gemm_cost(hardware="h100_sxm", m=128, n=4096, k=4096),
+        lambda: decode_attention(),
+        lambda: simulator.allreduce_cost(hardware="h100_sxm", num_devices=8, size_bytes=1 << 20),
+    ],
+    ids=["gemm", "attention", "allreduce"],
+)
+def test_op_json_has_the_contract_keys(cost: Callable[[], OpCost]) -> None:
+    data = op_json(cost())
+    assert set(data) >= OP_KEYS
+    assert data["bound"] in ("compute", "memory", "latency", "network")
+    assert all(isinstance(data[k], float) for k in ("latency_s", "flops", "bytes"))
+    assert data["latency_s"] > 0
+
+
+def test_allreduce_bytes_are_the_message_size() -> None:
+    data = op_json(simulator.allreduce_cost(hardware="h100_sxm", num_devices=4, size_bytes=4096))
+    assert data["bytes"] == 4096.0
+    assert data["flops"] == 0.0
+
+
+def test_int8_gemm_on_a100_uses_its_int8_unit() -> None:
+    bf16 = simulator.gemm_cost(hardware="a100_sxm_80gb", m=8192, n=8192, k=8192)
+    int8 = simulator.gemm_cost(hardware="a100_sxm_80gb", m=8192, n=8192, k=8192, dtype="int8")
+    assert float(np.ravel(int8.time_s)[0]) < float(np.ravel(bf16.time_s)[0])
+
+
+# -- bad input: always SpecError ------------------------------------------------------------------
+BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
+    # llama-3.1-8b has 32 attention heads: tp 3 does not divide them
+    "tp-not-dividing-heads": (
+        lambda: simulator.estimate(
+            model="llama-3.1-8b", hardware="h100_sxm", tensor_parallel_size=3
+        ),
+        "tensor_parallel_size",
+    ),
+    "tp-not-dividing-heads-deployment": (
+        lambda: simulator.deployment(
+            model="llama-3.1-8b", hardware="h100_sxm", tensor_parallel_size=3
+        ),
+        "does not divide",
+    ),
+    "tp-beyond-a-node": (
+        lambda: simulator.deployment(
+            model="llama-3.1-8b", hardware="h100_sxm", tensor_parallel_size=16
+        ),
+        "tensor_parallel_size",
+    ),
+    "unknown-model": (
+        lambda: simulator.estimate(model="llama-9-1t", hardware="h100_sxm"),
+        "unknown model id",
+    ),
+    "unknown-hardware": (
+        lambda: simulator.estimate(model="llama-3.1-8b", hardware="h999"),
+        "unknown hardware id",
+    ),
+    "unknown-hardware-gemm": (
+        lambda: simulator.gemm_cost(hardware="tpu_v9", m=1, n=1, k=1),
+        "unknown hardware id",
+    ),
+    "unknown-engine": (
+        lambda: simulator.estimate(model="llama-3.1-8b", hardware="h100_sxm", engine="nope"),
+        "unknown engine",
+    ),
+    "zero-batch": (
+        lambda: simulator.estimate(model="llama-3.1-8b", hardware="h100_sxm", batch_size=0),
+        "batch_size",
+    ),
+    "negative-input-len": (
+        lambda: simulator.estimate(model="llama-3.1-8b", hardware="h100_sxm", input_len=-1),
+        "input_len",
+    ),
+    "zero-output-len": (
+        lambda: simulator.estimate(model="llama-3.1-8b", hardware="h100_sxm", output_len=0),
+        "output_len",
+    ),
+    "zero-tp": (
+        lambda: simulator.deployment(
+            model="llama-3.1-8b", hardware="h100_sxm", tensor_parallel_size=0
+        ),
+        "tensor_parallel_size",
+    ),
+    "gemm-zero-m": (
+        lambda: simulator.gemm_cost(hardware="h100_sxm", m=0, n=1, k=1),
+        "m: must be at least 1",
+    ),
+    "gemm-negative-k": (
+        lambda: simulator.gemm_cost(hardware="h100_sxm", m=1, n=1, k=-8),
+        "k: must be at least 1",
+    ),
+    "gemm-unknown-dtype": (
+        lambda: simulator.gemm_cost(hardware="h100_sxm", m=1, n=1, k=1, dtype="fp6"),
+        "dtype",
+    ),
+    # Ampere has no fp8 matrix unit
+    "fp8-gemm-on-a100": (
+        lambda: simulator.gemm_cost(hardware="a100_sxm_80gb", m=64, n=64, k=64, dtype="fp8"),
+        "no fp8 matrix unit",
+    ),
+    "attention-negative-seq-len": (lambda: decode_attention(seq_len=-4), "seq_len"),
+    "attention-zero-batch": (lambda: decode_attention(batch_size=0), "batch_size"),
+    "attention-heads-not-multiple-of-kv": (
+        lambda: decode_attention(num_heads=32, num_kv_heads=5),
+        "num_kv_heads",
+    ),
+    "attention-unknown-phase": (lambda: decode_attention(phase="verify"), "phase"),
+    "attention-unknown-kv-dtype": (lambda: decode_attention(kv_cache_dtype="int3"), "kv_cache"),
+    "allreduce-zero-bytes": (
+        lambda: simulator.allreduce_cost(hardware="h100_sxm", num_devices=8, size_bytes=0),
+        "size_bytes",
+    ),
+    "allreduce-zero-devices": (
+        lambda: simulator.allreduce_cost(hardware="h100_sxm", num_devices=0, size_bytes=1),
+        "num_devices",
+    ),
+    "allreduce-beyond-a-node": (
+        lambda: simulator.allreduce_cost(hardware="h100_sxm", num_devices=16, size_bytes=1),
+        "num_devices",
+    ),
+    "ep-on-a-dense-model": (
+        lambda: simulator.deployment(
+            model="llama-3.1-8b",
+            hardware="h100_sxm",
+            tensor_parallel_size=2,
+            expert_parallel_size=2,
+        ),
+        "expert parallelism needs a MoE model",
+    ),
+    "ep-not-dividing-tp": (
+        lambda: simulator.deployment(
+            model="mixtral-8x7b",
+            hardware="h100_sxm",
+            tensor_parallel_size=2,
+            expert_parallel_size=4,
+        ),
+        "ep",
+    ),
+    "pp-beyond-layers": (
+        lambda: simulator.deployment(
+            model="llama-3.1-8b", hardware="h100_sxm", pipeline_parallel_size=64
+        ),
+        "pipeline_parallel_size",
+    ),
+    "unknown-dtype": (
+        lambda: simulator.deployment(model="llama-3.1-8b", hardware="h100_sxm", dtype="float64"),
+        "dtype",
+    ),
+    "unknown-kv-cache-dtype": (
+        lambda: simulator.deployment(
+            model="llama-3.1-8b", hardware="h100_sxm", kv_cache_dtype="int2"
+        ),
+        "kv_cache_dtype",
+    ),
+    "does-not-fit": (
+        lambda: simulator.estimate(model="llama-3.1-405b", hardware="rtx_4090"),
+        "does not fit",
+    ),
+    "gpu-memory-utilization": (
+        lambda: simulator.estimate(
+            model="llama-3.1-8b", hardware="h100_sxm", gpu_memory_utilization=1.5
+        ),
+        "gpu_memory_utilization",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_input_raises_spec_error(case: str) -> None:
+    call, fragment = BAD_CALLS[case]
+    with pytest.raises(SpecError) as info:
+        call()
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)  # one line for the CLI
+
+
+def test_spec_error_is_a_value_error_with_parts() -> None:
+    with pytest.raises(ValueError) as info:
+        simulator.gemm_cost(hardware="h100_sxm", m=0, n=1, k=1)
+    err = info.value
+    assert isinstance(err, SpecError)
+    assert err.field == "m"
+    assert str(err) == err.line()
+
+
+# -- bad knobs that must be rejected --------------------------------------------------------
+def test_negative_max_num_seqs_is_rejected() -> None:
+    with pytest.raises(SpecError, match="max_num_seqs"):
+        simulator.estimate(model="llama-3.1-8b", hardware="h100_sxm", max_num_seqs=-1)
+
+
+def test_negative_max_num_batched_tokens_is_rejected() -> None:
+    proc = run_with_deadline(
+        "simulator.estimate(model='llama-3.1-8b', hardware='h100_sxm', max_num_batched_tokens=-1)"
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode} (-14: still running after 0.5 s)"
+    assert "max_num_batched_tokens" in proc.stdout

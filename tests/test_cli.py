@@ -1,0 +1,397 @@
+"""The `llmsim` command line: the contract's commands and JSON keys, and bad input of every kind
+exiting 2 with exactly one line on stderr and no traceback.
+
+Most tests call `simulator.cli.main` in-process (fast); a few run `python -m simulator` end to
+end to check the entry point, the exit status and the real stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import simulator
+from simulator.api import op_json
+from simulator.cli import main
+from simulator.specs.loader import MODELS_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+HARDWARE_DIR = REPO / "hardware_specs"
+OP_KEYS = {"latency_s", "bound", "flops", "bytes"}
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `llmsim ARGS` run in this process."""
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0
+    else:
+        code = 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
+    code, out, err = run_cli(capsys, *args)
+    assert (code, err) == (0, "")
+    return json.loads(out)
+
+
+def run_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "simulator", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+
+
+def assert_one_error_line(err: str) -> None:
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("llmsim: error: ")
+    assert err.strip() != "llmsim: error:"
+
+
+# -- hardware / models ----------------------------------------------------------------------------
+def test_hardware_list(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "hardware", "list")
+    assert code == 0
+    for hw in ("h100_sxm", "mi300x", "rtx_4090"):
+        assert hw in out
+    ids = [row["id"] for row in run_json(capsys, "hardware", "list", "--json")]
+    assert ids == simulator.list_hardware()
+
+
+def test_hardware_show_json(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "hardware", "show", "h100_sxm", "--json")
+    assert data["id"] == "h100_sxm"
+    assert data["peak_flops_per_s"]["bf16"] == 989.4e12
+    assert data["peak_flops_per_s"]["fp8"] == 1978.9e12
+    assert data["memory_capacity_bytes"] == 81559 * 1024**2
+    assert data["memory_bandwidth_bytes_per_s"] == 3.35e12
+
+
+def test_hardware_show_text(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "hardware", "show", "h100_sxm")
+    assert code == 0
+    assert "H100" in out
+    assert "TFLOP/s" in out
+
+
+def test_models_show_json(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "models", "show", "llama-3.1-8b", "--json")
+    assert data["id"] == "llama-3.1-8b"
+    assert data["num_params"] == 8_030_261_248
+    assert data["num_active_params"] == data["num_params"]
+    assert data["kv_bytes_per_token"] == 131_072  # 2 x 8 x 128 x 32 layers x 2 B
+    assert data["hidden_size"] == 4096
+    assert data["attention"]["num_kv_heads"] == 8
+
+
+def test_models_show_json_of_a_moe_model(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "models", "show", "mixtral-8x7b", "--json")
+    assert data["num_active_params"] < data["num_params"]
+
+
+def test_models_show_accepts_a_config_path(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text((MODELS_DIR / "llama-2-7b.json").read_text(encoding="utf-8"), encoding="utf-8")
+    data = run_json(capsys, "models", "show", str(path), "--json")
+    assert data["num_params"] == simulator.load_model("llama-2-7b").num_params
+
+
+def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "models", "list")
+    assert code == 0
+    assert "deepseek-v3" in out
+
+
+# -- op -------------------------------------------------------------------------------------------
+OP_COMMANDS: dict[str, tuple[list[str], Callable[[], object]]] = {
+    "gemm": (
+        ["op", "gemm", "--hardware", "h100_sxm", "--m", "4096", "--n", "4096", "--k", "4096"],
+        lambda: simulator.gemm_cost(hardware="h100_sxm", m=4096, n=4096, k=4096),
+    ),
+    "attention": (
+        [
+            "op",
+            "attention",
+            "--hardware",
+            "h100_sxm",
+            "--phase",
+            "decode",
+            "--batch-size",
+            "8",
+            "--seq-len",
+            "4096",
+            "--num-heads",
+            "32",
+            "--num-kv-heads",
+            "8",
+            "--head-dim",
+            "128",
+        ],
+        lambda: simulator.attention_cost(
+            hardware="h100_sxm",
+            phase="decode",
+            batch_size=8,
+            seq_len=4096,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+        ),
+    ),
+    "allreduce": (
+        [
+            *("op", "allreduce", "--hardware", "h100_sxm"),
+            *("--num-devices", "8", "--size-bytes", str(16 * 1024**2)),
+        ],
+        lambda: simulator.allreduce_cost(
+            hardware="h100_sxm", num_devices=8, size_bytes=16 * 1024**2
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OP_COMMANDS))
+def test_op_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    args, api_call = OP_COMMANDS[name]
+    data = run_json(capsys, *args, "--json")
+    assert set(data) >= OP_KEYS
+    assert data["bound"] in ("compute", "memory", "latency", "network")
+    assert data == op_json(api_call())
+
+
+@pytest.mark.parametrize("name", sorted(OP_COMMANDS))
+def test_op_prints_a_readable_line(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    code, out, _ = run_cli(capsys, *OP_COMMANDS[name][0])
+    assert code == 0
+    assert "latency" in out
+    assert "-bound" in out
+
+
+# -- bench latency --------------------------------------------------------------------------------
+LATENCY = ["bench", "latency", "--hardware", "h100_sxm", "--model", "llama-3.1-8b"]
+
+
+def test_bench_latency_output_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "latency.json"
+    args = ["--batch-size", "4", "--input-len", "256", "--output-len", "16", "--num-iters", "3"]
+    code, out, err = run_cli(capsys, *LATENCY, *args, "--output-json", str(path))
+    assert (code, err) == (0, "")
+    assert "Avg latency" in out  # the readable summary still prints
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert {"avg_latency", "latencies", "percentiles", "ttft_s", "tpot_s"} <= set(data)
+    expected = simulator.estimate(
+        model="llama-3.1-8b", hardware="h100_sxm", batch_size=4, input_len=256, output_len=16
+    )
+    assert data["avg_latency"] == pytest.approx(expected.latency_s, rel=1e-12)
+    assert data["ttft_s"] == pytest.approx(expected.ttft_s, rel=1e-12)
+    assert data["tpot_s"] == pytest.approx(expected.tpot_s, rel=1e-12)
+    assert data["latencies"] == [data["avg_latency"]] * 3
+    assert data["percentiles"]["50"] == pytest.approx(data["avg_latency"])
+
+
+def test_bench_latency_flags_reach_the_model(capsys: pytest.CaptureFixture[str]) -> None:
+    base = run_json(capsys, *LATENCY, "--output-len", "8", "--json")
+    eager = run_json(capsys, *LATENCY, "--output-len", "8", "--enforce-eager", "--json")
+    tp2 = run_json(capsys, *LATENCY, "--output-len", "8", "-tp", "2", "--json")
+    fp8 = run_json(capsys, *LATENCY, "--output-len", "8", "-q", "fp8", "--json")
+    assert eager["config"]["enforce_eager"] is True
+    assert tp2["config"]["tp"] == 2
+    assert fp8["config"]["precision"]["weights"] == "fp8"
+    assert tp2["tpot_s"] < base["tpot_s"]
+    assert fp8["tpot_s"] < base["tpot_s"]
+
+
+# -- bad input: exit 2, one line, no traceback ----------------------------------------------------
+
+
+def _broken_yaml(tmp_path: Path) -> str:
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: [unclosed\nvendor: nvidia\n", encoding="utf-8")
+    return str(path)
+
+
+def _yaml_with_unknown_field(tmp_path: Path) -> str:
+    path = tmp_path / "typo.yaml"
+    spec = (HARDWARE_DIR / "h100_sxm.yaml").read_text(encoding="utf-8")
+    path.write_text(spec + "\nbogus_field: 1\n", encoding="utf-8")
+    return str(path)
+
+
+def _llama_config(tmp_path: Path, *, drop: str = "", **changes: object) -> str:
+    """llama-2-7b's config.json with key `drop` removed and `changes` applied, as a file."""
+    cfg = json.loads((MODELS_DIR / "llama-2-7b.json").read_text(encoding="utf-8"))
+    cfg.pop(drop, None)
+    cfg.update(changes)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+    return str(path)
+
+
+GEMM = ["op", "gemm", "--m", "64", "--n", "64", "--k", "64"]
+# case -> (argv built from tmp_path, a fragment the error line must contain)
+BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
+    "unknown-hardware-id": (lambda p: ["hardware", "show", "h999"], "h999"),
+    "unknown-hardware-in-op": (lambda p: [*GEMM, "--hardware", "tpu_v9"], "unknown hardware id"),
+    "unknown-model-id": (
+        lambda p: ["bench", "latency", "--hardware", "h100_sxm", "--model", "llama-9-1t"],
+        "llama-9-1t",
+    ),
+    "unknown-model-in-show": (lambda p: ["models", "show", "gpt-17"], "unknown model id"),
+    "malformed-hardware-yaml": (
+        lambda p: [*GEMM, "--hardware", _broken_yaml(p)],
+        "broken.yaml",
+    ),
+    "hardware-yaml-unknown-field": (
+        lambda p: ["hardware", "show", _yaml_with_unknown_field(p)],
+        "bogus_field",
+    ),
+    "tp-not-dividing-heads": (lambda p: [*LATENCY, "-tp", "3"], "tensor_parallel_size"),
+    "negative-input-len": (lambda p: [*LATENCY, "--input-len", "-5"], "input_len"),
+    "zero-batch-size": (lambda p: [*LATENCY, "--batch-size", "0"], "batch_size"),
+    "does-not-fit": (
+        lambda p: ["bench", "latency", "--hardware", "rtx_4090", "--model", "llama-3.1-405b"],
+        "does not fit",
+    ),
+    "batch-too-large-for-kv": (
+        lambda p: [*LATENCY, "--batch-size", "4096", "--input-len", "4096"],
+        "batch_size",
+    ),
+    "prompt-over-token-budget": (
+        lambda p: [*LATENCY, "--input-len", "9000", "--no-enable-chunked-prefill"],
+        "max_num_batched_tokens",
+    ),
+    "gpu-memory-utilization": (
+        lambda p: [*LATENCY, "--gpu-memory-utilization", "1.5"],
+        "gpu_memory_utilization",
+    ),
+    "fp8-gemm-on-a100": (
+        lambda p: [*GEMM, "--hardware", "a100_sxm_80gb", "--dtype", "fp8"],
+        "fp8",
+    ),
+    "unknown-flag": (lambda p: ["hardware", "list", "--bogus"], "--bogus"),
+    "missing-required-option": (
+        lambda p: ["op", "gemm", "--hardware", "h100_sxm", "--m", "1", "--n", "1"],
+        "--k",
+    ),
+    "bad-option-value": (lambda p: [*LATENCY, "--batch-size", "many"], "--batch-size"),
+    "bad-choice": (lambda p: [*GEMM, "--hardware", "h100_sxm", "--dtype", "fp6"], "fp6"),
+    "unknown-command": (lambda p: ["hardware", "delete"], "delete"),
+    "config-missing-heads": (
+        lambda p: ["models", "show", _llama_config(p, drop="num_attention_heads")],
+        "num_attention_heads",
+    ),
+    "config-missing-heads-in-bench": (
+        lambda p: [
+            "bench",
+            "latency",
+            "--hardware",
+            "h100_sxm",
+            "--model",
+            _llama_config(p, drop="num_attention_heads"),
+        ],
+        "num_attention_heads",
+    ),
+    "missing-config-file": (
+        lambda p: ["models", "show", str(p / "nowhere" / "config.json")],
+        "no such file",
+    ),
+    "data-parallel-in-latency": (lambda p: [*LATENCY, "-dp", "2"], "data_parallel_size"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, case: str
+) -> None:
+    build, fragment = BAD_INPUTS[case]
+    code, out, err = run_cli(capsys, *build(tmp_path))
+    assert code == 2
+    assert_one_error_line(err)
+    assert fragment in err
+    assert out == ""
+
+
+# -- bad input that once escaped as a traceback or was accepted -----------------------------------
+def test_config_with_a_non_integer_size_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = _llama_config(tmp_path, intermediate_size="big")
+    code, _, err = run_cli(capsys, "models", "show", path)
+    assert code == 2
+    assert_one_error_line(err)
+    assert "intermediate_size" in err
+
+
+def test_config_with_a_malformed_quantization_config_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = _llama_config(tmp_path, quantization_config="awq")
+    code, _, err = run_cli(capsys, "models", "show", path)
+    assert code == 2
+    assert_one_error_line(err)
+
+
+def test_zero_num_iters_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, *LATENCY, "--output-len", "4", "--num-iters", "0")
+    assert code == 2
+    assert_one_error_line(err)
+
+
+def test_negative_max_num_seqs_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, *LATENCY, "--output-len", "4", "--max-num-seqs", "-1")
+    assert code == 2
+    assert_one_error_line(err)
+
+
+# -- end to end through `python -m simulator` -----------------------------------------------------
+def test_help_exits_0() -> None:
+    proc = run_subprocess("--help")
+    assert proc.returncode == 0
+    assert "bench" in proc.stdout
+    assert proc.stderr == ""
+
+
+def test_hardware_show_json_end_to_end() -> None:
+    proc = run_subprocess("hardware", "show", "h100_sxm", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert {"peak_flops_per_s", "memory_capacity_bytes", "memory_bandwidth_bytes_per_s"} <= set(
+        data
+    )
+
+
+def test_op_gemm_json_end_to_end() -> None:
+    proc = run_subprocess(*GEMM, "--hardware", "h100_sxm", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert set(json.loads(proc.stdout)) >= OP_KEYS
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "latency", "--hardware", "h100_sxm", "--model", "llama-9-1t"],
+        ["bench", "latency", "--hardware", "rtx_4090", "--model", "llama-3.1-405b"],
+        ["op", "gemm", "--hardware", "h100_sxm", "--m", "1"],
+    ],
+    ids=["unknown-model", "does-not-fit", "missing-option"],
+)
+def test_bad_input_end_to_end(args: list[str]) -> None:
+    proc = run_subprocess(*args)
+    assert proc.returncode == 2
+    assert_one_error_line(proc.stderr)
+    assert proc.stdout == ""

@@ -1,0 +1,215 @@
+"""`llmsim validate`: the bundled data, the suites, the summary contract and the CLI."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.cli import main
+from simulator.errors import SpecError
+from simulator.validate import (
+    SUITE_NAMES,
+    data,
+    iteration_suite,
+    layers_suite,
+    ops_suite,
+    run_validation,
+    summarize,
+)
+from simulator.validate.frame import COLUMNS
+from simulator.validate.iteration import configurations
+
+STATS = {"n", "mape_pct", "median_ape_pct", "p90_ape_pct", "worst_ape_pct"}
+
+
+@cache
+def suite(name: str) -> pd.DataFrame:
+    """Each suite computed once per test session."""
+    match name:
+        case "ops":
+            return ops_suite()
+        case "layers":
+            return layers_suite()
+        case _:
+            return iteration_suite()
+
+
+# -- data ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", sorted(data.AIC_DEVICES))
+@pytest.mark.parametrize("table", sorted(data.AIC_COLUMNS))
+def test_aiconfigurator_tables_load(device: str, table: str) -> None:
+    df = data.aiconfigurator(device, table)
+    assert set(data.AIC_COLUMNS[table]) <= set(df.columns)
+    assert len(df) > 100
+    assert (df["latency_ms"] > 0).all()
+
+
+def test_aiconfigurator_subset_is_what_the_readme_says() -> None:
+    assert set(data.aiconfigurator("h100_sxm", "gemm")["gemm_dtype"]) == {"bfloat16", "fp8"}
+    assert set(data.aiconfigurator("a100_sxm", "gemm")["gemm_dtype"]) == {"bfloat16"}
+    for table in ("context_attention", "generation_attention"):
+        h100 = data.aiconfigurator("h100_sxm", table)
+        assert set(h100["attn_dtype"]) == {"bfloat16"}
+        assert set(h100["kv_cache_dtype"]) == {"bfloat16", "fp8"}
+    assert "all_reduce" in set(data.aiconfigurator("a100_sxm", "nccl")["op_name"])
+
+
+@pytest.mark.parametrize("device", sorted(data.VIDUR_DEVICES))
+def test_vidur_profiles_load(device: str) -> None:
+    df = data.vidur(device)
+    assert set(data.VIDUR_COLUMNS) <= set(df.columns)
+    assert {"llama-2-7b", "llama-2-70b"} <= set(df["model"])
+    assert set(df["num_tensor_parallel_workers"]) == {1, 2, 4, 8}
+
+
+def test_splitwise_loads_and_flags_only_the_capped_tp2_batch64() -> None:
+    df = data.splitwise()
+    assert set(data.SPLITWISE_COLUMNS) <= set(df.columns)
+    assert set(df["model"]) == set(data.SPLITWISE_MODELS)
+    capped = configurations(df).query("capped")
+    assert capped[["model", "tensor_parallel", "batch_size"]].values.tolist() == [
+        ["llama2-70b", 2, 64]
+    ]
+
+
+def test_unknown_table_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match="table"):
+        data.aiconfigurator("a100_sxm", "moe")
+
+
+# -- suites -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["ops", "layers", "iteration"])
+def test_suite_rows_are_finite_and_positive(name: str) -> None:
+    df = suite(name)
+    assert list(df.columns[: len(COLUMNS)]) == COLUMNS
+    assert len(df) > 0
+    for col in ("predicted_s", "measured_s", "ape_pct"):
+        values = df[col].to_numpy(dtype=float)
+        assert np.isfinite(values).all(), col
+    assert (df["predicted_s"] > 0).all() and (df["measured_s"] > 0).all()
+    assert not df.duplicated(["device", "case"]).any()
+
+
+def test_ops_suite_covers_every_kernel_kind_on_both_devices() -> None:
+    df = suite("ops")
+    assert set(df["device"]) == {"a100_sxm_80gb", "h100_sxm"}
+    assert set(df["kind"]) == {"gemm", "attention_prefill", "attention_decode", "all_reduce"}
+    assert df["fitted"].all()
+    a100_gemm = df[(df["device"] == "a100_sxm_80gb") & (df["kind"] == "gemm")]
+    assert not a100_gemm["case"].str.contains("fp8").any()  # no fp8 matrix unit on A100
+
+
+def test_ops_gemm_row_matches_the_single_op_api() -> None:
+    from simulator.api import gemm_cost
+
+    df = suite("ops")
+    row = df[(df["device"] == "h100_sxm") & (df["case"] == "gemm bf16 m=4096,n=4096,k=4096")]
+    assert len(row) == 1
+    expected = float(np.ravel(gemm_cost(hardware="h100_sxm", m=4096, n=4096, k=4096).time_s)[0])
+    assert row["predicted_s"].iloc[0] == pytest.approx(expected, rel=1e-9)
+    assert row["ape_pct"].iloc[0] == pytest.approx(
+        100 * abs(expected / row["measured_s"].iloc[0] - 1), rel=1e-9
+    )
+
+
+def test_layers_suite_shards_by_tp() -> None:
+    df = suite("layers")
+    assert not df["fitted"].any()
+    big = df[(df["model"] == "llama-2-70b") & (df["num_tokens"] == 4096)]
+    by_tp = big.groupby(["device", "num_tensor_parallel_workers"])["predicted_s"].first()
+    for device in ("a100_sxm_80gb", "h100_sxm"):
+        # compute-bound at 4096 tokens: TP8 is about 1/8 of TP1
+        assert by_tp[(device, 8)] / by_tp[(device, 1)] == pytest.approx(1 / 8, rel=0.15)
+
+
+def test_iteration_suite_has_both_phases_per_configuration() -> None:
+    df = suite("iteration")
+    assert set(df["suite"]) == {"iteration_prefill", "iteration_decode"}
+    pre = df[df["suite"] == "iteration_prefill"]
+    dec = df[df["suite"] == "iteration_decode"]
+    assert len(pre) == len(dec) > 50
+    assert "prefill llama-2-70b tp4 b16 p512 o128" in set(pre["case"])
+    assert not df["case"].str.contains("tp2 b64").any()  # capped rows excluded
+    assert any("capped" in s for s in df.attrs["skipped"])
+    # the decode step grows with batch at fixed context
+    tp8 = dec[(dec["model_id"] == "llama-2-70b") & (dec["tensor_parallel"] == 8)]
+    tp8 = tp8[(tp8["prompt_size"] == 512) & (tp8["token_size"] == 128)].sort_values("batch_size")
+    assert np.all(np.diff(tp8["predicted_s"].to_numpy()) > 0)
+
+
+# -- summary ------------------------------------------------------------------------------------
+def test_summarize_has_the_contract_keys() -> None:
+    df = pd.concat([suite("ops"), suite("layers"), suite("iteration")], ignore_index=True)
+    out = summarize(df)
+    assert list(out) == ["suites"]
+    assert list(out["suites"]) == list(SUITE_NAMES)
+    for name, entry in out["suites"].items():
+        assert set(entry) == STATS | {"fitted", "by_device"}, name
+        assert isinstance(entry["n"], int) and isinstance(entry["fitted"], bool)
+        assert entry["median_ape_pct"] <= entry["p90_ape_pct"] <= entry["worst_ape_pct"]
+        assert sum(d["n"] for d in entry["by_device"].values()) == entry["n"]
+        for stats in entry["by_device"].values():
+            assert set(stats) == STATS
+    suites = out["suites"]
+    assert suites["ops"]["fitted"] and not suites["layers"]["fitted"]
+    parts = suites["iteration_prefill"]["n"] + suites["iteration_decode"]["n"]
+    assert suites["iteration"]["n"] == parts
+
+
+def test_summarize_pins_hand_computed_statistics() -> None:
+    # errors 10, 20, 30, 40 %: mean 25, median 25, p90 37 (linear interpolation), worst 40
+    df = pd.DataFrame(
+        {
+            "suite": "ops",
+            "device": ["a", "a", "b", "b"],
+            "ape_pct": [10.0, 20.0, 30.0, 40.0],
+            "fitted": True,
+        }
+    )
+    entry = summarize(df)["suites"]["ops"]
+    assert entry["n"] == 4
+    assert entry["mape_pct"] == pytest.approx(25.0)
+    assert entry["median_ape_pct"] == pytest.approx(25.0)
+    assert entry["p90_ape_pct"] == pytest.approx(37.0)
+    assert entry["worst_ape_pct"] == pytest.approx(40.0)
+    assert entry["by_device"]["b"]["mape_pct"] == pytest.approx(35.0)
+
+
+def test_run_validation_selects_suites_and_rejects_unknown() -> None:
+    summary, df = run_validation(["iteration_decode"])
+    assert list(summary["suites"]) == ["iteration_decode"]
+    assert set(df["suite"]) == {"iteration_decode"}
+    with pytest.raises(SpecError) as err:
+        run_validation(["nope"])
+    assert err.value.field == "suite"
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+def test_cli_json_prints_every_suite(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "--json"])
+    assert exit_.value.code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"ops", "layers", "iteration", "iteration_prefill", "iteration_decode"} <= set(
+        out["suites"]
+    )
+
+
+def test_cli_table_output(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "--suite", "layers"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert "layers" in text and "worst 5" in text
+
+
+def test_cli_unknown_suite_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "--suite", "nope"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "suite" in err and "Traceback" not in err
