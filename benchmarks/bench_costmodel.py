@@ -1,4 +1,4 @@
-"""Speed of the analytical core. Run by hand: `make bench` (or `python benchmarks/bench_costmodel.py`).
+"""Speed of the analytical core. Run by hand: `make bench`.
 
 Reports:
 - vectorised operator evaluations per second: one `step_cost` over N batch shapes at once
@@ -47,17 +47,27 @@ def main() -> None:
     )
     num_ops = len(sim.step_cost(*args, BatchShape.decode(batch_size=1, context_len=1)).costs)
     t_vec = median_time(lambda: sim.step_cost(*args, batch))
-    print(f"vectorised: {n * num_ops / t_vec:,.0f} operator evaluations/s "
-          f"({n} steps x {num_ops} ops in {t_vec * 1e3:.1f} ms)")
+    print(
+        f"vectorised: {n * num_ops / t_vec:,.0f} operator evaluations/s "
+        f"({n} steps x {num_ops} ops in {t_vec * 1e3:.1f} ms)"
+    )
 
     one = BatchShape.decode(batch_size=32, context_len=2048)
     t_one = median_time(lambda: sim.step_cost(*args, one), repeat=50)
-    print(f"scalar:     {num_ops / t_one:,.0f} operator evaluations/s "
-          f"(one step of {num_ops} ops in {t_one * 1e6:.0f} us)")
+    print(
+        f"scalar:     {num_ops / t_one:,.0f} operator evaluations/s "
+        f"(one step of {num_ops} ops in {t_one * 1e6:.0f} us)"
+    )
 
     def latency() -> object:
-        return sim.estimate(model="llama-3.1-70b", hardware="h100_sxm", tensor_parallel_size=4,
-                            batch_size=32, input_len=1024, output_len=1024)
+        return sim.estimate(
+            model="llama-3.1-70b",
+            hardware="h100_sxm",
+            tensor_parallel_size=4,
+            batch_size=32,
+            input_len=1024,
+            output_len=1024,
+        )
 
     t_lat = median_time(latency, repeat=20)
     print(f"estimate (bench latency, 1024 in / 1024 out, batch 32): {t_lat * 1e3:.2f} ms per call")
