@@ -39,8 +39,12 @@ def weight_bytes_per_param(dtype: str) -> float:
 class Op:
     """One kernel, `count` times per step. flops/bytes are per instance; for GEMMs m, n, k are
     the shape and `groups` the number of independent GEMMs fused in one launch (MoE experts,
-    per-head batched GEMMs); for attention `seq_len` is the mean query (prefill) or KV (decode)
-    length; collectives move `msg_bytes` among `group_size` devices."""
+    per-head batched GEMMs). For attention, `seq_len` is the mean query (prefill) or KV
+    (decode) length, `batch` the sequences, `heads` / `kv_heads` the query and KV heads per
+    device, `kv_dtype` the KV cache's dtype and `kv_bytes` the part of `bytes` that reads the
+    KV cache. `pre_bytes` is the traffic of a memory-bound kernel that must run first
+    (activation quantisation of a W8A8 GEMM). Collectives move `msg_bytes` among
+    `group_size` devices."""
 
     name: str
     kind: OpKind
@@ -53,6 +57,12 @@ class Op:
     k: Num = 0.0
     groups: Num = 1.0
     seq_len: Num = 0.0
+    batch: Num = 0.0
+    heads: float = 0.0
+    kv_heads: float = 0.0
+    kv_dtype: str = ""
+    kv_bytes: Num = 0.0
+    pre_bytes: Num = 0.0
     collective: Collective = ""
     group_size: int = 1
     msg_bytes: Num = 0.0
@@ -74,13 +84,18 @@ def gemm(
     weight_dtype: str | None = None,
     groups: Num = 1.0,
 ) -> Op:
-    """A (groups x) m-by-k times k-by-n GEMM whose k-by-n operand is a stored weight."""
+    """A (groups x) m-by-k times k-by-n GEMM whose k-by-n operand is a stored weight. A W8A8
+    GEMM (8-bit compute, 16-bit activations) reads activations quantised by a kernel before it
+    (`pre_bytes`: read 16-bit, write 8-bit)."""
     a = DTYPE_BYTES[prec.activations]
     wb = weight_bytes_per_param(weight_dtype or prec.weights)
     dtype = prec.compute if (weight_dtype or prec.weights) == prec.weights else prec.activations
+    quantised = dtype in ("fp8", "int8") and a > 1
+    a_in = DTYPE_BYTES[dtype] if quantised else a
     g = np.asarray(groups, dtype=float)
     flops = 2.0 * m * n * k * g
-    bytes_ = g * (n * k * wb + m * (k + n) * a)
+    bytes_ = g * (n * k * wb + m * k * a_in + m * n * a)
+    pre = g * m * k * (a + a_in) if quantised else 0.0
     active = np.asarray(m, dtype=float) > 0
     return Op(
         name,
@@ -93,6 +108,7 @@ def gemm(
         n=n,
         k=k,
         groups=g,
+        pre_bytes=np.where(active, pre, 0.0),
     )
 
 
@@ -141,6 +157,10 @@ def attention_ops(
             + b.prefill_kv_tokens * kv_elems * kvb,
             dtype=prec.activations,
             seq_len=_safe_div(b.prefill_tokens, b.prefill_seqs),
+            batch=b.prefill_seqs,
+            heads=heads,
+            kv_heads=kv_heads,
+            kv_dtype=prec.kv_cache,
         ),
         Op(
             "attention_decode",
@@ -151,6 +171,11 @@ def attention_ops(
             + b.decode_seqs * (2 * heads * head_dim * a + kv_elems * kvb),
             dtype=prec.activations,
             seq_len=_safe_div(b.decode_kv_tokens, b.decode_seqs),
+            batch=b.decode_seqs,
+            heads=heads,
+            kv_heads=kv_heads,
+            kv_dtype=prec.kv_cache,
+            kv_bytes=b.decode_kv_tokens * kv_elems * kvb,
         ),
     ]
 
@@ -212,6 +237,10 @@ def _mla_ops(
             + b.prefill_kv_tokens * heads * (qk + v) * a,
             dtype=prec.activations,
             seq_len=_safe_div(b.prefill_tokens, b.prefill_seqs),
+            batch=b.prefill_seqs,
+            heads=heads,
+            kv_heads=heads,  # K/V up-projected per head: MHA
+            kv_dtype=prec.kv_cache,
         ),
         gemm(
             "w_uk_absorb",
@@ -231,6 +260,11 @@ def _mla_ops(
             + b.decode_seqs * heads * (lat + attn.kv_lora_rank) * a,
             dtype=prec.activations,
             seq_len=_safe_div(b.decode_kv_tokens, b.decode_seqs),
+            batch=b.decode_seqs,
+            heads=heads,
+            kv_bytes=b.decode_kv_tokens * lat * kvb,
+            kv_heads=1.0,  # one latent shared by all query heads
+            kv_dtype=prec.kv_cache,
         ),
         gemm(
             "w_uv_absorb",

@@ -54,24 +54,62 @@ def _ceil_div(a: Num, b: float) -> np.ndarray:
     return np.ceil(np.asarray(a, dtype=float) / b)
 
 
+def _pow2_tiles(lo: int, hi: int) -> list[float]:
+    tiles, t = [], float(max(1, lo))
+    while t <= hi:
+        tiles.append(t)
+        t *= 2
+    return tiles or [float(hi)]
+
+
 def gemm_efficiency(hw: HardwareSpec, op: Op) -> np.ndarray:
     """Fraction of the dense peak a GEMM reaches: library peak fraction x tile padding x wave
-    quantisation x size ramp. Skinny m uses the smallest row tile that covers it; split-K
-    fills the machine when there are fewer output tiles than SMs and k is long."""
+    quantisation x size ramp (of the padded FLOPs). The tile (powers of two between the spec's
+    minimum and maximum) is the one that wastes least; split-K fills the machine when there are
+    fewer output tiles than SMs and k is long."""
     eff = hw.efficiency.gemm
     m = np.maximum(np.asarray(op.m, dtype=float), 1.0)
-    tile_m = np.clip(2.0 ** np.ceil(np.log2(m)), eff.tile_m_min, eff.tile_m)
-    tiles_m, tiles_n = _ceil_div(m, 1.0) / tile_m, _ceil_div(op.n, eff.tile_n)
-    tiles_m = np.ceil(tiles_m)
-    padding = (m * op.n) / (tiles_m * tile_m * tiles_n * eff.tile_n)
-    tiles = tiles_m * tiles_n * np.maximum(np.asarray(op.groups, dtype=float), 1.0)
+    n = np.maximum(np.asarray(op.n, dtype=float), 1.0)
+    groups = np.maximum(np.asarray(op.groups, dtype=float), 1.0)
+    max_split = np.maximum(1.0, np.floor(np.asarray(op.k, dtype=float) / eff.split_k_min_k))
     units = hw.compute.units
-    max_split = np.maximum(1.0, np.floor(np.asarray(op.k, dtype=float) / 512))
-    split_k = np.clip(np.floor(units / tiles), 1.0, max_split)
-    work = tiles * split_k
-    waves = work / (np.ceil(work / units) * units)
+    shape = np.broadcast_shapes(m.shape, n.shape, groups.shape, max_split.shape)
+    best, padded = np.zeros(shape), np.ones(shape)
+    for tile_m in _pow2_tiles(eff.tile_m_min, eff.tile_m):
+        for tile_n in _pow2_tiles(eff.tile_n_min, eff.tile_n):
+            tiles_m, tiles_n = np.ceil(m / tile_m), np.ceil(n / tile_n)
+            padding = (m * n) / (tiles_m * tile_m * tiles_n * tile_n)
+            tiles = tiles_m * tiles_n * groups
+            split_k = np.clip(np.floor(units / tiles), 1.0, max_split)
+            work = tiles * split_k
+            waves = work / (np.ceil(work / units) * units)
+            better = padding * waves > best
+            best = np.where(better, padding * waves, best)
+            padded = np.where(better, padding, padded)
     frac = eff.peak_fraction.get(op.dtype, eff.peak_fraction.get("bf16", 0.7))  # type: ignore[call-overload]
-    return frac * padding * waves * eff.size_curve(np.asarray(op.flops, dtype=float))
+    curve = eff.size_curves.get(op.dtype, eff.size_curve)  # type: ignore[call-overload]
+    # The size ramp follows the work the kernel does: the padded FLOPs of the chosen tile (with
+    # actual FLOPs, one more row inside the same tile would make a GEMM faster).
+    return frac * best * curve(np.asarray(op.flops, dtype=float) / padded)
+
+
+PREFILL_TILE = 128.0  # query rows per thread block in flash-attention prefill
+DECODE_SPLIT = 256.0  # KV tokens per split in split-KV decode kernels
+
+
+def attention_work(op: Op, *, tile: float) -> np.ndarray:
+    """Independent blocks of work an attention kernel can spread over the SMs: sequences x
+    heads (query heads for prefill, KV heads for decode) x tiles of the per-sequence length
+    (at least one)."""
+    heads = op.heads if op.kind == "attention_prefill" else op.kv_heads
+    # Continuous in the length (not ceil): work then grows in proportion to it, which keeps the
+    # fitted curves' bounded elasticity from making a longer sequence faster.
+    tiles = np.maximum(np.asarray(op.seq_len, dtype=float) / tile, 1.0)
+    return np.maximum(np.asarray(op.batch, dtype=float), 1.0) * max(heads, 1.0) * tiles
+
+
+def _group(op: Op) -> float:
+    return max(op.heads, 1.0) / max(op.kv_heads, 1.0)
 
 
 def _peak(hw: HardwareSpec, dtype: str) -> float:
@@ -82,36 +120,72 @@ def _peak(hw: HardwareSpec, dtype: str) -> float:
 def _kernel_cost(
     hw: HardwareSpec, op: Op, attention_factor: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(compute, memory, fixed) seconds of one kernel op."""
     flops = np.asarray(op.flops, dtype=float)
     nbytes = np.asarray(op.bytes, dtype=float)
     eff = hw.efficiency
+    bw = hw.memory.bandwidth_bytes_per_s
     mem_eff = eff.memory.stream_fraction * eff.memory.size_curve(nbytes)
+    memory = nbytes / (bw * mem_eff)
     peak = _peak(hw, op.dtype)
+    at = eff.attention
+    kv = at.fp8_kv_factor if op.kv_dtype == "fp8" else 1.0
     comp_eff: np.ndarray | float
     match op.kind:
         case "gemm":
             comp_eff = gemm_efficiency(hw, op)
         case "attention_prefill":
             comp_eff = (
-                eff.attention.prefill_fraction
+                at.prefill_fraction
                 * attention_factor
-                * eff.attention.prefill_len_curve(op.seq_len)
+                * kv
+                * at.prefill_len_curve(op.seq_len)
+                * at.prefill_parallel_curve(attention_work(op, tile=PREFILL_TILE))
+                * at.prefill_group_curve(_group(op))
             )
         case "attention_decode":
-            comp_eff = eff.attention.prefill_fraction * attention_factor
-            mem_eff = np.minimum(
+            comp_eff = at.prefill_fraction * attention_factor
+            kv_eff = np.minimum(
                 1.0,
-                eff.attention.decode_fraction
+                at.decode_fraction
                 * attention_factor
-                * eff.attention.decode_len_curve(op.seq_len),
+                * kv
+                * at.decode_len_curve(op.seq_len)
+                * at.decode_parallel_curve(attention_work(op, tile=DECODE_SPLIT))
+                * at.decode_group_curve(_group(op)),
             )
+            # KV-cache reads stream at the kernel's efficiency; the per-sequence query,
+            # output and new-KV traffic at the device's.
+            kv_bytes = np.asarray(op.kv_bytes, dtype=float)
+            rest = np.maximum(nbytes - kv_bytes, 0.0)
+            rest_eff = eff.memory.stream_fraction * eff.memory.size_curve(np.maximum(rest, 1.0))
+            memory = kv_bytes / (bw * kv_eff) + rest / (bw * rest_eff)
         case _:
             comp_eff = 1.0
     compute = np.divide(flops, peak * comp_eff, out=np.zeros_like(flops), where=flops > 0)
-    memory = nbytes / (hw.memory.bandwidth_bytes_per_s * mem_eff)
     busy = (flops > 0) | (nbytes > 0)
-    latency = np.where(busy, eff.kernel_latency_s, 0.0)
+    latency = np.where(busy, _fixed_s(hw, op), 0.0)
+    pre = np.asarray(op.pre_bytes, dtype=float)
+    if np.any(pre > 0):  # a separate memory-bound kernel first: its time and its launch
+        pre_eff = eff.memory.stream_fraction * eff.memory.size_curve(pre)
+        memory = memory + pre / (bw * pre_eff)
+        latency = latency + np.where(pre > 0, eff.kernel_latency_s, 0.0)
     return compute, memory, latency
+
+
+def _fixed_s(hw: HardwareSpec, op: Op) -> float:
+    """Fixed cost of one call of the op's kernel(s)."""
+    attn = hw.efficiency.attention
+    match op.kind:
+        case "attention_prefill" if attn.prefill_fixed_s is not None:
+            return attn.prefill_fixed_s
+        case "attention_decode" if attn.decode_fixed_s is not None:
+            return attn.decode_fixed_s
+        case "gemm":
+            extra = hw.efficiency.gemm.extra_latency_s.get(op.dtype, 0.0)  # type: ignore[call-overload]
+            return hw.efficiency.kernel_latency_s + extra
+        case _:
+            return hw.efficiency.kernel_latency_s
 
 
 def collective_bandwidth(hw: HardwareSpec, group: int, *, scale_out: bool) -> float:
@@ -149,10 +223,11 @@ def _collective_cost(hw: HardwareSpec, op: Op) -> tuple[np.ndarray, np.ndarray]:
     bw = collective_bandwidth(hw, op.group_size, scale_out=op.scale_out)
     eff = coll.busbw_fraction * coll.size_curve(np.maximum(msg, 1.0))
     network = wire_bytes(op) / (bw * eff)
+    fixed: float | np.ndarray
     if op.collective == "send_recv":
         fixed = hw.interconnect.scale_out_latency_s if op.scale_out else hw.interconnect.latency_s
     else:
-        fixed = coll.latency_s
+        fixed = coll.latency_s * coll.latency_group_curve(float(op.group_size))
     latency = np.where(msg > 0, fixed, 0.0)
     return np.where(msg > 0, network, 0.0), latency
 

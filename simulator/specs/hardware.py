@@ -96,16 +96,29 @@ class GemmEfficiency(Frozen):
     """Achieved fraction of the dense peak for a GEMM of shape m x n x k.
 
     eff = peak_fraction[dtype] * tile_utilisation(m, n) * wave_utilisation * size_curve(flops).
-    Tiles are `tile_m` x `tile_n`; waves are full rounds of `units` concurrent tiles.
+    The library picks, per shape, the power-of-two tile between the minimum and maximum sizes
+    that wastes least to padding and partial waves (a wave: `units` tiles at once).
+    W8A8 GEMMs (fp8/int8 compute with 16-bit activations) first quantise the activations in a
+    separate memory-bound kernel.
     """
 
     peak_fraction: dict[ComputeDtype, float]
-    tile_m: int = Field(default=128, gt=0)
-    tile_n: int = Field(default=128, gt=0)
+    tile_m: int = Field(default=128, gt=0, description="largest row tile")
+    tile_n: int = Field(default=128, gt=0, description="largest column tile")
     tile_m_min: int = Field(
         default=64, gt=0, description="smallest row tile the GEMM library uses for skinny m"
     )
+    tile_n_min: int = Field(default=128, gt=0, description="smallest column tile")
+    split_k_min_k: int = Field(
+        default=512, gt=0, description="least k per split when split-K fills idle SMs"
+    )
     size_curve: Curve = Field(default_factory=lambda: flat(1.0))
+    size_curves: dict[ComputeDtype, Curve] = Field(
+        default_factory=dict, description="per-dtype size curves replacing size_curve"
+    )
+    extra_latency_s: dict[ComputeDtype, Seconds] = Field(
+        default_factory=dict, description="per-dtype fixed cost on top of the kernel latency"
+    )
 
 
 class MemoryEfficiency(Frozen):
@@ -118,23 +131,36 @@ class MemoryEfficiency(Frozen):
 class AttentionEfficiency(Frozen):
     """Flash-style attention kernels.
 
-    Prefill: fraction of the 16-bit dense peak, times a curve of the mean query length per
-    sequence. Decode: fraction of DRAM bandwidth reading the KV cache, times a curve of the mean
-    KV length per sequence.
+    Prefill: fraction of the 16-bit dense peak, times curves of the mean query length per
+    sequence, of the parallel work (sequences x query heads x 128-token query tiles) and of the
+    GQA group size (query heads per KV head). Decode: fraction of DRAM bandwidth reading the KV
+    cache, times curves of the mean KV length per sequence, of the parallel work (sequences x
+    KV heads x 256-token KV splits, what split-KV kernels spread over the SMs) and of the GQA
+    group size. An fp8 KV cache multiplies both by `fp8_kv_factor` (dequantisation). Each call
+    also costs a fixed time (None: the device's kernel latency): a layer's attention is several
+    kernels (KV-cache write, attention, merge of split results).
     """
 
     prefill_fraction: float = Field(gt=0, le=1)
     prefill_len_curve: Curve = Field(default_factory=lambda: flat(1.0))
+    prefill_parallel_curve: Curve = Field(default_factory=lambda: flat(1.0))
+    prefill_group_curve: Curve = Field(default_factory=lambda: flat(1.0))
+    prefill_fixed_s: Seconds | None = Field(default=None, ge=0)
     decode_fraction: float = Field(gt=0, le=1)
     decode_len_curve: Curve = Field(default_factory=lambda: flat(1.0))
+    decode_parallel_curve: Curve = Field(default_factory=lambda: flat(1.0))
+    decode_group_curve: Curve = Field(default_factory=lambda: flat(1.0))
+    decode_fixed_s: Seconds | None = Field(default=None, ge=0)
+    fp8_kv_factor: float = Field(default=1.0, gt=0, le=2)
 
 
 class CollectiveEfficiency(Frozen):
-    """Collectives: time = latency_s + bytes_on_the_wire / (bandwidth * busbw_fraction *
-    size_curve(message bytes))."""
+    """Collectives: time = latency_s * latency_group_curve(devices) + bytes_on_the_wire /
+    (bandwidth * busbw_fraction * size_curve(message bytes))."""
 
     busbw_fraction: float = Field(gt=0, le=1.2, description="NVLS can exceed the wire speed")
     latency_s: Seconds = Field(ge=0)
+    latency_group_curve: Curve = Field(default_factory=lambda: flat(1.0))
     size_curve: Curve = Field(default_factory=lambda: flat(1.0))
 
 

@@ -30,6 +30,7 @@ _HARDWARE_CANDIDATES = (
 )
 
 T = TypeVar("T", bound=BaseModel)
+CALIBRATION_DIR = "calibration"
 
 
 def hardware_dirs() -> list[Path]:
@@ -87,17 +88,42 @@ def _hardware_path(hw: str) -> Path:
     raise SpecError(f"unknown hardware id (known: {known})", source=hw, field="hardware")
 
 
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid onto `base`, recursing into mappings."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 @cache
-def _load_hardware_file(path: Path) -> HardwareSpec:
+def _load_hardware_file(path: Path, calibrated: bool) -> HardwareSpec:
     data = read_yaml(path)
     if isinstance(data, dict):
         data = {**data, "id": path.stem}
+        overlay = path.parent / CALIBRATION_DIR / path.name
+        if calibrated and overlay.is_file():
+            fitted = read_yaml(overlay)
+            if not isinstance(fitted, dict) or set(fitted) != {"efficiency"}:
+                raise SpecError("expected only an 'efficiency' mapping", source=str(overlay))
+            data = _merge(data, fitted)
+            try:
+                return HardwareSpec.model_validate(data)
+            except ValidationError as exc:
+                raise validation_error(exc, source=str(overlay)) from None
     return validate(HardwareSpec, data, source=str(path))
 
 
-def load_hardware(hw: str) -> HardwareSpec:
-    """A hardware spec by id (`h100_sxm`) or by path to a YAML file of the same schema."""
-    return _load_hardware_file(_hardware_path(hw).resolve())
+def load_hardware(hw: str, *, calibrated: bool = True) -> HardwareSpec:
+    """A hardware spec by id (`h100_sxm`) or by path to a YAML file of the same schema.
+
+    Where `calibration/<id>.yaml` sits beside the file (written by `python -m
+    simulator.calibrate`), its fitted efficiency factors replace the hand-written ones;
+    `calibrated=False` gives the hand-written spec alone."""
+    return _load_hardware_file(_hardware_path(hw).resolve(), calibrated)
 
 
 # -- models -----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ Not covered: fp8_block GEMMs (not bundled), fp8 GEMMs on devices without an fp8 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -52,34 +53,43 @@ def op_time(op: Op, hw: HardwareSpec, rows: int) -> np.ndarray:
     return np.broadcast_to(evaluate([op], hw)[0].time_s, (rows,)).astype(float)
 
 
-def gemm_cases(hw: HardwareSpec, measured: pd.DataFrame) -> pd.DataFrame:
-    """Every bf16 GEMM, and every fp8 GEMM where `hw` has an fp8 matrix unit."""
+class Group(NamedTuple):
+    """Measured rows of one shape family and the op that predicts them (vectorised)."""
+
+    kind: str
+    rows: pd.DataFrame
+    op: Op
+    case: pd.Series
+
+    @property
+    def measured_s(self) -> np.ndarray:
+        return self.rows["latency_ms"].to_numpy(dtype=float) / 1e3
+
+
+def gemm_groups(hw: HardwareSpec, measured: pd.DataFrame) -> list[Group]:
+    """bf16 GEMMs, and fp8 GEMMs where `hw` has an fp8 matrix unit."""
     rows = measured[measured["gemm_dtype"].isin(list(GEMM_DTYPES))]
     rows = median_repeats(rows, ["gemm_dtype", "m", "n", "k"], ["latency_ms"])
-    frames = []
+    groups = []
     for raw, dtype in GEMM_DTYPES.items():
         g = rows[rows["gemm_dtype"] == raw]
         if g.empty or not hw.supports(dtype):
             continue
         m, n, k = (g[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
         op = gemm("gemm", m=m, n=n, k=k, count=1, prec=GEMM_PRECISION[dtype])
-        frames.append(
-            g.assign(
-                kind="gemm",
-                case=f"gemm {dtype} m="
-                + g["m"].astype(str)
-                + ",n="
-                + g["n"].astype(str)
-                + ",k="
-                + g["k"].astype(str),
-                predicted_s=op_time(op, hw, len(g)),
-                measured_s=g["latency_ms"].to_numpy(dtype=float) / 1e3,
-            )
+        case = (
+            f"gemm {dtype} m="
+            + g["m"].astype(str)
+            + ",n="
+            + g["n"].astype(str)
+            + ",k="
+            + g["k"].astype(str)
         )
-    return pd.concat(frames, ignore_index=True) if frames else empty(SUITE)
+        groups.append(Group("gemm", g, op, case))
+    return groups
 
 
-def attention_cases(hw: HardwareSpec, measured: pd.DataFrame, *, phase: str) -> pd.DataFrame:
+def attention_groups(measured: pd.DataFrame, *, phase: str) -> list[Group]:
     """Attention layer calls with bf16 activations. `phase` "prefill" reads a
     context_attention table (`isl` causal prompt tokens per sequence), "decode" a
     generation_attention table (`step` KV tokens attended to per sequence)."""
@@ -94,7 +104,7 @@ def attention_cases(hw: HardwareSpec, measured: pd.DataFrame, *, phase: str) -> 
     rows = median_repeats(rows, [*heads, "batch_size", "isl", "step"], ["latency_ms"])
     kind = f"attention_{phase}"
     seq = "isl" if phase == "prefill" else "step"
-    frames = []
+    groups = []
     for (h, kv, d, kv_raw), g in rows.groupby(heads, sort=True):
         b, s = g["batch_size"].to_numpy(dtype=float), g[seq].to_numpy(dtype=float)
         batch = (
@@ -111,24 +121,19 @@ def attention_cases(hw: HardwareSpec, measured: pd.DataFrame, *, phase: str) -> 
             batch=batch,
             count=1,
         )
-        op = ops[0] if phase == "prefill" else ops[1]
-        frames.append(
-            g.assign(
-                kind=kind,
-                case=f"{kind} kv={kvd} h={h},kv={kv},d={d} b="
-                + g["batch_size"].astype(str)
-                + f",{'s' if phase == 'prefill' else 'ctx'}="
-                + g[seq].astype(str),
-                predicted_s=op_time(op, hw, len(g)),
-                measured_s=g["latency_ms"].to_numpy(dtype=float) / 1e3,
-            )
+        case = (
+            f"{kind} kv={kvd} h={h},kv={kv},d={d} b="
+            + g["batch_size"].astype(str)
+            + f",{'s' if phase == 'prefill' else 'ctx'}="
+            + g[seq].astype(str)
         )
-    return pd.concat(frames, ignore_index=True) if frames else empty(SUITE)
+        groups.append(Group(kind, g, ops[0] if phase == "prefill" else ops[1], case))
+    return groups
 
 
-def collective_cases(
+def collective_groups(
     hw: HardwareSpec, measured: pd.DataFrame, *, ops: tuple[str, ...] = ("all_reduce",)
-) -> pd.DataFrame:
+) -> list[Group]:
     """NCCL collectives of 16-bit (`half`) elements within one node; `ops` names
     aiconfigurator's op_name values (all_reduce, all_gather, alltoall). The message is
     `message_size_elements` x 2 bytes (for all_gather: the gathered output, as nccl-tests
@@ -140,21 +145,45 @@ def collective_cases(
     ]
     keys = ["op_name", "num_gpus", "message_size_elements"]
     rows = median_repeats(rows, keys, ["latency_ms"])
-    frames = []
-    for (name, group), g in rows.groupby(["op_name", "num_gpus"], sort=True):
+    groups = []
+    for (name, size), g in rows.groupby(["op_name", "num_gpus"], sort=True):
         kind = NCCL_OPS[str(name)]
         msg = g["message_size_elements"].to_numpy(dtype=float) * HALF_BYTES
-        op = collective(kind, kind, msg_bytes=msg, group=int(group), count=1)
-        frames.append(
-            g.assign(
-                kind=kind,
-                case=f"{kind} n={group} bytes=" + (g["message_size_elements"] * 2).astype(str),
-                msg_bytes=msg,
-                predicted_s=op_time(op, hw, len(g)),
-                measured_s=g["latency_ms"].to_numpy(dtype=float) / 1e3,
-            )
+        op = collective(kind, kind, msg_bytes=msg, group=int(size), count=1)
+        case = f"{kind} n={size} bytes=" + (g["message_size_elements"] * 2).astype(str)
+        groups.append(Group(kind, g.assign(msg_bytes=msg), op, case))
+    return groups
+
+
+def cases(hw: HardwareSpec, groups: list[Group]) -> pd.DataFrame:
+    """One row per measured shape: the groups' rows with predictions on `hw`."""
+    frames = [
+        g.rows.assign(
+            kind=g.kind,
+            case=g.case,
+            predicted_s=op_time(g.op, hw, len(g.rows)),
+            measured_s=g.measured_s,
         )
+        for g in groups
+    ]
     return pd.concat(frames, ignore_index=True) if frames else empty(SUITE)
+
+
+def gemm_cases(hw: HardwareSpec, measured: pd.DataFrame) -> pd.DataFrame:
+    """Every bf16 GEMM, and every fp8 GEMM where `hw` has an fp8 matrix unit."""
+    return cases(hw, gemm_groups(hw, measured))
+
+
+def attention_cases(hw: HardwareSpec, measured: pd.DataFrame, *, phase: str) -> pd.DataFrame:
+    """Attention layer calls; see `attention_groups`."""
+    return cases(hw, attention_groups(measured, phase=phase))
+
+
+def collective_cases(
+    hw: HardwareSpec, measured: pd.DataFrame, *, ops: tuple[str, ...] = ("all_reduce",)
+) -> pd.DataFrame:
+    """NCCL collectives; see `collective_groups`."""
+    return cases(hw, collective_groups(hw, measured, ops=ops))
 
 
 def device_ops(hw: HardwareSpec, device: str) -> pd.DataFrame:

@@ -97,12 +97,31 @@ def test_enforce_eager_is_never_faster(
 
 
 def test_enforce_eager_slows_launch_bound_decode() -> None:
-    # qwen3-30b-a3b at batch 1: 3.3B active parameters stream in ~3.7 ms on the GPU, while
-    # eagerly launching the 532 kernels of a step costs 532 x 8 us = 4.26 ms of CPU time
-    common = dict(model="qwen3-30b-a3b", batch_size=1, input_len=128, output_len=16)
-    graphs = make_run(**common)
-    eager = make_run(**common, enforce_eager=True)
-    assert eager.tpot_s > graphs.tpot_s
+    # qwen3-30b-a3b at batch 1 launches 532 kernels per step. With an engine whose eager launch
+    # costs 20 us, launching takes 532 x 20 us = 10.6 ms of CPU time, more than the ~5 ms the
+    # GPU needs to stream 3.3B active parameters: eager is launch-bound, graphs are not.
+    dep = deployment(model="qwen3-30b-a3b", hardware="h100_sxm")
+    slow_launch = dep.engine.model_copy(
+        update={"overhead": dep.engine.overhead.model_copy(update={"launch_eager_s": 20e-6})}
+    )
+
+    def tpot(enforce_eager: bool) -> float:
+        return bench_latency(
+            dep.model,
+            dep.hardware,
+            dep.layout,
+            dep.precision,
+            slow_launch,
+            batch_size=1,
+            input_len=128,
+            output_len=16,
+            enforce_eager=enforce_eager,
+        ).tpot_s
+
+    assert tpot(True) > tpot(False)
+    assert tpot(True) == pytest.approx(
+        532 * 20e-6 + slow_launch.overhead.step_s + slow_launch.overhead.per_seq_s, rel=1e-9
+    )
 
 
 # -- the prefill schedule -------------------------------------------------------------------------

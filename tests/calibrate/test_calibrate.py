@@ -1,0 +1,86 @@
+"""The calibration script: reproducible, laid over the hand-written specs, physically sane."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from simulator import calibrate
+from simulator.specs import load_hardware
+from simulator.specs.loader import _merge
+
+CALIBRATED = ("h100_sxm", "a100_sxm_80gb")
+
+
+@pytest.mark.parametrize("hw_id", CALIBRATED)
+def test_the_overlay_replaces_only_fitted_factors(hw_id: str) -> None:
+    base = load_hardware(hw_id, calibrated=False)
+    fitted = load_hardware(hw_id)
+    assert fitted.efficiency != base.efficiency
+    # datasheet facts and unfitted factors stay as written
+    assert fitted.compute == base.compute
+    assert fitted.memory == base.memory
+    assert fitted.efficiency.memory.stream_fraction == base.efficiency.memory.stream_fraction
+    assert fitted.efficiency.host_link_fraction == base.efficiency.host_link_fraction
+
+
+def test_devices_without_measurements_have_no_overlay() -> None:
+    for hw_id in ("mi300x", "b200", "rtx_4090"):
+        assert load_hardware(hw_id) == load_hardware(hw_id, calibrated=False)
+
+
+def test_the_committed_files_name_their_data() -> None:
+    for hw_id in CALIBRATED:
+        text = calibrate.calibration_path(hw_id).read_text()
+        assert "GENERATED" in text
+        assert "simulator/data/measured/aiconfigurator/" in text
+        assert set(yaml.safe_load(text)) == {"efficiency"}
+
+
+@pytest.mark.parametrize("hw_id", CALIBRATED)
+def test_fitted_curves_keep_their_elasticity_bound(hw_id: str) -> None:
+    # Efficiency may rise between knots only as far as the fit allows (y1 <= y0 (1 + e ln r)),
+    # which keeps time monotone in the work; check the committed numbers obey it.
+    eff = load_hardware(hw_id).efficiency
+    by_path = {
+        "gemm.size_curve": 0.9,
+        "memory.size_curve": 0.9,
+        "attention.prefill_len_curve": 0.5,
+        "attention.prefill_parallel_curve": 0.5,
+        "attention.decode_len_curve": 0.5,
+        "attention.decode_parallel_curve": 0.5,
+        "attention.decode_group_curve": 0.0,
+        "collective.size_curve": 0.9,
+    }
+    for path, elasticity in by_path.items():
+        group, name = path.split(".")
+        points = getattr(getattr(eff, group), name).points
+        assert points[-1][1] == 1.0, path
+        for (x0, y0), (x1, y1) in pairwise(points):
+            assert y1 <= y0 * (1 + elasticity * np.log(x1 / x0)) * (1 + 1e-3), (path, x0, x1)
+
+
+def test_merge_recurses_into_mappings() -> None:
+    base = {"a": {"b": 1, "c": 2}, "d": 3}
+    assert _merge(base, {"a": {"b": 9}}) == {"a": {"b": 9, "c": 2}, "d": 3}
+
+
+def test_a_malformed_overlay_is_a_one_line_error(tmp_path: Path) -> None:
+    from simulator.errors import SpecError
+
+    src = calibrate.calibration_path("h100_sxm").parent.parent / "h100_sxm.yaml"
+    (tmp_path / "mygpu.yaml").write_text(src.read_text())
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / "mygpu.yaml").write_text("gemm: {}\n")
+    with pytest.raises(SpecError, match="only an 'efficiency' mapping"):
+        load_hardware(str(tmp_path / "mygpu.yaml"))
+
+
+@pytest.mark.slow
+def test_the_script_reproduces_the_committed_calibration() -> None:
+    # Refits every device from the bundled data (~15 s) and compares with the committed files.
+    assert calibrate.main(["--check"]) == 0
