@@ -32,9 +32,11 @@ import yaml
 from scipy.optimize import least_squares
 
 from simulator.costmodel.roofline import evaluate
+from simulator.specs.engine import EngineOverhead
 from simulator.specs.hardware import EfficiencySpec, HardwareSpec
-from simulator.specs.loader import hardware_dirs, load_hardware
+from simulator.specs.loader import ENGINES_DIR, hardware_dirs, load_engine, load_hardware
 from simulator.validate import data
+from simulator.validate.iteration import ENGINE, ENGINE_FIT, ENGINE_FIT_MODELS, iteration_cases
 from simulator.validate.operators import (
     Group,
     attention_groups,
@@ -139,6 +141,7 @@ FAMILIES = (
         (
             Param("attention.prefill_fraction", 0.55, 0.1, 1.0),
             Param("attention.prefill_fixed_s", 10 * _US, 1 * _US, 50 * _US),
+            Param("attention.prefill_wave_s", 1 * _US, 0.0, 50 * _US),
             Param("attention.fp8_kv_factor", 1.0, 0.5, 1.5),
             *_knots("attention.prefill_len_curve", SEQ_KNOTS, elasticity=0.5),
             *_knots("attention.prefill_parallel_curve", WORK_KNOTS, elasticity=0.5),
@@ -156,6 +159,7 @@ FAMILIES = (
         (
             Param("attention.decode_fraction", 0.8, 0.2, 1.0),
             Param("attention.decode_fixed_s", 10 * _US, 1 * _US, 50 * _US),
+            Param("attention.decode_wave_s", 1 * _US, 0.0, 50 * _US),
             *_knots("attention.decode_len_curve", SEQ_KNOTS, elasticity=0.5),
             *_knots("attention.decode_parallel_curve", WORK_KNOTS, elasticity=0.5),
             *_knots("attention.decode_group_curve", GROUP_KNOTS, elasticity=0.0),
@@ -311,6 +315,65 @@ def calibrate(hw_id: str, device: str) -> tuple[EfficiencySpec, list[FitReport]]
     return eff, reports
 
 
+# -- the engine of the iteration data -----------------------------------------------------------
+ENGINE_PARAMS = (
+    Param("step_s", 5e-3, 0.0, 0.1),
+    Param("per_seq_s", 1e-4, 0.0, 0.01),
+    # Start above the GPU time of a small step: below it, max(GPU, launches) hides the launch
+    # cost and the fit has no gradient to follow.
+    Param("launch_eager_s", 40e-6, 1e-6, 200e-6),
+)
+ENGINE_HARDWARE = data.SPLITWISE_HARDWARE["a100-80gb"]
+
+
+def calibrate_engine(hw: HardwareSpec) -> tuple[EngineOverhead, FitReport]:
+    """Fit the CPU overheads of the `vllm-0.2` profile to the Splitwise rows of
+    ENGINE_FIT_MODELS on the (calibrated) DGX-A100 spec `hw`; other models stay held out."""
+    base = load_engine(ENGINE, calibrated=False)
+    measured = data.splitwise()
+
+    def cases(x: np.ndarray) -> Any:
+        update = {p.path: float(v) for p, v in zip(ENGINE_PARAMS, x, strict=True)}
+        engine = base.model_copy(update={"overhead": base.overhead.model_copy(update=update)})
+        return iteration_cases(hw, engine, measured)
+
+    x0 = np.array([p.initial for p in ENGINE_PARAMS])
+    rows = (cases(x0)["suite"] == ENGINE_FIT).to_numpy()
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        df = cases(x)
+        return np.log(df["predicted_s"].to_numpy() / df["measured_s"].to_numpy())[rows]
+
+    def mape(x: np.ndarray) -> float:
+        return float(np.mean(np.abs(np.expm1(residuals(x)))) * 100)
+
+    lo = np.array([p.lower for p in ENGINE_PARAMS])
+    hi = np.array([p.upper for p in ENGINE_PARAMS])
+    fit = least_squares(
+        residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, x_scale="jac", max_nfev=200
+    )
+    x = _round(fit.x)
+    update = {p.path: float(v) for p, v in zip(ENGINE_PARAMS, x, strict=True)}
+    report = FitReport(f"engine {ENGINE}", int(rows.sum()), mape(x0), mape(x))
+    return base.overhead.model_copy(update=update), report
+
+
+def render_engine(overhead: EngineOverhead, report: FitReport) -> str:
+    lines = [
+        f"# Calibrated CPU overheads of the {ENGINE} engine profile. GENERATED: do not edit.",
+        "# Regenerate with `python -m simulator.calibrate`; `--check` verifies this file.",
+        "# Fitted to simulator/data/measured/splitwise/perf_model_a100.csv (Splitwise, ISCA'24:",
+        "# vLLM of late 2023 on DGX-A100, fp16, eager), rows of "
+        + ", ".join(ENGINE_FIT_MODELS)
+        + " only,",
+        f"# on the calibrated {ENGINE_HARDWARE} spec: {report.rows} rows, MAPE "
+        f"{report.mape_before_pct:.1f}% -> {report.mape_after_pct:.1f}%. Other models' rows",
+        "# are held out (llmsim validate: iteration_prefill, iteration_decode).",
+    ]
+    body = yaml.safe_dump({"overhead": _rounded(overhead.model_dump())}, sort_keys=False)
+    return "\n".join(lines) + "\n" + body
+
+
 # -- the generated file ---------------------------------------------------------------------------
 FITTED_KEYS = {
     "gemm": ("peak_fraction", "size_curve", "size_curves", "extra_latency_s"),
@@ -318,11 +381,13 @@ FITTED_KEYS = {
     "attention": (
         "prefill_fraction",
         "prefill_fixed_s",
+        "prefill_wave_s",
         "prefill_len_curve",
         "prefill_parallel_curve",
         "prefill_group_curve",
         "decode_fraction",
         "decode_fixed_s",
+        "decode_wave_s",
         "decode_len_curve",
         "decode_parallel_curve",
         "decode_group_curve",
@@ -398,18 +463,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     wanted = set(args.device or data.AIC_DEVICES.values())
-    stale = []
+    stale: list[str] = []
+    outputs: list[tuple[Path, str]] = []
     for device, hw_id in sorted(data.AIC_DEVICES.items()):
         if hw_id not in wanted:
             continue
         eff, reports = calibrate(hw_id, device)
+        outputs.append((calibration_path(hw_id), render(hw_id, device, eff, reports)))
+        if hw_id == ENGINE_HARDWARE:  # the engine is fitted on this device's fitted spec
+            hw = load_hardware(hw_id, calibrated=False).model_copy(update={"efficiency": eff})
+            overhead, report = calibrate_engine(hw)
+            reports.append(report)
+            path = ENGINES_DIR / CALIBRATION_DIR / f"{ENGINE}.yaml"
+            outputs.append((path, render_engine(overhead, report)))
         for r in reports:
-            print(
-                f"{hw_id:14} {r.family:18} {r.rows:6d} rows  MAPE "
-                f"{r.mape_before_pct:6.1f}% -> {r.mape_after_pct:6.1f}%"
-            )
-        path = calibration_path(hw_id)
-        text = render(hw_id, device, eff, reports)
+            if r.rows:
+                print(
+                    f"{hw_id:14} {r.family:18} {r.rows:6d} rows  MAPE "
+                    f"{r.mape_before_pct:6.1f}% -> {r.mape_after_pct:6.1f}%"
+                )
+    for path, text in outputs:
         if args.check:
             committed = yaml.safe_load(path.read_text()) if path.is_file() else None
             if committed != yaml.safe_load(text):

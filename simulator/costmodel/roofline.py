@@ -64,17 +64,19 @@ def _pow2_tiles(lo: int, hi: int) -> list[float]:
 
 def gemm_efficiency(hw: HardwareSpec, op: Op) -> np.ndarray:
     """Fraction of the dense peak a GEMM reaches: library peak fraction x tile padding x wave
-    quantisation x size ramp (of the padded FLOPs). The tile (powers of two between the spec's
-    minimum and maximum) is the one that wastes least; split-K fills the machine when there are
-    fewer output tiles than SMs and k is long."""
+    quantisation x size ramp (of the work the tile costs). The tile (powers of two between the
+    spec's minimum and maximum) is the fastest for the shape; split-K fills the machine when
+    there are fewer output tiles than SMs and k is long."""
     eff = hw.efficiency.gemm
     m = np.maximum(np.asarray(op.m, dtype=float), 1.0)
     n = np.maximum(np.asarray(op.n, dtype=float), 1.0)
     groups = np.maximum(np.asarray(op.groups, dtype=float), 1.0)
     max_split = np.maximum(1.0, np.floor(np.asarray(op.k, dtype=float) / eff.split_k_min_k))
     units = hw.compute.units
-    shape = np.broadcast_shapes(m.shape, n.shape, groups.shape, max_split.shape)
-    best, padded = np.zeros(shape), np.ones(shape)
+    frac = eff.peak_fraction.get(op.dtype, eff.peak_fraction.get("bf16", 0.7))  # type: ignore[call-overload]
+    curve = eff.size_curves.get(op.dtype, eff.size_curve)  # type: ignore[call-overload]
+    flops = np.asarray(op.flops, dtype=float)
+    best = np.zeros(np.broadcast_shapes(m.shape, n.shape, groups.shape, max_split.shape))
     for tile_m in _pow2_tiles(eff.tile_m_min, eff.tile_m):
         for tile_n in _pow2_tiles(eff.tile_n_min, eff.tile_n):
             tiles_m, tiles_n = np.ceil(m / tile_m), np.ceil(n / tile_n)
@@ -83,14 +85,12 @@ def gemm_efficiency(hw: HardwareSpec, op: Op) -> np.ndarray:
             split_k = np.clip(np.floor(units / tiles), 1.0, max_split)
             work = tiles * split_k
             waves = work / (np.ceil(work / units) * units)
-            better = padding * waves > best
-            best = np.where(better, padding * waves, best)
-            padded = np.where(better, padding, padded)
-    frac = eff.peak_fraction.get(op.dtype, eff.peak_fraction.get("bf16", 0.7))  # type: ignore[call-overload]
-    curve = eff.size_curves.get(op.dtype, eff.size_curve)  # type: ignore[call-overload]
-    # The size ramp follows the work the kernel does: the padded FLOPs of the chosen tile (with
-    # actual FLOPs, one more row inside the same tile would make a GEMM faster).
-    return frac * best * curve(np.asarray(op.flops, dtype=float) / padded)
+            # The size ramp follows the work this tile costs: its padded FLOPs over the wave
+            # utilisation (time = X / curve(X) with X never falling as m or n grows, and the
+            # curve's bounded elasticity keeps that monotone). The library takes the fastest.
+            occupied = padding * waves
+            best = np.maximum(best, occupied * curve(flops / occupied))
+    return frac * best
 
 
 PREFILL_TILE = 128.0  # query rows per thread block in flash-attention prefill
@@ -98,14 +98,16 @@ DECODE_SPLIT = 256.0  # KV tokens per split in split-KV decode kernels
 
 
 def attention_work(op: Op, *, tile: float) -> np.ndarray:
-    """Independent blocks of work an attention kernel can spread over the SMs: sequences x
-    heads (query heads for prefill, KV heads for decode) x tiles of the per-sequence length
-    (at least one)."""
-    heads = op.heads if op.kind == "attention_prefill" else op.kv_heads
-    # Continuous in the length (not ceil): work then grows in proportion to it, which keeps the
-    # fitted curves' bounded elasticity from making a longer sequence faster.
-    tiles = np.maximum(np.asarray(op.seq_len, dtype=float) / tile, 1.0)
-    return np.maximum(np.asarray(op.batch, dtype=float), 1.0) * max(heads, 1.0) * tiles
+    """Independent blocks of work an attention kernel spreads over the SMs: sequences x KV
+    heads x tiles of the rows each (sequence, KV head) pair has. Prefill packs the query heads
+    of a GQA group into one block's rows (s x group rows); decode splits the KV length.
+    Continuous in the length (at least one tile), so work grows in proportion to it, which
+    keeps the fitted curves' bounded elasticity from making a longer sequence faster."""
+    length = np.asarray(op.seq_len, dtype=float)
+    if op.kind == "attention_prefill":
+        length = length * _group(op)
+    tiles = np.maximum(length / tile, 1.0)
+    return np.maximum(np.asarray(op.batch, dtype=float), 1.0) * max(op.kv_heads, 1.0) * tiles
 
 
 def _group(op: Op) -> float:
@@ -173,14 +175,20 @@ def _kernel_cost(
     return compute, memory, latency
 
 
-def _fixed_s(hw: HardwareSpec, op: Op) -> float:
-    """Fixed cost of one call of the op's kernel(s)."""
+def _fixed_s(hw: HardwareSpec, op: Op) -> float | np.ndarray:
+    """Fixed cost of one call of the op's kernel(s) (attention: plus a time per wave of thread
+    blocks)."""
     attn = hw.efficiency.attention
+    units = hw.compute.units
     match op.kind:
-        case "attention_prefill" if attn.prefill_fixed_s is not None:
-            return attn.prefill_fixed_s
-        case "attention_decode" if attn.decode_fixed_s is not None:
-            return attn.decode_fixed_s
+        case "attention_prefill":
+            fixed = attn.prefill_fixed_s
+            base = hw.efficiency.kernel_latency_s if fixed is None else fixed
+            return base + attn.prefill_wave_s * attention_work(op, tile=PREFILL_TILE) / units
+        case "attention_decode":
+            fixed = attn.decode_fixed_s
+            base = hw.efficiency.kernel_latency_s if fixed is None else fixed
+            return base + attn.decode_wave_s * attention_work(op, tile=DECODE_SPLIT) / units
         case "gemm":
             extra = hw.efficiency.gemm.extra_latency_s.get(op.dtype, 0.0)  # type: ignore[call-overload]
             return hw.efficiency.kernel_latency_s + extra

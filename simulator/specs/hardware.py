@@ -138,7 +138,9 @@ class AttentionEfficiency(Frozen):
     KV heads x 256-token KV splits, what split-KV kernels spread over the SMs) and of the GQA
     group size. An fp8 KV cache multiplies both by `fp8_kv_factor` (dequantisation). Each call
     also costs a fixed time (None: the device's kernel latency): a layer's attention is several
-    kernels (KV-cache write, attention, merge of split results).
+    kernels (KV-cache write, attention, merge of split results); and a time per wave of thread
+    blocks (`*_wave_s` x parallel work / SMs: each block's setup, block-table walk and Q/O
+    traffic, which the roofline misses when blocks have little work each).
     """
 
     prefill_fraction: float = Field(gt=0, le=1)
@@ -146,11 +148,13 @@ class AttentionEfficiency(Frozen):
     prefill_parallel_curve: Curve = Field(default_factory=lambda: flat(1.0))
     prefill_group_curve: Curve = Field(default_factory=lambda: flat(1.0))
     prefill_fixed_s: Seconds | None = Field(default=None, ge=0)
+    prefill_wave_s: Seconds = Field(default=0.0, ge=0, description="time per wave of blocks")
     decode_fraction: float = Field(gt=0, le=1)
     decode_len_curve: Curve = Field(default_factory=lambda: flat(1.0))
     decode_parallel_curve: Curve = Field(default_factory=lambda: flat(1.0))
     decode_group_curve: Curve = Field(default_factory=lambda: flat(1.0))
     decode_fixed_s: Seconds | None = Field(default=None, ge=0)
+    decode_wave_s: Seconds = Field(default=0.0, ge=0, description="time per wave of blocks")
     fp8_kv_factor: float = Field(default=1.0, gt=0, le=2)
 
 

@@ -176,19 +176,27 @@ def list_engines() -> list[str]:
 
 
 @cache
-def _load_engine_file(path: Path) -> EngineSpec:
+def _load_engine_file(path: Path, calibrated: bool = True) -> EngineSpec:
     data = read_yaml(path)
     if isinstance(data, dict):
         data = {**data, "id": path.stem}
+        overlay = path.parent / CALIBRATION_DIR / path.name
+        if calibrated and overlay.is_file():
+            fitted = read_yaml(overlay)
+            if not isinstance(fitted, dict) or set(fitted) != {"overhead"}:
+                raise SpecError("expected only an 'overhead' mapping", source=str(overlay))
+            data = _merge(data, fitted)
     return validate(EngineSpec, data, source=str(path))
 
 
-def load_engine(engine: str) -> EngineSpec:
-    """An engine profile by id (`vllm`) or by path to a YAML file of the same schema."""
+def load_engine(engine: str, *, calibrated: bool = True) -> EngineSpec:
+    """An engine profile by id (`vllm`) or by path to a YAML file of the same schema; a
+    `calibration/<id>.yaml` beside it (from `python -m simulator.calibrate`) replaces its
+    CPU overheads unless `calibrated=False`."""
     if engine.endswith((".yaml", ".yml")):
-        return _load_engine_file(Path(engine).resolve())
+        return _load_engine_file(Path(engine).resolve(), calibrated)
     path = ENGINES_DIR / f"{engine}.yaml"
     if not path.is_file():
         known = ", ".join(list_engines())
         raise SpecError(f"unknown engine (known: {known})", source=engine, field="engine")
-    return _load_engine_file(path)
+    return _load_engine_file(path, calibrated)

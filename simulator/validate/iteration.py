@@ -3,13 +3,18 @@
 Splitwise (ISCA'24) ran vLLM of late 2023 (fp16, no CUDA graphs, no chunked prefill) on
 DGX-A100 nodes: `batch_size` prompts of `prompt_size` tokens, each generating `token_size`
 tokens, `tensor_parallel` GPUs. Per configuration we take the median over its repeats and
-predict, with `--engine vllm --enforce-eager` and dtype float16:
+predict, with `--engine vllm-0.2` (that release's profile; eager) and dtype float16:
 
-- `iteration_prefill`: one step that prefills batch_size x prompt_size tokens (step_cost +
+- prefill: one step that prefills batch_size x prompt_size tokens (step_cost +
   engine_step_time), against `prompt_time`;
-- `iteration_decode`: the mean over the decode steps with context prompt+1 .. prompt+token-1
-  of one decode step of batch_size sequences, against `token_time` (which is
-  (e2e_time - prompt_time) / (token_size - 1) in the data).
+- decode: the mean over the decode steps with context prompt+1 .. prompt+token-1 of one decode
+  step of batch_size sequences, against `token_time` (which is (e2e_time - prompt_time) /
+  (token_size - 1) in the data).
+
+The engine's CPU overheads are fitted (by `python -m simulator.calibrate`) to the llama-2-70b
+rows, suite `iteration_engine_fit`; the bloom-176b rows are the held-out check, suites
+`iteration_prefill` and `iteration_decode`. The GPU side comes from the operator calibration
+alone.
 
 Excluded, with the reason in `df.attrs["skipped"]`:
 - capped rows: a configuration whose median prompt_time is below that of a smaller batch of
@@ -39,6 +44,11 @@ from simulator.validate import data
 from simulator.validate.frame import finish, median_repeats
 
 PREFILL, DECODE = "iteration_prefill", "iteration_decode"
+# The engine's CPU overheads (`vllm-0.2`) are fitted to this model's rows (both phases); the
+# other model's rows are the held-out check.
+ENGINE_FIT = "iteration_engine_fit"
+ENGINE_FIT_MODELS = ("llama-2-70b",)
+ENGINE = "vllm-0.2"
 KEYS = ["model", "hardware", "tensor_parallel", "batch_size", "prompt_size", "token_size"]
 
 
@@ -179,8 +189,12 @@ def iteration_cases(
         ]
     df = pd.concat(frames, ignore_index=True)
     df = df[np.isfinite(df["predicted_s"])]
+    df.loc[df["model_id"].isin(ENGINE_FIT_MODELS), "suite"] = ENGINE_FIT
     df = pd.concat(
-        [finish(g, suite=str(s), fitted=False) for s, g in df.groupby("suite", sort=False)],
+        [
+            finish(g, suite=str(s), fitted=s == ENGINE_FIT)
+            for s, g in df.groupby("suite", sort=False)
+        ],
         ignore_index=True,
     )
     df.attrs["skipped"] = skipped
@@ -190,8 +204,8 @@ def iteration_cases(
 def iteration_suite(
     hardware: HardwareSpec | None = None, engine: EngineSpec | None = None
 ) -> pd.DataFrame:
-    """Both iteration sub-suites on the DGX-A100 profile (`a100_sxm_80gb`, engine `vllm`
-    unless given)."""
+    """The iteration suites on the DGX-A100 profile (`a100_sxm_80gb`, engine `vllm-0.2`
+    unless given): held-out prefill and decode rows, and the rows the engine was fitted to."""
     hw = hardware or load_hardware(data.SPLITWISE_HARDWARE["a100-80gb"])
-    eng = engine or load_engine("vllm")
+    eng = engine or load_engine(ENGINE)
     return iteration_cases(hw, eng, data.splitwise())

@@ -2,7 +2,8 @@
 
 `summarize(df)` gives INTERFACE's `llmsim validate --json` object: per suite n, mean / median /
 p90 / worst absolute percentage error, whether the suite's rows were used to fit parameters,
-and the same statistics per device. `iteration` is the union of its two sub-suites.
+and the same statistics per device. `iteration` is the union of its two held-out sub-suites;
+`iteration_engine_fit` holds the rows the engine's overheads were fitted to.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import numpy as np
 import pandas as pd
 
 from simulator.errors import SpecError
-from simulator.validate.iteration import DECODE, PREFILL, iteration_suite
+from simulator.validate.iteration import DECODE, ENGINE_FIT, PREFILL, iteration_suite
 from simulator.validate.layers import layers_suite
 from simulator.validate.operators import ops_suite
 
 # Every name `--suite` accepts, in output order; a union names the suites it is made of.
 UNIONS: dict[str, tuple[str, ...]] = {"iteration": (PREFILL, DECODE)}
-SUITE_NAMES = ("ops", "layers", "iteration", PREFILL, DECODE)
+SUITE_NAMES = ("ops", "layers", "iteration", PREFILL, DECODE, ENGINE_FIT)
 STAT_KEYS = ("mape_pct", "median_ape_pct", "p90_ape_pct", "worst_ape_pct")
 
 
@@ -90,7 +91,7 @@ def run_suites(names: list[str]) -> pd.DataFrame:
         frames.append(ops_suite())
     if "layers" in needed:
         frames.append(layers_suite())
-    if needed & {PREFILL, DECODE}:
+    if needed & {PREFILL, DECODE, ENGINE_FIT}:
         it = iteration_suite()
         skipped += list(it.attrs.get("skipped", []))
         frames.append(it[it["suite"].isin(needed)])

@@ -84,3 +84,17 @@ def test_a_malformed_overlay_is_a_one_line_error(tmp_path: Path) -> None:
 def test_the_script_reproduces_the_committed_calibration() -> None:
     # Refits every device from the bundled data (~15 s) and compares with the committed files.
     assert calibrate.main(["--check"]) == 0
+
+
+def test_the_engine_overlay_replaces_only_its_overheads() -> None:
+    from simulator.specs import load_engine
+
+    base = load_engine("vllm-0.2", calibrated=False)
+    fitted = load_engine("vllm-0.2")
+    assert fitted.overhead != base.overhead
+    assert fitted.scheduler == base.scheduler
+    assert fitted.cuda_graphs is False
+    text = (calibrate.ENGINES_DIR / "calibration" / "vllm-0.2.yaml").read_text()
+    assert "rows of llama-2-70b only" in text and "held out" in text
+    # today's engines carry no fitted overlay
+    assert load_engine("vllm") == load_engine("vllm", calibrated=False)

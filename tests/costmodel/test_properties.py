@@ -234,3 +234,35 @@ def test_vectorised_step_cost_equals_the_scalar_results(
     assert np.shape(vector.time_s) == (len(shapes),)
     for i, shape in enumerate(shapes):
         assert vector.time_s[i] == pytest.approx(step_seconds(dep, shape), rel=1e-9)
+
+
+# -- exhaustive monotonicity on dense grids (vectorised, so every point is checked) --------------
+DENSE_LAYOUTS = [
+    ("llama-3.1-8b", "h100_sxm", 1),
+    ("qwen3-30b-a3b", "h100_sxm", 1),
+    ("llama-2-70b", "a100_sxm_80gb", 4),
+    ("deepseek-v3", "h200_sxm", 8),
+    ("mixtral-8x7b", "h100_sxm", 2),
+    ("mistral-7b", "mi300x", 1),
+]
+
+
+@pytest.mark.parametrize(("model", "hardware", "tp"), DENSE_LAYOUTS)
+def test_step_time_is_monotone_on_dense_grids(model: str, hardware: str, tp: int) -> None:
+    # Every prompt length 1..8192, 3000 KV lengths up to 128K and every batch 1..1024: the
+    # calibrated curves, tile choices and wave terms must never make more work faster.
+    dep = deployment(model=model, hardware=hardware, tensor_parallel_size=tp)
+    args = (dep.model, dep.hardware, dep.layout, dep.precision)
+
+    def never_falls(batch: BatchShape) -> None:
+        times = step_cost(*args, batch).time_s
+        assert np.all(np.diff(times) >= -1e-12 * times[1:])
+
+    tokens = np.arange(1.0, 8193.0)
+    for b in (1, 4):
+        never_falls(BatchShape.prefill(batch_size=b, prompt_len=tokens))
+    context = np.unique(np.round(np.geomspace(1, 131072, 3000)))
+    for b in (1, 8, 64):
+        never_falls(BatchShape.decode(batch_size=b, context_len=context))
+    for c in (128, 4096):
+        never_falls(BatchShape.decode(batch_size=np.arange(1.0, 1025.0), context_len=c))

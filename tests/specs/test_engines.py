@@ -66,9 +66,10 @@ def test_graph_replay_cheaper_than_eager_launches(
 
 @pytest.mark.parametrize("engine_id", ENGINE_IDS)
 def test_overheads_are_plausible(engine_id: str, engines: dict[str, EngineSpec]) -> None:
-    """Units parsed as seconds: per-step CPU work below 10 ms, per-kernel launch below 50 us."""
+    """Units parsed as seconds: per-step CPU work below 50 ms (the late-2023 engine, Ray workers
+    and Python scheduling, is fitted at ~14 ms), per-kernel launch below 50 us."""
     ov = engines[engine_id].overhead
-    assert 0 <= ov.step_s < 10e-3
+    assert 0 <= ov.step_s < 50e-3
     assert 0 <= ov.per_seq_s < ov.step_s + 1e-3
     assert 0 < ov.launch_eager_s < 50e-6
     assert 0 < ov.graph_launch_s < 1e-3

@@ -128,16 +128,21 @@ def test_layers_suite_shards_by_tp() -> None:
 
 def test_iteration_suite_has_both_phases_per_configuration() -> None:
     df = suite("iteration")
-    assert set(df["suite"]) == {"iteration_prefill", "iteration_decode"}
+    assert set(df["suite"]) == {"iteration_prefill", "iteration_decode", "iteration_engine_fit"}
     pre = df[df["suite"] == "iteration_prefill"]
     dec = df[df["suite"] == "iteration_decode"]
-    assert len(pre) == len(dec) > 50
-    assert "prefill llama-2-70b tp4 b16 p512 o128" in set(pre["case"])
+    fit = df[df["suite"] == "iteration_engine_fit"]
+    assert len(pre) == len(dec) > 15  # held out: bloom-176b
+    assert set(pre["model_id"]) == set(dec["model_id"]) == {"bloom-176b"}
+    assert set(fit["model_id"]) == {"llama-2-70b"}  # the engine's overheads were fitted here
+    assert fit["fitted"].all() and not pre["fitted"].any() and not dec["fitted"].any()
+    assert "prefill llama-2-70b tp4 b16 p512 o128" in set(fit["case"])
     assert not df["case"].str.contains("tp2 b64").any()  # capped rows excluded
     assert any("capped" in s for s in df.attrs["skipped"])
     # the decode step grows with batch at fixed context
-    tp8 = dec[(dec["model_id"] == "llama-2-70b") & (dec["tensor_parallel"] == 8)]
+    tp8 = fit[(fit["kind"] == "decode") & (fit["tensor_parallel"] == 8)]
     tp8 = tp8[(tp8["prompt_size"] == 512) & (tp8["token_size"] == 128)].sort_values("batch_size")
+    assert len(tp8) == 7
     assert np.all(np.diff(tp8["predicted_s"].to_numpy()) > 0)
 
 
