@@ -19,10 +19,9 @@ $(DEVSTAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
-# The quickstart: Llama-3.1-8B on one H100 with vLLM, one batch of 8 prompts.
+# The quickstart scenario: Llama-3.1-8B on one H100 under vLLM, 500 requests at 8/s.
 demo: $(STAMP)
-	$(BIN)/llmsim bench latency --hardware h100_sxm --model llama-3.1-8b \
-		--batch-size 8 --input-len 1024 --output-len 256
+	$(BIN)/llmsim run scenarios/quickstart.yaml
 
 lint: $(DEVSTAMP)
 	$(BIN)/ruff check simulator tests benchmarks

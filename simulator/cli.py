@@ -15,8 +15,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from simulator import api
+from simulator import api, runner
 from simulator.errors import SpecError
+from simulator.metrics.summary import (
+    format_serve_summary,
+    format_throughput_summary,
+    parse_goodput,
+)
+from simulator.scenario import Scenario
+from simulator.serving.workload import WorkloadSpec
 from simulator.specs import (
     list_engines,
     list_hardware,
@@ -25,6 +32,7 @@ from simulator.specs import (
     load_hardware,
     load_model,
 )
+from simulator.specs.loader import validate
 from simulator.units import GiB, format_bytes, format_seconds
 
 app = typer.Typer(
@@ -266,31 +274,52 @@ def op_allreduce(
 
 
 # -- bench ------------------------------------------------------------------------------------
+# The flags every bench command shares, spelled as in `vllm bench`.
+ModelOpt = Annotated[str, typer.Option("--model", help="model id or path to config.json")]
+TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", "-tp")]
+PpOpt = Annotated[int, typer.Option("--pipeline-parallel-size", "-pp")]
+DpOpt = Annotated[int, typer.Option("--data-parallel-size", "-dp", help="replicas")]
+DtypeOpt = Annotated[str, typer.Option("--dtype")]
+QuantOpt = Annotated[str | None, typer.Option("--quantization", "-q")]
+KvDtypeOpt = Annotated[str, typer.Option("--kv-cache-dtype")]
+EngineOpt = Annotated[str, typer.Option("--engine")]
+EagerOpt = Annotated[bool, typer.Option("--enforce-eager")]
+GmuOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
+SeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs")]
+TokensOpt = Annotated[int | None, typer.Option("--max-num-batched-tokens")]
+ChunkedOpt = Annotated[
+    bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill")
+]
+OutJsonOpt = Annotated[str | None, typer.Option("--output-json")]
+
+
+def _write_json(path: str | None, data: Any) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, default=str)
+
+
 @bench_app.command("latency")
 def bench_latency_cmd(
     hardware: HardwareOpt,
-    model: Annotated[str, typer.Option("--model", help="model id or path to config.json")],
+    model: ModelOpt,
     batch_size: Annotated[int, typer.Option("--batch-size")] = 8,
     input_len: Annotated[int, typer.Option("--input-len")] = 32,
     output_len: Annotated[int, typer.Option("--output-len")] = 128,
-    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp")] = 1,
-    pipeline_parallel_size: Annotated[int, typer.Option("--pipeline-parallel-size", "-pp")] = 1,
-    data_parallel_size: Annotated[int, typer.Option("--data-parallel-size", "-dp")] = 1,
-    dtype: Annotated[str, typer.Option("--dtype")] = "auto",
-    quantization: Annotated[str | None, typer.Option("--quantization", "-q")] = None,
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
-    engine: Annotated[str, typer.Option("--engine")] = "vllm",
-    enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
-    gpu_memory_utilization: Annotated[
-        float | None, typer.Option("--gpu-memory-utilization")
-    ] = None,
-    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option("--max-num-batched-tokens")] = None,
-    enable_chunked_prefill: Annotated[
-        bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill")
-    ] = None,
+    tensor_parallel_size: TpOpt = 1,
+    pipeline_parallel_size: PpOpt = 1,
+    data_parallel_size: DpOpt = 1,
+    dtype: DtypeOpt = "auto",
+    quantization: QuantOpt = None,
+    kv_cache_dtype: KvDtypeOpt = "auto",
+    engine: EngineOpt = "vllm",
+    enforce_eager: EagerOpt = False,
+    gpu_memory_utilization: GmuOpt = None,
+    max_num_seqs: SeqsOpt = None,
+    max_num_batched_tokens: TokensOpt = None,
+    enable_chunked_prefill: ChunkedOpt = None,
     num_iters: Annotated[int, typer.Option("--num-iters")] = 30,
-    output_json: Annotated[str | None, typer.Option("--output-json")] = None,
+    output_json: OutJsonOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Latency of one batch: prefill, then decode to the output length (analytic)."""
@@ -318,9 +347,7 @@ def bench_latency_cmd(
         num_iters=num_iters,
     )
     data = result.as_json()
-    if output_json:
-        with open(output_json, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, default=str)
+    _write_json(output_json, data)
     if as_json:
         _print_json(data)
         return
@@ -408,11 +435,213 @@ def validate_cmd(
             out.print(f"  {line}", markup=False)
 
 
+@bench_app.command("throughput")
+def bench_throughput_cmd(
+    hardware: HardwareOpt,
+    model: ModelOpt,
+    input_len: Annotated[int, typer.Option("--input-len")] = 1024,
+    output_len: Annotated[int, typer.Option("--output-len")] = 128,
+    num_prompts: Annotated[int, typer.Option("--num-prompts")] = 1000,
+    tensor_parallel_size: TpOpt = 1,
+    pipeline_parallel_size: PpOpt = 1,
+    data_parallel_size: DpOpt = 1,
+    dtype: DtypeOpt = "auto",
+    quantization: QuantOpt = None,
+    kv_cache_dtype: KvDtypeOpt = "auto",
+    engine: EngineOpt = "vllm",
+    enforce_eager: EagerOpt = False,
+    gpu_memory_utilization: GmuOpt = None,
+    max_num_seqs: SeqsOpt = None,
+    max_num_batched_tokens: TokensOpt = None,
+    enable_chunked_prefill: ChunkedOpt = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    output_json: OutJsonOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Offline throughput: every prompt submitted at t=0, served to completion (simulated)."""
+    _, summary = runner.bench_throughput(
+        input_len=input_len,
+        output_len=output_len,
+        num_prompts=num_prompts,
+        model=model,
+        hardware=hardware,
+        engine=engine,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        data_parallel_size=data_parallel_size,
+        dtype=dtype,
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+        enforce_eager=enforce_eager,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_chunked_prefill=enable_chunked_prefill,
+        seed=seed,
+    )
+    _write_json(output_json, summary)
+    if as_json:
+        _print_json(summary)
+    else:
+        sys.stdout.write(format_throughput_summary(summary) + "\n")
+
+
+class DatasetName(str, Enum):
+    random = "random"
+    sharegpt = "sharegpt"
+    azure_code = "azure-code"
+    azure_conv = "azure-conv"
+    trace = "trace"
+
+
+@bench_app.command("serve")
+def bench_serve_cmd(
+    hardware: HardwareOpt,
+    model: ModelOpt,
+    dataset_name: Annotated[DatasetName, typer.Option("--dataset-name")] = DatasetName.random,
+    dataset_path: Annotated[str | None, typer.Option("--dataset-path")] = None,
+    random_input_len: Annotated[int, typer.Option("--random-input-len")] = 1024,
+    random_output_len: Annotated[int, typer.Option("--random-output-len")] = 128,
+    random_range_ratio: Annotated[float, typer.Option("--random-range-ratio")] = 0.0,
+    num_prompts: Annotated[int, typer.Option("--num-prompts")] = 1000,
+    request_rate: Annotated[float, typer.Option("--request-rate")] = float("inf"),
+    burstiness: Annotated[float, typer.Option("--burstiness")] = 1.0,
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    goodput: Annotated[
+        list[str] | None, typer.Option("--goodput", help="ttft:MS tpot:MS e2el:MS")
+    ] = None,
+    router: Annotated[str, typer.Option("--router")] = "round_robin",
+    tensor_parallel_size: TpOpt = 1,
+    pipeline_parallel_size: PpOpt = 1,
+    data_parallel_size: DpOpt = 1,
+    dtype: DtypeOpt = "auto",
+    quantization: QuantOpt = None,
+    kv_cache_dtype: KvDtypeOpt = "auto",
+    engine: EngineOpt = "vllm",
+    enforce_eager: EagerOpt = False,
+    gpu_memory_utilization: GmuOpt = None,
+    max_num_seqs: SeqsOpt = None,
+    max_num_batched_tokens: TokensOpt = None,
+    enable_chunked_prefill: ChunkedOpt = None,
+    output_json: OutJsonOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Online serving: requests arrive at --request-rate (simulated), vLLM's metrics out."""
+    dataset: dict[str, Any] = {"name": dataset_name.value}
+    if dataset_name is DatasetName.random:
+        dataset |= {
+            "input_len": random_input_len,
+            "output_len": random_output_len,
+            "range_ratio": random_range_ratio,
+        }
+    if dataset_name is DatasetName.trace:
+        if not dataset_path:
+            raise SpecError("--dataset-name trace needs --dataset-path", field="dataset_path")
+        dataset["path"] = dataset_path
+    workload = validate(
+        WorkloadSpec,
+        {
+            "dataset": dataset,
+            "num_prompts": num_prompts,
+            "request_rate": request_rate,
+            "burstiness": burstiness,
+        },
+        source="bench serve",
+    )
+    scenario = runner.bench_scenario(
+        model=model,
+        hardware=hardware,
+        workload=workload,
+        engine=engine,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        data_parallel_size=data_parallel_size,
+        dtype=dtype,
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+        enforce_eager=enforce_eager,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_chunked_prefill=enable_chunked_prefill,
+        max_concurrency=max_concurrency,
+        goodput=parse_goodput(goodput) if goodput else None,
+        router=router,
+        seed=seed,
+    )
+    result = runner.run(scenario)
+    _write_json(output_json, result.summary)
+    if as_json:
+        _print_json(result.summary)
+    else:
+        sys.stdout.write(format_serve_summary(result.summary) + "\n")
+
+
+# -- run ----------------------------------------------------------------------------------------
+@app.command("run")
+def run_cmd(
+    scenario: Annotated[str | None, typer.Argument(metavar="SCENARIO.yaml")] = None,
+    out: Annotated[
+        str | None, typer.Option("--out", help="write summary.json, requests.csv, steps.csv")
+    ] = None,
+    as_json: JsonOpt = False,
+    schema: Annotated[
+        bool, typer.Option("--schema", help="print the scenario JSON schema")
+    ] = False,
+) -> None:
+    """A full what-if from a scenario file: replica groups, router, workload, SLOs."""
+    if schema:
+        _print_json(Scenario.model_json_schema())
+        return
+    if scenario is None:
+        raise SpecError("missing SCENARIO.yaml", field="scenario")
+    result = runner.run(scenario)
+    if out:
+        runner.save_run(result, out)
+    if as_json:
+        _print_json(result.as_json())
+        return
+    sys.stdout.write(format_serve_summary(result.summary) + "\n")
+    out_console = Console()
+    for spec, plan in zip(result.scenario.replicas, result.memory, strict=True):
+        out_console.print(
+            f"{spec.count} x {spec.hardware} tp={spec.tensor_parallel_size} "
+            f"pp={spec.pipeline_parallel_size} ({spec.engine}): KV "
+            f"{plan.kv_capacity_tokens:,} tokens per replica"
+        )
+    out_console.print(
+        f"KV cache peak {result.sim.kv_peak_fraction:.1%}; simulated "
+        f"{len(result.sim.steps):,} steps in {result.sim.wall_s:.2f} s"
+    )
+
+
 # -- entry point ------------------------------------------------------------------------------
+# Flags that take several values after one flag in vLLM (argparse nargs="+").
+MULTI_VALUE_FLAGS = ("--goodput",)
+
+
+def _spread_multi_values(argv: list[str]) -> list[str]:
+    """`--goodput a b` -> `--goodput a --goodput b`, as vLLM's argparse accepts it."""
+    out: list[str] = []
+    flag = None
+    for arg in argv:
+        if arg in MULTI_VALUE_FLAGS:
+            flag = arg
+            continue
+        if flag and not arg.startswith("-"):
+            out += [flag, arg]
+            continue
+        flag = None
+        out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; bad input exits 2 with one line on stderr."""
+    args = _spread_multi_values(sys.argv[1:] if argv is None else list(argv))
     try:
-        code = app(args=argv, standalone_mode=False)
+        code = app(args=args, standalone_mode=False)
     except SpecError as exc:
         sys.stderr.write(f"llmsim: error: {exc.line()}\n")
         raise SystemExit(2) from None

@@ -24,6 +24,9 @@ from simulator.specs.model import DTYPE_BYTES, MLP, GQAttention, MLAttention, Mo
 
 OpKind = Literal["gemm", "attention_prefill", "attention_decode", "memory", "collective"]
 Collective = Literal["", "all_reduce", "all_gather", "all_to_all", "send_recv"]
+# What an op's cost depends on: the step's token count alone, the number of sequences sampled
+# alone, or the batch's full shape (attention). The serving simulator tabulates the first two.
+ScalesWith = Literal["tokens", "sampled", "batch"]
 
 INT4_GROUP_SIZE = 128  # AWQ/GPTQ: one fp16 scale per 128 weights
 
@@ -44,7 +47,7 @@ class Op:
     device, `kv_dtype` the KV cache's dtype and `kv_bytes` the part of `bytes` that reads the
     KV cache. `pre_bytes` is the traffic of a memory-bound kernel that must run first
     (activation quantisation of a W8A8 GEMM). Collectives move `msg_bytes` among
-    `group_size` devices."""
+    `group_size` devices. `scales_with` says which batch quantities the cost depends on."""
 
     name: str
     kind: OpKind
@@ -67,6 +70,7 @@ class Op:
     group_size: int = 1
     msg_bytes: Num = 0.0
     scale_out: bool = False
+    scales_with: ScalesWith = "tokens"
 
 
 def _safe_div(a: Num, b: Num) -> Num:
@@ -83,6 +87,7 @@ def gemm(
     prec: Precision,
     weight_dtype: str | None = None,
     groups: Num = 1.0,
+    scales_with: ScalesWith = "tokens",
 ) -> Op:
     """A (groups x) m-by-k times k-by-n GEMM whose k-by-n operand is a stored weight. A W8A8
     GEMM (8-bit compute, 16-bit activations) reads activations quantised by a kernel before it
@@ -109,11 +114,12 @@ def gemm(
         k=k,
         groups=g,
         pre_bytes=np.where(active, pre, 0.0),
+        scales_with=scales_with,
     )
 
 
-def elementwise(name: str, *, bytes_: Num, count: float) -> Op:
-    return Op(name, "memory", count, 0.0, bytes_)
+def elementwise(name: str, *, bytes_: Num, count: float, scales_with: ScalesWith = "tokens") -> Op:
+    return Op(name, "memory", count, 0.0, bytes_, scales_with=scales_with)
 
 
 def collective(
@@ -124,6 +130,7 @@ def collective(
     group: int,
     count: float,
     scale_out: bool = False,
+    scales_with: ScalesWith = "tokens",
 ) -> Op:
     return Op(
         name,
@@ -135,6 +142,7 @@ def collective(
         group_size=group,
         msg_bytes=msg_bytes,
         scale_out=scale_out,
+        scales_with=scales_with,
     )
 
 
@@ -161,6 +169,7 @@ def attention_ops(
             heads=heads,
             kv_heads=kv_heads,
             kv_dtype=prec.kv_cache,
+            scales_with="batch",
         ),
         Op(
             "attention_decode",
@@ -176,6 +185,7 @@ def attention_ops(
             kv_heads=kv_heads,
             kv_dtype=prec.kv_cache,
             kv_bytes=b.decode_kv_tokens * kv_elems * kvb,
+            scales_with="batch",
         ),
     ]
 
@@ -227,6 +237,7 @@ def _mla_ops(
             k=attn.kv_lora_rank,
             count=n_layers,
             prec=prec,
+            scales_with="batch",
         ),
         Op(
             "attention_prefill",
@@ -241,6 +252,7 @@ def _mla_ops(
             heads=heads,
             kv_heads=heads,  # K/V up-projected per head: MHA
             kv_dtype=prec.kv_cache,
+            scales_with="batch",
         ),
         gemm(
             "w_uk_absorb",
@@ -250,6 +262,7 @@ def _mla_ops(
             groups=heads,
             count=n_layers,
             prec=prec,
+            scales_with="batch",
         ),
         Op(
             "attention_decode",
@@ -265,6 +278,7 @@ def _mla_ops(
             kv_bytes=b.decode_kv_tokens * lat * kvb,
             kv_heads=1.0,  # one latent shared by all query heads
             kv_dtype=prec.kv_cache,
+            scales_with="batch",
         ),
         gemm(
             "w_uv_absorb",
@@ -274,6 +288,7 @@ def _mla_ops(
             groups=heads,
             count=n_layers,
             prec=prec,
+            scales_with="batch",
         ),
         gemm("o_proj", m=t, n=h, k=heads * v, count=n_layers, prec=prec),
     ]
@@ -400,8 +415,14 @@ def step_ops(
             count=1,
             prec=prec,
             weight_dtype=prec.activations,
+            scales_with="sampled",
         ),
-        elementwise("sampler", bytes_=batch.sampled * model.vocab_size * 4.0 * 2, count=1),
+        elementwise(
+            "sampler",
+            bytes_=batch.sampled * model.vocab_size * 4.0 * 2,
+            count=1,
+            scales_with="sampled",
+        ),
     ]
     if tp > 1:
         ops += [
@@ -414,6 +435,7 @@ def step_ops(
                 msg_bytes=batch.sampled * model.vocab_size * a,
                 group=tp,
                 count=1,
+                scales_with="sampled",
             ),
         ]
     if layout.pp > 1:

@@ -85,9 +85,30 @@ def engine_step_time(
     num_seqs: np.ndarray | float,
     enforce_eager: bool = False,
 ) -> np.ndarray:
-    """Wall time of a step under a serving engine: the CPU launches kernels asynchronously, so
-    the GPU time and the launch time overlap and the longer one counts; the scheduler's
-    per-step and per-sequence CPU work does not overlap (vLLM runs it between steps).
+    """Wall time of a step under a serving engine; see `engine_time`."""
+    return engine_time(
+        step.time_s,
+        kernel_launches(step),
+        engine,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        enforce_eager=enforce_eager,
+    )
+
+
+def engine_time(
+    gpu_s: np.ndarray | float,
+    kernels: np.ndarray | float,
+    engine: EngineSpec,
+    *,
+    num_tokens: np.ndarray | float,
+    num_seqs: np.ndarray | float,
+    enforce_eager: bool = False,
+) -> np.ndarray:
+    """Wall time of a step of `gpu_s` GPU time and `kernels` kernel launches: the CPU launches
+    kernels asynchronously, so GPU time and launch time overlap and the longer one counts; the
+    scheduler's per-step and per-sequence CPU work does not overlap (vLLM runs it between
+    steps).
 
     A step is replayed from a CUDA graph when the engine captures graphs, `enforce_eager` is
     off and the step has at most `cuda_graph_max_tokens` tokens."""
@@ -95,5 +116,5 @@ def engine_step_time(
     graphed = (engine.cuda_graphs and not enforce_eager) & (
         np.asarray(num_tokens) <= engine.cuda_graph_max_tokens
     )
-    launch = np.where(graphed, ov.graph_launch_s, kernel_launches(step) * ov.launch_eager_s)
-    return np.maximum(step.time_s, launch) + ov.step_s + ov.per_seq_s * np.asarray(num_seqs)
+    launch = np.where(graphed, ov.graph_launch_s, np.asarray(kernels) * ov.launch_eager_s)
+    return np.maximum(gpu_s, launch) + ov.step_s + ov.per_seq_s * np.asarray(num_seqs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from itertools import pairwise
 from typing import Annotated
 
@@ -47,11 +48,19 @@ class Curve(Frozen):
             raise ValueError("curve y values must be positive")
         return pts
 
+    @cached_property
+    def _log_xs(self) -> np.ndarray:
+        return np.log([p[0] for p in self.points])
+
+    @cached_property
+    def _ys(self) -> np.ndarray:
+        return np.array([p[1] for p in self.points])
+
     def __call__(self, x: np.ndarray | float) -> np.ndarray:
+        if len(self.points) == 1:
+            return np.broadcast_to(self._ys[0], np.shape(x))
         log_x = np.log(np.maximum(np.asarray(x, dtype=float), 1e-30))
-        xs = np.log([p[0] for p in self.points])
-        ys = np.array([p[1] for p in self.points])
-        return np.interp(log_x, xs, ys)
+        return np.interp(log_x, self._log_xs, self._ys)
 
 
 def flat(value: float) -> Curve:

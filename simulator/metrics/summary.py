@@ -1,0 +1,324 @@
+"""What `vllm bench serve` and `vllm bench throughput` report, from the simulator's request table.
+
+Pure functions on pandas / numpy; the only output is formatted text. Definitions follow
+`vllm/benchmarks/serve.py` (`calculate_metrics`, `benchmark`) and `vllm/benchmarks/throughput.py`:
+
+- a request is completed when it has a first token and a finish time; the others count as
+  `failed` and contribute nothing else (vLLM's failed requests add no tokens and no latencies);
+- TTFT = first token - arrival, E2EL = finish - arrival, both per completed request;
+- TPOT = (E2EL - TTFT) / (output_tokens - 1), only over requests with more than one output
+  token; for goodput a request with one output token has TPOT 0 (vLLM's `all_tpots`);
+- ITL is the weighted sample of decode-step durations the simulator records, taken as given
+  (the caller decides which steps belong to the benchmark);
+- throughputs divide by the benchmark duration, by default from the first arrival to the last
+  finish (vLLM: from the benchmark start to the last response);
+- goodput counts completed requests meeting every given SLO (`metric <= SLO`), per second.
+
+Not modelled: vLLM's "Peak output token throughput" (it needs every token's timestamp; the
+simulator's ITL sample does not say which request got which token) and client-side queueing
+(the simulator has no HTTP client; `*_queueing_ms` is the server-side wait for the first
+scheduled step).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from simulator.errors import SpecError
+from simulator.metrics.stats import describe_ms, percentile_word
+
+Summary = dict[str, float | int | None]
+
+SLO_METRICS = ("ttft", "tpot", "e2el")
+# key, label, section heading: as vLLM's `process_one_metric` prints them
+LATENCY_SECTIONS = (
+    ("ttft", "TTFT", "Time to First Token"),
+    ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+    ("itl", "ITL", "Inter-token Latency"),
+    ("e2el", "E2EL", "End-to-end Latency"),
+)
+REQUEST_COLUMNS = (
+    "request_id",
+    "arrival_s",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "prompt_tokens",
+    "output_tokens",
+    "preemptions",
+    "cached_tokens",
+)
+WIDTH = 50
+
+
+def serve_summary(
+    requests: pd.DataFrame,
+    *,
+    itl_s: npt.ArrayLike,
+    itl_weight: npt.ArrayLike,
+    duration_s: float | None = None,
+    goodput: Mapping[str, float] | None = None,
+    percentiles: Sequence[float] = (50, 90, 99),
+) -> Summary:
+    """`vllm bench serve --output-json` metrics, then the simulator's extras.
+
+    `requests`: one row per request (`REQUEST_COLUMNS`, times in absolute seconds, NaN
+    `first_token_s` / `finish_s` for unfinished ones). `itl_s` / `itl_weight`: decode-step
+    durations and how many requests got a token after each. `goodput`: SLOs in ms keyed by
+    `ttft` / `tpot` / `e2el` (see `parse_goodput`); without SLOs `request_goodput` is None, as
+    vLLM writes it. Keys: vLLM's `duration`, `completed`, `failed`, `total_input_tokens`,
+    `total_output_tokens`, `request_throughput`, `request_goodput`, `output_throughput`,
+    `total_token_throughput`, `max_concurrent_requests`, then `mean/median/std/p<q>_<m>_ms` for
+    ttft, tpot, itl, e2el; extras `mean/median/p99_queueing_ms`, `preemptions`,
+    `prefix_cache_hit_rate`. Rates are 0 when the duration is 0 (nothing completed).
+    """
+    _require_columns(requests)
+    pcts = _check_percentiles(percentiles)
+    slos = _check_slos(goodput or {})
+    done = completed_requests(requests)
+    duration = _duration(requests, duration_s)
+    ttft = done["first_token_s"] - done["arrival_s"]
+    e2el = done["finish_s"] - done["arrival_s"]
+    multi = done[done["output_tokens"] > 1]
+    tpot = (multi["finish_s"] - multi["first_token_s"]) / (multi["output_tokens"] - 1)
+    total_in = int(done["prompt_tokens"].sum())
+    total_out = int(done["output_tokens"].sum())
+
+    out: Summary = {
+        "duration": duration,
+        "completed": len(done),
+        "failed": len(requests) - len(done),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": _rate(len(done), duration),
+        "request_goodput": _rate(_good_count(done, slos), duration) if slos else None,
+        "output_throughput": _rate(total_out, duration),
+        "total_token_throughput": _rate(total_in + total_out, duration),
+        "max_concurrent_requests": max_concurrency(done["arrival_s"], done["finish_s"]),
+    }
+    out.update(describe_ms("ttft", ttft, percentiles=pcts))
+    out.update(describe_ms("tpot", tpot, percentiles=pcts))
+    itl_values, itl_weights = _itl_sample(itl_s, itl_weight)
+    out.update(describe_ms("itl", itl_values, weights=itl_weights, percentiles=pcts))
+    out.update(describe_ms("e2el", e2el, percentiles=pcts))
+    queueing = done["first_scheduled_s"] - done["arrival_s"]
+    out.update(describe_ms("queueing", queueing, percentiles=(99,)))
+    del out["std_queueing_ms"]
+    out["preemptions"] = int(requests["preemptions"].sum())
+    out["prefix_cache_hit_rate"] = (
+        float(done["cached_tokens"].sum()) / total_in if total_in > 0 else 0.0
+    )
+    return out
+
+
+def throughput_summary(requests: pd.DataFrame, *, duration_s: float | None = None) -> Summary:
+    """`vllm bench throughput --output-json` keys: `elapsed_time` (s), `num_requests`,
+    `total_num_tokens` (prompt + output tokens), `requests_per_second`, `tokens_per_second`,
+    `output_tokens_per_second`.
+
+    Counts completed requests only (vLLM's offline run finishes every prompt; a simulation cut
+    short should not credit unfinished ones). `elapsed_time` defaults to the first arrival to
+    the last finish.
+    """
+    _require_columns(requests)
+    done = completed_requests(requests)
+    elapsed = _duration(requests, duration_s)
+    prompt = int(done["prompt_tokens"].sum())
+    output = int(done["output_tokens"].sum())
+    return {
+        "elapsed_time": elapsed,
+        "num_requests": len(done),
+        "total_num_tokens": prompt + output,
+        "requests_per_second": _rate(len(done), elapsed),
+        "tokens_per_second": _rate(prompt + output, elapsed),
+        "output_tokens_per_second": _rate(output, elapsed),
+    }
+
+
+def parse_goodput(items: Sequence[str]) -> dict[str, float]:
+    """vLLM's `--goodput` pairs -> SLOs in ms: ["ttft:200", "tpot:50"] -> {"ttft": 200.0, ...}.
+
+    Names are `ttft`, `tpot`, `e2el`; values non-negative milliseconds. Anything else raises
+    SpecError(field="goodput"). A repeated name keeps its last value, as vLLM's dict does.
+    """
+    slos: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition(":")
+        name = name.strip()
+        if not sep or ":" in value:
+            raise SpecError(f"expected NAME:MS pairs like ttft:200, got {item!r}", field="goodput")
+        try:
+            slos[name] = float(value)
+        except ValueError:
+            raise SpecError(
+                f"{item!r}: {value.strip()!r} is not a number of milliseconds", field="goodput"
+            ) from None
+    return _check_slos(slos)
+
+
+def format_serve_summary(summary: Mapping[str, float | int | None]) -> str:
+    """The text block `vllm bench serve` prints, then the simulator's extras."""
+    s = summary
+    lines = [
+        "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=WIDTH, c="="),
+        _row("Successful requests:", s["completed"]),
+        _row("Failed requests:", s.get("failed", 0)),
+        _row("Benchmark duration (s):", s["duration"], ".2f"),
+        _row("Total input tokens:", s["total_input_tokens"]),
+        _row("Total generated tokens:", s["total_output_tokens"]),
+        _row("Request throughput (req/s):", s["request_throughput"], ".2f"),
+    ]
+    if s.get("request_goodput") is not None:
+        lines.append(_row("Request goodput (req/s):", s["request_goodput"], ".2f"))
+    lines.append(_row("Output token throughput (tok/s):", s["output_throughput"], ".2f"))
+    if "max_concurrent_requests" in s:
+        lines.append(_row("Peak concurrent requests:", s["max_concurrent_requests"], ".2f"))
+    lines.append(_row("Total Token throughput (tok/s):", s["total_token_throughput"], ".2f"))
+    for key, label, heading in LATENCY_SECTIONS:
+        lines += _latency_section(s, key, label, heading)
+    if "mean_queueing_ms" in s:
+        lines += _latency_section(s, "queueing", "Queueing", "Queueing (arrival to 1st step)")
+    if "preemptions" in s:
+        lines.append("{s:{c}^{n}}".format(s="Scheduler", n=WIDTH, c="-"))
+        lines.append(_row("Preemptions:", s["preemptions"]))
+        lines.append(_row("Prefix cache hit rate:", s.get("prefix_cache_hit_rate", 0.0), ".2f"))
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
+def format_throughput_summary(summary: Mapping[str, float | int | None]) -> str:
+    """The line `vllm bench throughput` prints."""
+    return (
+        f"Throughput: {_num(summary['requests_per_second']):.2f} requests/s, "
+        f"{_num(summary['tokens_per_second']):.2f} total tokens/s, "
+        f"{_num(summary['output_tokens_per_second']):.2f} output tokens/s"
+    )
+
+
+def completed_requests(requests: pd.DataFrame) -> pd.DataFrame:
+    """The rows with both a first token and a finish time."""
+    return requests[requests["first_token_s"].notna() & requests["finish_s"].notna()]
+
+
+def max_concurrency(start_s: npt.ArrayLike, end_s: npt.ArrayLike) -> int:
+    """Most intervals [start, end) open at once (vLLM's "Peak concurrent requests")."""
+    start = np.asarray(start_s, dtype=float)
+    end = np.asarray(end_s, dtype=float)
+    if start.size == 0:
+        return 0
+    times = np.concatenate([start, end])
+    deltas = np.concatenate([np.ones(start.size), -np.ones(end.size)])
+    # an end at time t closes before a start at t opens: half-open intervals
+    order = np.lexsort((deltas, times))
+    return int(np.cumsum(deltas[order]).max())
+
+
+def _good_count(done: pd.DataFrame, slos: Mapping[str, float]) -> int:
+    """Completed requests meeting every SLO (ms); TPOT is 0 for one-token outputs, as vLLM."""
+    decode_tokens = done["output_tokens"] - 1
+    per_request = {
+        "ttft": done["first_token_s"] - done["arrival_s"],
+        "e2el": done["finish_s"] - done["arrival_s"],
+        "tpot": ((done["finish_s"] - done["first_token_s"]) / decode_tokens.clip(lower=1)).where(
+            decode_tokens > 0, 0.0
+        ),
+    }
+    good = np.ones(len(done), dtype=bool)
+    for name, slo_ms in slos.items():
+        good &= (per_request[name] <= slo_ms / 1000.0).to_numpy()
+    return int(good.sum())
+
+
+def _itl_sample(itl_s: npt.ArrayLike, itl_weight: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    values = np.asarray(itl_s, dtype=float).ravel()
+    weights = np.asarray(itl_weight, dtype=float).ravel()
+    if values.shape != weights.shape:
+        raise ValueError(f"itl_s and itl_weight differ in length: {values.size} != {weights.size}")
+    if np.any(weights < 0):
+        raise ValueError("itl_weight must be non-negative")
+    return values, weights
+
+
+def _duration(requests: pd.DataFrame, duration_s: float | None) -> float:
+    if duration_s is not None:
+        if not duration_s >= 0 or math.isinf(duration_s):
+            raise ValueError(f"duration_s must be finite and non-negative, got {duration_s}")
+        return float(duration_s)
+    finish = completed_requests(requests)["finish_s"]
+    if finish.empty:
+        return 0.0
+    return float(finish.max() - requests["arrival_s"].min())
+
+
+def _rate(count: float, duration: float) -> float:
+    return count / duration if duration > 0 else 0.0
+
+
+def _check_slos(slos: Mapping[str, float]) -> dict[str, float]:
+    for name, value in slos.items():
+        if name not in SLO_METRICS:
+            raise SpecError(
+                f"unknown SLO {name!r}; use one of {', '.join(SLO_METRICS)}", field="goodput"
+            )
+        if not value >= 0 or math.isinf(value):
+            raise SpecError(
+                f"{name}: SLO must be a finite, non-negative number of ms, got {value}",
+                field="goodput",
+            )
+    return {name: float(value) for name, value in slos.items()}
+
+
+def _check_percentiles(percentiles: Sequence[float]) -> tuple[float, ...]:
+    pcts = tuple(float(p) for p in percentiles)
+    bad = [p for p in pcts if not 0 <= p <= 100]
+    if bad:
+        raise SpecError(f"percentiles must lie in [0, 100], got {bad}", field="percentiles")
+    return pcts
+
+
+def _require_columns(requests: pd.DataFrame) -> None:
+    missing = [c for c in REQUEST_COLUMNS if c not in requests.columns]
+    if missing:
+        raise ValueError(f"requests table lacks columns {missing}")
+
+
+def _latency_section(
+    summary: Mapping[str, float | int | None], key: str, label: str, heading: str
+) -> list[str]:
+    if f"mean_{key}_ms" not in summary:
+        return []
+    lines = [
+        "{s:{c}^{n}}".format(s=heading, n=WIDTH, c="-"),
+        _row(f"Mean {label} (ms):", summary[f"mean_{key}_ms"], ".2f"),
+        _row(f"Median {label} (ms):", summary[f"median_{key}_ms"], ".2f"),
+    ]
+    suffix = f"_{key}_ms"
+    for name, value in summary.items():
+        word = name[1 : -len(suffix)]
+        if name.startswith("p") and name.endswith(suffix) and _is_number(word):
+            lines.append(_row(f"P{word} {label} (ms):", value, ".2f"))
+    return lines
+
+
+def _row(label: str, value: float | int | None, spec: str = "") -> str:
+    """vLLM's `{:<40} {:<10}` / `{:<40} {:<10.2f}` row, padding included."""
+    return "{:<40} {:<10{}}".format(label, _num(value), spec)
+
+
+def _num(value: float | int | None) -> float | int:
+    if value is None:
+        raise ValueError("summary value is None where a number is printed")
+    return value
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return percentile_word(float(word)) == word

@@ -1,0 +1,326 @@
+"""A deployment of identical replicas behind a router, fed by a workload: `simulate`.
+
+The clients send each request at its arrival time (open loop), or, with `max_concurrency`, as
+soon as fewer than that many are outstanding (vLLM bench serve's --max-concurrency: the clock
+of a request starts when it is sent). Deterministic: the same inputs and seed give identical
+results (simpy orders simultaneous events by schedule order; the only randomness, the
+power-of-two router, draws from a generator seeded here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from simulator.costmodel.memory import MemoryPlan, plan_memory, require_fit
+from simulator.errors import SpecError
+from simulator.metrics.recorder import Recorder
+from simulator.serving.kv_cache import BlockManager
+from simulator.serving.replica import Replica
+from simulator.serving.request import Request
+from simulator.serving.router import Router, RouterSpec
+from simulator.serving.scheduler import SchedulerSpec
+from simulator.serving.steptime import StepTimer
+from simulator.serving.workload import RequestTable
+from simulator.specs.deployment import Parallelism, Precision
+from simulator.specs.engine import EngineSpec
+from simulator.specs.hardware import HardwareSpec
+from simulator.specs.model import ModelSpec
+
+REQUEST_COLUMNS = (
+    "request_id",
+    "replica",
+    "arrival_s",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "prompt_tokens",
+    "output_tokens",
+    "preemptions",
+    "cached_tokens",
+)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What a serving run produced: one row per request and per engine step, the weighted
+    inter-token-latency sample, and each replica's memory plan and KV peak."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    itl_s: np.ndarray
+    itl_weight: np.ndarray
+    memory: MemoryPlan | None  # None when run on a bare KV size (`serve`)
+    kv_peak_fraction: float
+    num_replicas: int
+    wall_s: float
+
+
+def default_scheduler(engine: EngineSpec, **overrides: Any) -> SchedulerSpec:
+    """The engine's scheduler defaults, with `overrides` (None values ignored)."""
+    sched = engine.scheduler
+    values = {
+        "kind": "continuous" if sched.chunked_prefill else "prefill_first",
+        "max_num_seqs": sched.max_num_seqs,
+        "max_num_batched_tokens": sched.max_num_batched_tokens,
+        "chunked_prefill": sched.chunked_prefill,
+    }
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if (
+        "chunked_prefill" in overrides
+        and overrides["chunked_prefill"] is not None
+        and ("kind" not in overrides or overrides["kind"] is None)
+    ):
+        values["kind"] = "continuous" if overrides["chunked_prefill"] else "prefill_first"
+    return SchedulerSpec(**values)
+
+
+def _check_requests(
+    requests: RequestTable, model: ModelSpec, plan: MemoryPlan, spec: SchedulerSpec
+) -> None:
+    total = requests.prompt_len + requests.output_len
+    too_long = np.flatnonzero(total > model.max_position_embeddings)
+    if too_long.size:
+        i = int(too_long[0])
+        raise SpecError(
+            f"{too_long.size} requests exceed the model's context length "
+            f"{model.max_position_embeddings} (first: request {i}, {int(total[i])} "
+            "tokens)",
+            field="workload",
+        )
+    blocks = -(-total // plan.block_size)
+    if blocks.max() > plan.kv_capacity_blocks:
+        i = int(blocks.argmax())
+        raise SpecError(
+            f"request {i} needs {int(blocks[i])} KV blocks, the cache holds "
+            f"{plan.kv_capacity_blocks}",
+            field="workload",
+        )
+    if spec.kind == "prefill_first" and requests.prompt_len.max() > spec.max_num_batched_tokens:
+        raise SpecError(
+            f"a prompt of {int(requests.prompt_len.max())} tokens exceeds "
+            f"max_num_batched_tokens {spec.max_num_batched_tokens} without chunked "
+            "prefill",
+            field="max_num_batched_tokens",
+        )
+
+
+def replica_group(
+    *,
+    model: ModelSpec,
+    hw: HardwareSpec,
+    layout: Parallelism,
+    prec: Precision,
+    engine: EngineSpec,
+    requests: RequestTable,
+    scheduler: SchedulerSpec | None = None,
+    enforce_eager: bool = False,
+    gpu_memory_utilization: float | None = None,
+) -> tuple[ReplicaGroup, MemoryPlan]:
+    """`layout.dp` replicas of a deployment, sized for `requests`: the memory plan (must fit),
+    the KV cache in blocks, and the step timer. Requests the replicas could never serve are a
+    SpecError."""
+    layout.check(model, hw)
+    spec = scheduler or default_scheduler(engine)
+    plan = plan_memory(
+        model,
+        hw,
+        layout,
+        prec,
+        engine,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_num_seqs=spec.max_num_seqs,
+    )
+    require_fit(
+        plan, what=f"{model.id} on {hw.id} (tp={layout.tp}, pp={layout.pp}, {prec.weights})"
+    )
+    if len(requests):
+        _check_requests(requests, model, plan, spec)
+    longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 1
+    timer = StepTimer(
+        model=model,
+        hw=hw,
+        layout=layout,
+        prec=prec,
+        engine=engine,
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_context=longest,
+        enforce_eager=enforce_eager,
+    )
+    group = ReplicaGroup(
+        scheduler=spec,
+        timer=timer,
+        num_blocks=plan.kv_capacity_blocks,
+        block_size=plan.block_size,
+        count=layout.dp,
+    )
+    return group, plan
+
+
+def simulate(
+    *,
+    model: ModelSpec,
+    hw: HardwareSpec,
+    layout: Parallelism,
+    prec: Precision,
+    engine: EngineSpec,
+    requests: RequestTable,
+    scheduler: SchedulerSpec | None = None,
+    router: RouterSpec | None = None,
+    enforce_eager: bool = False,
+    gpu_memory_utilization: float | None = None,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+) -> SimResult:
+    """Serve `requests` on `layout.dp` replicas of `layout.tp x layout.pp` devices each."""
+    wall = time.perf_counter()
+    group, plan = replica_group(
+        model=model,
+        hw=hw,
+        layout=layout,
+        prec=prec,
+        engine=engine,
+        requests=requests,
+        scheduler=scheduler,
+        enforce_eager=enforce_eager,
+        gpu_memory_utilization=gpu_memory_utilization,
+    )
+    result = serve(
+        requests, groups=[group], router=router, max_concurrency=max_concurrency, seed=seed
+    )
+    return dataclasses.replace(result, memory=plan, wall_s=time.perf_counter() - wall)
+
+
+@dataclass(frozen=True)
+class ReplicaGroup:
+    """`count` identical replicas: their scheduler, step-time model (`decode_run` and `mixed`,
+    as StepTimer) and KV cache of `num_blocks` blocks of `block_size` tokens each."""
+
+    scheduler: SchedulerSpec
+    timer: StepTimer
+    num_blocks: int
+    block_size: int
+    count: int = 1
+
+
+def serve(
+    requests: RequestTable,
+    *,
+    groups: Sequence[ReplicaGroup],
+    router: RouterSpec | None = None,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+) -> SimResult:
+    """The event simulation itself: `requests` routed over the replicas of all `groups`."""
+    if max_concurrency is not None and max_concurrency < 1:
+        raise SpecError(f"must be at least 1, got {max_concurrency}", field="max_concurrency")
+    wall = time.perf_counter()
+    env = simpy.Environment()
+    recorder = Recorder()
+    client = _Clients(env, max_concurrency)
+    replicas: list[Replica] = []
+    for group in groups:
+        for _ in range(group.count):
+            kv = BlockManager(
+                num_blocks=group.num_blocks,
+                block_size=group.block_size,
+                watermark=group.scheduler.watermark,
+            )
+            replicas.append(
+                Replica(
+                    env,
+                    index=len(replicas),
+                    scheduler=group.scheduler,
+                    timer=group.timer,
+                    recorder=recorder,
+                    kv=kv,
+                    on_finish=client.finished,
+                )
+            )
+    route = Router(router or RouterSpec(), replicas, np.random.default_rng(seed))
+    sent: list[Request] = []
+    env.process(client.send(requests, route, sent))
+    env.run()
+    itl_s, itl_weight = recorder.itl_sample()
+    return SimResult(
+        requests=_request_frame(sent),
+        steps=recorder.step_frame(),
+        itl_s=itl_s,
+        itl_weight=itl_weight,
+        memory=None,
+        kv_peak_fraction=max(r.kv.peak_used / r.kv.num_blocks for r in replicas),
+        num_replicas=len(replicas),
+        wall_s=time.perf_counter() - wall,
+    )
+
+
+class _Clients:
+    """The benchmark clients: send at arrival times, at most `limit` outstanding."""
+
+    def __init__(self, env: simpy.Environment, limit: int | None) -> None:
+        self.env = env
+        self.limit = limit
+        self.outstanding = 0
+        self._slot = env.event()
+
+    def finished(self, req: Request) -> None:
+        self.outstanding -= 1
+        if not self._slot.triggered:
+            self._slot.succeed()
+
+    def send(
+        self, table: RequestTable, router: Router, sent: list[Request]
+    ) -> Generator[simpy.Event, Any, None]:
+        arrivals = table.arrival_s.tolist()
+        prompts = table.prompt_len.tolist()
+        outputs = table.output_len.tolist()
+        for i, arrival in enumerate(arrivals):
+            if arrival > self.env.now:
+                yield self.env.timeout(arrival - self.env.now)
+            while self.limit is not None and self.outstanding >= self.limit:
+                self._slot = self.env.event()
+                yield self._slot
+            req = Request(
+                id=i, arrival_s=self.env.now, prompt_len=int(prompts[i]), output_len=int(outputs[i])
+            )
+            self.outstanding += 1
+            sent.append(req)
+            router.choose().submit(req)
+
+
+def _request_frame(sent: list[Request]) -> pd.DataFrame:
+    rows = [
+        (
+            r.id,
+            r.replica,
+            r.arrival_s,
+            r.first_scheduled_s,
+            r.first_token_s,
+            r.finish_s,
+            r.prompt_len,
+            r.num_output,
+            r.preemptions,
+            0,
+        )
+        for r in sent
+    ]
+    df = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
+    return df.astype(
+        {
+            "request_id": np.int64,
+            "replica": np.int64,
+            "prompt_tokens": np.int64,
+            "output_tokens": np.int64,
+            "preemptions": np.int64,
+            "cached_tokens": np.int64,
+        }
+    )

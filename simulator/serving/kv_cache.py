@@ -1,0 +1,57 @@
+"""The paged KV-cache block manager: the only owner of block state.
+
+Blocks of `block_size` tokens; a request holds ceil(num_computed_after_step / block_size)
+blocks. `allocate` answers "does it fit" and takes the blocks, or returns False and changes
+nothing (vLLM V1's allocate_slots returning None). A `watermark` fraction of all blocks is kept
+free when admitting a new request, so running requests can grow.
+
+Not modelled: prefix sharing (copy-on-write blocks), block-table fragmentation.
+"""
+
+from __future__ import annotations
+
+from simulator.serving.request import Request
+
+
+class BlockManager:
+    def __init__(self, *, num_blocks: int, block_size: int, watermark: float = 0.01) -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV cache must hold at least one block")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.free = num_blocks
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.peak_used = 0
+
+    @property
+    def used(self) -> int:
+        return self.num_blocks - self.free
+
+    @property
+    def usage(self) -> float:
+        return self.used / self.num_blocks
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def needed(self, req: Request, num_new_tokens: int) -> int:
+        """More blocks `req` needs to hold `num_new_tokens` more computed tokens."""
+        return max(0, self.blocks_for(req.num_computed + num_new_tokens) - req.blocks)
+
+    def can_admit(self, req: Request, num_new_tokens: int) -> bool:
+        return self.needed(req, num_new_tokens) <= self.free - self.watermark_blocks
+
+    def allocate(self, req: Request, num_new_tokens: int) -> bool:
+        """Take the blocks for `num_new_tokens` more tokens of `req`, or change nothing."""
+        need = self.needed(req, num_new_tokens)
+        if need > self.free:
+            return False
+        self.free -= need
+        req.blocks += need
+        self.peak_used = max(self.peak_used, self.used)
+        return True
+
+    def release(self, req: Request) -> None:
+        """Give back all of `req`'s blocks (finished or preempted)."""
+        self.free += req.blocks
+        req.blocks = 0

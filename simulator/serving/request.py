@@ -1,0 +1,68 @@
+"""A request as the engine sees it: token counters, not phases (vLLM V1's model).
+
+`num_computed` tokens have KV in the cache; `num_output` tokens have been sampled. A request
+needs `known - num_computed` more tokens computed, where known = prompt + output so far: the
+whole prompt (in chunks) at first, then one token per decode step; after a preemption by
+recompute, everything known again. It finishes when it has sampled `output_len` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class Request:
+    __slots__ = (
+        "arrival_s",
+        "blocks",
+        "finish_s",
+        "first_scheduled_s",
+        "first_token_s",
+        "id",
+        "last_token_s",
+        "num_computed",
+        "num_output",
+        "output_len",
+        "preemptions",
+        "prompt_len",
+        "replica",
+    )
+
+    def __init__(self, *, id: int, arrival_s: float, prompt_len: int, output_len: int) -> None:
+        self.id = id
+        self.arrival_s = arrival_s
+        self.prompt_len = prompt_len
+        self.output_len = output_len
+        self.num_computed = 0
+        self.num_output = 0
+        self.blocks = 0
+        self.preemptions = 0
+        self.replica = -1
+        self.first_scheduled_s = math.nan
+        self.first_token_s = math.nan
+        self.finish_s = math.nan
+        self.last_token_s = math.nan
+
+    @property
+    def known(self) -> int:
+        """Tokens whose identity is known: the prompt plus what has been sampled."""
+        return self.prompt_len + self.num_output
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to compute before the next sample."""
+        return self.known - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_output > 0 and self.remaining == 1
+
+    @property
+    def finished(self) -> bool:
+        return self.num_output >= self.output_len
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.id}, prompt={self.prompt_len}, out={self.num_output}/"
+            f"{self.output_len}, computed={self.num_computed})"
+        )

@@ -1,0 +1,320 @@
+"""Scenarios, `run`, and the bench commands built on them (API and CLI)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simulator import runner
+from simulator.cli import main
+from simulator.errors import SpecError
+from simulator.scenario import Scenario, load_scenario
+from simulator.serving.workload import RandomDataset, WorkloadSpec
+
+SCENARIOS = sorted((Path(__file__).parents[1] / "scenarios").glob("*.yaml"))
+SERVE_KEYS = {
+    "duration",
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    *(
+        f"{stat}_{m}_ms"
+        for m in ("ttft", "tpot", "itl", "e2el")
+        for stat in ("mean", "median", "std", "p90", "p99")
+    ),
+}
+THROUGHPUT_KEYS = {
+    "elapsed_time",
+    "num_requests",
+    "total_num_tokens",
+    "requests_per_second",
+    "tokens_per_second",
+    "output_tokens_per_second",
+}
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def small_workload(n: int = 40, rate: float = 20.0) -> WorkloadSpec:
+    return WorkloadSpec(
+        dataset=RandomDataset(input_len=256, output_len=32, range_ratio=0.5),
+        num_prompts=n,
+        request_rate=rate,
+    )
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_every_scenario_loads(path: Path) -> None:
+    scenario = load_scenario(path)
+    assert scenario.replicas
+    assert scenario.name
+
+
+def test_the_quickstart_runs_and_meets_its_slos() -> None:
+    result = runner.run(SCENARIOS[[p.stem for p in SCENARIOS].index("quickstart")])
+    assert result.summary["completed"] == 500
+    assert set(result.summary) >= SERVE_KEYS
+    assert result.summary["request_goodput"] > 0
+
+
+def test_a_scenario_with_two_replica_groups() -> None:
+    scenario = Scenario.model_validate(
+        {
+            "name": "two-groups",
+            "model": "llama-3.1-8b",
+            "replicas": [{"hardware": "h100_sxm"}, {"hardware": "a100_sxm_80gb", "count": 2}],
+            "router": {"kind": "round_robin"},
+            "workload": small_workload(30).model_dump(),
+        }
+    )
+    result = runner.run(scenario)
+    assert result.sim.num_replicas == 3
+    assert sorted(result.sim.requests["replica"].unique()) == [0, 1, 2]
+    assert len(result.memory) == 2
+
+
+def test_more_replicas_never_raise_latency_at_the_same_load() -> None:
+    wl = small_workload(80, rate=40.0)
+    one = runner.run(
+        runner.bench_scenario(model="llama-3.1-8b", hardware="a100_sxm_80gb", workload=wl)
+    )
+    two = runner.run(
+        runner.bench_scenario(
+            model="llama-3.1-8b",
+            hardware="a100_sxm_80gb",
+            workload=wl,
+            data_parallel_size=2,
+            router="least_outstanding",
+        )
+    )
+    assert two.summary["mean_e2el_ms"] <= one.summary["mean_e2el_ms"]
+
+
+def test_throughput_never_exceeds_what_the_roofline_allows() -> None:
+    # Output tokens per second cannot beat one decode step of the whole batch per token.
+    result, summary = runner.bench_throughput(
+        model="llama-3.1-8b", hardware="h100_sxm", input_len=128, output_len=64, num_prompts=64
+    )
+    assert set(summary) == THROUGHPUT_KEYS
+    steps = result.sim.steps
+    fastest = (steps["end_s"] - steps["start_s"]).min()
+    assert summary["output_tokens_per_second"] <= 64 / fastest
+    assert summary["num_requests"] == 64
+    assert summary["total_num_tokens"] == 64 * (128 + 64)
+
+
+def test_a_scenario_trace_path_is_relative_to_the_file(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text("t,p,o\n0,100,10\n0.5,200,20\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: x\nmodel: llama-3.1-8b\nreplicas: [{hardware: h100_sxm}]\n"
+        "workload:\n  dataset: {name: trace, path: t.csv, timestamp_column: t,"
+        " prompt_column: p, output_column: o}\n  arrival: trace\n"
+    )
+    result = runner.run(tmp_path / "s.yaml")
+    assert result.sim.requests["prompt_tokens"].tolist() == [100, 200]
+    assert result.sim.requests["arrival_s"].tolist() == [0.0, 0.5]
+
+
+def test_requests_longer_than_the_context_are_rejected() -> None:
+    wl = WorkloadSpec(dataset=RandomDataset(input_len=4000, output_len=200), num_prompts=3)
+    with pytest.raises(SpecError, match="context length 4096"):
+        runner.run(runner.bench_scenario(model="llama-2-7b", hardware="h100_sxm", workload=wl))
+
+
+# -- CLI ------------------------------------------------------------------------------------------
+def test_bench_serve_json_has_vllms_keys(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out_file = tmp_path / "serve.json"
+    code, out, _ = cli(
+        capsys,
+        "bench",
+        "serve",
+        "--hardware",
+        "h100_sxm",
+        "--model",
+        "llama-3.1-8b",
+        "--num-prompts",
+        "50",
+        "--request-rate",
+        "10",
+        "--random-input-len",
+        "256",
+        "--random-output-len",
+        "32",
+        "--goodput",
+        "ttft:100",
+        "tpot:20",
+        "--output-json",
+        str(out_file),
+        "--json",
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) >= SERVE_KEYS
+    assert data["completed"] == 50
+    assert json.loads(out_file.read_text()) == data
+    assert data["request_goodput"] is not None
+
+
+def test_bench_serve_prints_vllms_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(
+        capsys,
+        "bench",
+        "serve",
+        "--hardware",
+        "h100_sxm",
+        "--model",
+        "llama-3.1-8b",
+        "--num-prompts",
+        "20",
+        "--random-input-len",
+        "128",
+        "--random-output-len",
+        "16",
+        "--max-concurrency",
+        "4",
+    )
+    assert code == 0
+    assert "Serving Benchmark Result" in out
+    assert "Mean TTFT (ms):" in out
+
+
+def test_bench_throughput_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(
+        capsys,
+        "bench",
+        "throughput",
+        "--hardware",
+        "a100_sxm_80gb",
+        "--model",
+        "llama-3.1-8b",
+        "--num-prompts",
+        "30",
+        "--input-len",
+        "256",
+        "--output-len",
+        "64",
+        "--json",
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) == THROUGHPUT_KEYS
+    assert data["num_requests"] == 30
+
+
+def test_run_writes_its_results(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    quick = SCENARIOS[[p.stem for p in SCENARIOS].index("quickstart")]
+    code, out, _ = cli(capsys, "run", str(quick), "--out", str(tmp_path / "r"), "--json")
+    assert code == 0
+    assert json.loads(out)["completed"] == 500
+    assert {p.name for p in (tmp_path / "r").iterdir()} == {
+        "summary.json",
+        "requests.csv",
+        "steps.csv",
+    }
+
+
+def test_run_prints_its_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "run", "--schema")
+    assert code == 0
+    assert "replicas" in json.loads(out)["properties"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("run", "missing.yaml"), "missing.yaml"),
+        (
+            (
+                "bench",
+                "serve",
+                "--hardware",
+                "h100_sxm",
+                "--model",
+                "llama-3.1-8b",
+                "--request-rate",
+                "-1",
+            ),
+            "request_rate",
+        ),
+        (
+            (
+                "bench",
+                "serve",
+                "--hardware",
+                "h100_sxm",
+                "--model",
+                "llama-3.1-8b",
+                "--dataset-name",
+                "trace",
+            ),
+            "dataset_path",
+        ),
+        (
+            (
+                "bench",
+                "serve",
+                "--hardware",
+                "h100_sxm",
+                "--model",
+                "llama-3.1-8b",
+                "--goodput",
+                "ttft=5",
+            ),
+            "goodput",
+        ),
+        (
+            (
+                "bench",
+                "serve",
+                "--hardware",
+                "h100_sxm",
+                "--model",
+                "llama-3.1-8b",
+                "--max-concurrency",
+                "0",
+            ),
+            "max_concurrency",
+        ),
+        (
+            ("bench", "throughput", "--hardware", "rtx_4090", "--model", "llama-3.1-70b"),
+            "does not fit",
+        ),
+    ],
+)
+def test_bad_serving_input_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], fragment: str
+) -> None:
+    code, _, err = cli(capsys, *args)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert fragment in err
+
+
+def test_a_malformed_scenario_names_file_and_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: x\nmodel: llama-3.1-8b\nreplicas: [{hardware: h100_sxm, tp: 2}]\n"
+        "workload: {dataset: {name: random}, num_prompts: 2}\n"
+    )
+    code, _, err = cli(capsys, "run", str(bad))
+    assert code == 2
+    assert "bad.yaml" in err and "replicas.0.tp" in err
+    assert len(err.strip().splitlines()) == 1
