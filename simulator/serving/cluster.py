@@ -103,13 +103,6 @@ def _check_requests(
             f"{plan.kv_capacity_blocks}",
             field="workload",
         )
-    if spec.kind == "prefill_first" and requests.prompt_len.max() > spec.max_num_batched_tokens:
-        raise SpecError(
-            f"a prompt of {int(requests.prompt_len.max())} tokens exceeds "
-            f"max_num_batched_tokens {spec.max_num_batched_tokens} without chunked "
-            "prefill",
-            field="max_num_batched_tokens",
-        )
 
 
 def replica_group(
@@ -223,6 +216,17 @@ def serve(
     """The event simulation itself: `requests` routed over the replicas of all `groups`."""
     if max_concurrency is not None and max_concurrency < 1:
         raise SpecError(f"must be at least 1, got {max_concurrency}", field="max_concurrency")
+    longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 0
+    for group in groups:
+        budget = group.scheduler.max_num_batched_tokens
+        if group.scheduler.kind == "prefill_first" and longest > budget:
+            # A preempted request re-prefills prompt + output so far in one step; vLLM needs
+            # max_num_batched_tokens >= max_model_len without chunked prefill for this reason.
+            raise SpecError(
+                f"without chunked prefill, max_num_batched_tokens ({budget}) must "
+                f"hold the longest request ({longest} tokens)",
+                field="max_num_batched_tokens",
+            )
     wall = time.perf_counter()
     env = simpy.Environment()
     recorder = Recorder()

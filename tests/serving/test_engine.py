@@ -139,6 +139,16 @@ def test_preemption_when_the_kv_cache_runs_out() -> None:
     assert result.steps["kv_used_blocks"].max() <= 10
 
 
+def test_without_chunking_a_step_must_hold_the_longest_request() -> None:
+    from simulator.errors import SpecError
+
+    with pytest.raises(SpecError, match="max_num_batched_tokens"):
+        run(
+            make_requests((0.0, 150, 100)),
+            scheduler=make_scheduler(kind="prefill_first", max_num_batched_tokens=200),
+        )
+
+
 def test_static_batching_waits_for_the_whole_batch() -> None:
     # static, batch of up to 2: r0 and r1 run together; r2 (at t=0 too) waits until both end.
     # batch prefill of 2 x 10 tokens: 10.2 ms; r0 needs 1 more token (5 ms) -> 15.2 ms;
@@ -215,6 +225,8 @@ def test_every_request_finishes_once_with_its_tokens(
 ) -> None:
     rows.sort()
     reqs = make_requests(*rows)
+    if kind == "prefill_first":  # without chunking a step must hold a whole request (vLLM too)
+        budget = max(budget, max(p + o for _, p, o in rows))
     result = run(
         reqs, num_blocks=blocks, scheduler=make_scheduler(kind=kind, max_num_batched_tokens=budget)
     )
