@@ -1,7 +1,9 @@
 """llmsim: a performance simulator for LLM serving.
 
 The flat public API: load specs by id, resolve a deployment, cost single operators, predict
-`vllm bench latency`. Everything here is also a CLI command (`llmsim --help`).
+`vllm bench latency`, simulate serving (`run` a scenario, `simulate` a deployment on a
+workload), validate against measurements. Everything here is also a CLI command
+(`llmsim --help`).
 """
 
 from simulator.api import (
@@ -17,6 +19,11 @@ from simulator.costmodel.latency import LatencyResult
 from simulator.costmodel.memory import MemoryPlan, plan_memory
 from simulator.costmodel.step import StepCost, step_cost
 from simulator.errors import SpecError
+from simulator.metrics.summary import serve_summary, throughput_summary
+from simulator.runner import RunResult, bench_scenario, bench_throughput, run, save_run
+from simulator.scenario import Scenario, load_scenario
+from simulator.serving.cluster import SimResult, simulate
+from simulator.serving.workload import RequestTable, WorkloadSpec, generate_requests
 from simulator.specs import (
     EngineSpec,
     HardwareSpec,
@@ -43,21 +50,35 @@ __all__ = [
     "ModelSpec",
     "Parallelism",
     "Precision",
+    "RequestTable",
+    "RunResult",
+    "Scenario",
+    "SimResult",
     "SpecError",
     "StepCost",
+    "WorkloadSpec",
     "allreduce_cost",
     "attention_cost",
+    "bench_scenario",
+    "bench_throughput",
     "deployment",
     "estimate",
     "gemm_cost",
+    "generate_requests",
     "list_engines",
     "list_hardware",
     "list_models",
     "load_engine",
     "load_hardware",
     "load_model",
+    "load_scenario",
     "plan_memory",
     "resolve_precision",
+    "run",
     "run_validation",
+    "save_run",
+    "serve_summary",
+    "simulate",
     "step_cost",
+    "throughput_summary",
 ]
