@@ -218,3 +218,24 @@ def test_cli_unknown_suite_exits_2_with_one_line(capsys: pytest.CaptureFixture[s
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "suite" in err and "Traceback" not in err
+
+
+# -- regression guard on the fidelity figures -----------------------------------------------------
+# MAPE per suite and device as committed (README's validation table); a change that doubles any
+# of them fails. Tighten these when the model improves.
+COMMITTED_MAPE_PCT = {
+    ("ops", "a100_sxm_80gb"): 12.6,
+    ("ops", "h100_sxm"): 14.6,
+    ("layers", "a100_sxm_80gb"): 12.1,
+    ("layers", "h100_sxm"): 20.2,
+    ("iteration_prefill", "a100_sxm_80gb"): 23.8,
+    ("iteration_decode", "a100_sxm_80gb"): 5.9,
+    ("iteration_engine_fit", "a100_sxm_80gb"): 13.7,
+}
+
+
+def test_no_suite_doubles_its_committed_error() -> None:
+    summary, _ = run_validation()
+    for (suite_name, device), committed in COMMITTED_MAPE_PCT.items():
+        got = summary["suites"][suite_name]["by_device"][device]["mape_pct"]
+        assert got < 2 * committed, (suite_name, device, got, committed)
