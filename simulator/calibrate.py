@@ -31,7 +31,6 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
-from simulator.costmodel.roofline import evaluate
 from simulator.specs.engine import EngineOverhead
 from simulator.specs.hardware import EfficiencySpec, HardwareSpec
 from simulator.specs.loader import ENGINES_DIR, hardware_dirs, load_engine, load_hardware
@@ -42,6 +41,7 @@ from simulator.validate.operators import (
     attention_groups,
     collective_groups,
     gemm_groups,
+    op_time,
 )
 
 CALIBRATION_DIR = "calibration"
@@ -240,12 +240,14 @@ class FitReport:
     mape_after_pct: float
 
 
+def _predict(groups: list[Group], hw: HardwareSpec) -> np.ndarray:
+    """Predicted seconds of every measured row of `groups` on `hw`."""
+    return np.concatenate([op_time(g.op, hw, len(g.rows)) for g in groups])
+
+
 def _mape(groups: list[Group], hw: HardwareSpec) -> float:
-    pred = np.concatenate(
-        [np.broadcast_to(evaluate([g.op], hw)[0].time_s, (len(g.rows),)) for g in groups]
-    )
     meas = np.concatenate([g.measured_s for g in groups])
-    return float(np.mean(np.abs(pred - meas) / meas) * 100)
+    return float(np.mean(np.abs(_predict(groups, hw) - meas) / meas) * 100)
 
 
 def fit_family(hw: HardwareSpec, device: str, family: Family) -> tuple[HardwareSpec, FitReport]:
@@ -273,11 +275,7 @@ def fit_family(hw: HardwareSpec, device: str, family: Family) -> tuple[HardwareS
         return hw.model_copy(update={"efficiency": _to_spec(eff)})
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        trial = spec_for(x)
-        pred = np.concatenate(
-            [np.broadcast_to(evaluate([g.op], trial)[0].time_s, (len(g.rows),)) for g in groups]
-        )
-        return np.log(pred / measured)
+        return np.log(_predict(groups, spec_for(x)) / measured)
 
     x0 = np.array([p.initial for p in family.params])
     lo = np.array([p.lower for p in family.params])

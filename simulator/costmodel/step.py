@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,14 +31,18 @@ class StepCost:
 
     def breakdown(self, index: int = 0) -> pd.DataFrame:
         """One row per op: count, time per instance and in total, share, FLOPs, bytes, bound."""
+
+        def element(x: object) -> Any:
+            """Element `index` of a vectorised field (a scalar field is the same for all)."""
+            arr = np.ravel(np.asarray(x))
+            return arr[index] if arr.size > 1 else arr[0]
+
+        def at(x: object) -> float:
+            return float(element(np.asarray(x, dtype=float)))
+
         rows = []
-        total = float(np.ravel(self.time_s)[index]) or 1.0
+        total = at(self.time_s) or 1.0
         for c in self.costs:
-
-            def at(x: object) -> float:
-                arr = np.ravel(np.asarray(x, dtype=float))
-                return float(arr[index] if arr.size > 1 else arr[0])
-
             t = at(c.time_s)
             if t == 0.0:
                 continue
@@ -51,7 +56,7 @@ class StepCost:
                     "share": t * c.op.count / total,
                     "flops": at(c.op.flops) * c.op.count,
                     "bytes": (at(c.op.bytes) + at(c.op.msg_bytes)) * c.op.count,
-                    "bound": str(np.ravel(c.bound)[index if np.ravel(c.bound).size > 1 else 0]),
+                    "bound": str(element(c.bound)),
                 }
             )
         return pd.DataFrame(rows)

@@ -66,20 +66,15 @@ class SimResult:
 def default_scheduler(engine: EngineSpec, **overrides: Any) -> SchedulerSpec:
     """The engine's scheduler defaults, with `overrides` (None values ignored)."""
     sched = engine.scheduler
+    given = {k: v for k, v in overrides.items() if v is not None}
+    chunked = given.get("chunked_prefill", sched.chunked_prefill)
     values = {
-        "kind": "continuous" if sched.chunked_prefill else "prefill_first",
+        "kind": "continuous" if chunked else "prefill_first",  # unless `kind` is given
         "max_num_seqs": sched.max_num_seqs,
         "max_num_batched_tokens": sched.max_num_batched_tokens,
-        "chunked_prefill": sched.chunked_prefill,
+        "chunked_prefill": chunked,
     }
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    if (
-        "chunked_prefill" in overrides
-        and overrides["chunked_prefill"] is not None
-        and ("kind" not in overrides or overrides["kind"] is None)
-    ):
-        values["kind"] = "continuous" if overrides["chunked_prefill"] else "prefill_first"
-    return SchedulerSpec(**values)
+    return SchedulerSpec(**(values | given))
 
 
 def _check_requests(

@@ -9,6 +9,7 @@ segment at the end of the step in progress (engine steps are atomic).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
@@ -96,7 +97,7 @@ class Replica:
         end = self.env.now
         gaps = []
         for req, n in plan.entries:
-            if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time on the GPU
+            if math.isnan(req.first_scheduled_s):  # first time on the GPU
                 req.first_scheduled_s = start
             req.num_computed += n
             if req.num_computed == req.known:

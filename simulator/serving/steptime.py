@@ -115,9 +115,7 @@ class StepTimer:
         )
         tokens, sampled = int(batch.num_tokens), int(batch.sampled)
         gpu, kernels = self._table(batch, "batch")
-        gpu_s = (
-            float(gpu[0] if np.ndim(gpu) else gpu) + self._tok_gpu[tokens] + self._smp_gpu[sampled]
-        )
+        gpu_s = float(np.ravel(gpu)[0]) + self._tok_gpu[tokens] + self._smp_gpu[sampled]
         launches = float(np.ravel(kernels)[0]) + self._tok_k[tokens] + self._smp_k[sampled]
         seqs = len(chunks) + len(decode_contexts)
         return float(
