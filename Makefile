@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit notebooks bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,11 @@ typecheck: $(DEVSTAMP)
 unit: $(DEVSTAMP)
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck unit
+# Every notebook, top to bottom (outputs are stripped in git; tests/test_notebooks.py checks).
+notebooks: $(DEVSTAMP)
+	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake .
+
+test: lint typecheck unit notebooks
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_costmodel.py

@@ -22,6 +22,7 @@ from simulator.costmodel.step import StepCost, step_cost
 from simulator.errors import SpecError
 from simulator.metrics.summary import serve_summary, throughput_summary
 from simulator.plan import PlanResult
+from simulator.plan import plan as run_plan
 from simulator.planning.spec import PlanSpec, load_plan
 from simulator.power import PowerModel, energy_summary, with_power_cap
 from simulator.runner import RunResult, bench_scenario, bench_throughput, run, save_run
@@ -88,6 +89,7 @@ __all__ = [
     "plan_memory",
     "resolve_precision",
     "run",
+    "run_plan",
     "run_sweep",
     "run_validation",
     "save_run",
