@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck unit notebooks bench clean
+.PHONY: demo test lint typecheck unit notebooks regress bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,13 @@ unit: $(DEVSTAMP)
 notebooks: $(DEVSTAMP)
 	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake .
 
-test: lint typecheck unit notebooks
+# The project's golden predictions (regress/golden.yaml) and the validation suites' CI ceilings
+# (simulator/validate/targets.yaml): a prediction that moves, or an error that grows, fails.
+regress: $(STAMP)
+	$(BIN)/llmsim regress regress/golden.yaml
+	$(BIN)/llmsim validate --check
+
+test: lint typecheck unit notebooks regress
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_costmodel.py

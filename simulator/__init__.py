@@ -28,6 +28,9 @@ from simulator.power import PowerModel, energy_summary, with_power_cap
 from simulator.runner import RunResult, bench_scenario, bench_throughput, run, save_run
 from simulator.scenario import Scenario, load_scenario
 from simulator.serving.cluster import SimResult, simulate
+from simulator.serving.disagg import serve_disaggregated
+from simulator.serving.kv_transfer import KVTransferSpec
+from simulator.serving.speculative import SpeculativeSpec
 from simulator.serving.workload import RequestTable, WorkloadSpec, generate_requests
 from simulator.specs import (
     EngineSpec,
@@ -52,6 +55,7 @@ __all__ = [
     "EngineOpCost",
     "EngineSpec",
     "HardwareSpec",
+    "KVTransferSpec",
     "LatencyResult",
     "MemoryPlan",
     "ModelSpec",
@@ -65,6 +69,7 @@ __all__ = [
     "Scenario",
     "SimResult",
     "SpecError",
+    "SpeculativeSpec",
     "StepCost",
     "SweepSpec",
     "WorkloadSpec",
@@ -93,6 +98,7 @@ __all__ = [
     "run_sweep",
     "run_validation",
     "save_run",
+    "serve_disaggregated",
     "serve_summary",
     "simulate",
     "step_cost",

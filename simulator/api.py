@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -13,6 +14,8 @@ from simulator.costmodel.memory import MemoryPlan, plan_memory
 from simulator.costmodel.ops import Op, attention_ops, collective, gemm
 from simulator.costmodel.roofline import OpCost, evaluate
 from simulator.errors import SpecError
+from simulator.serving.drafter import resolve_drafter
+from simulator.serving.speculative import SpeculativeSpec, parse_speculative_config
 from simulator.specs import (
     EngineSpec,
     HardwareSpec,
@@ -23,6 +26,7 @@ from simulator.specs import (
 )
 from simulator.specs.deployment import Parallelism, Precision, resolve_precision
 from simulator.specs.model import DTYPE_BYTES
+from simulator.specs.offload import ExpertOffloadSpec, OffloadLike, OffloadSpec, resolve_offload
 
 
 def _hw(hardware: str | HardwareSpec) -> HardwareSpec:
@@ -31,13 +35,15 @@ def _hw(hardware: str | HardwareSpec) -> HardwareSpec:
 
 @dataclass(frozen=True)
 class Deployment:
-    """A model on a device type under a layout, precision and engine: everything resolved."""
+    """A model on a device type under a layout, precision and engine: everything resolved.
+    `offload`: weights kept in host memory or on NVMe (None: all on the GPU)."""
 
     model: ModelSpec
     hardware: HardwareSpec
     engine: EngineSpec
     layout: Parallelism
     precision: Precision
+    offload: OffloadSpec | None = None
 
     def memory(
         self,
@@ -56,6 +62,7 @@ class Deployment:
             gpu_memory_utilization=gpu_memory_utilization,
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
+            offload=self.offload,
         )
 
 
@@ -68,11 +75,19 @@ def deployment(
     pipeline_parallel_size: int = 1,
     data_parallel_size: int = 1,
     expert_parallel_size: int = 1,
+    expert_load_imbalance: float = 1.0,
     dtype: str = "auto",
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
+    cpu_offload_gb: float = 0.0,
+    offload: OffloadLike = None,
+    expert_offload: ExpertOffloadSpec | None = None,
 ) -> Deployment:
-    """Resolve ids into a checked Deployment; raises SpecError for anything impossible."""
+    """Resolve ids into a checked Deployment; raises SpecError for anything impossible.
+    `cpu_offload_gb` (vLLM's flag), `offload` (an OffloadSpec, mapping or JSON text) and
+    `expert_offload` keep weights off the GPU (`simulator.specs.offload`).
+    `expert_parallel_size` = tp x dp > tp is DP attention (`Parallelism`);
+    `expert_load_imbalance` is the busiest EP rank's tokens over the mean (1: balanced)."""
     m = model if isinstance(model, ModelSpec) else load_model(model)
     hw = _hw(hardware)
     eng = engine if isinstance(engine, EngineSpec) else load_engine(engine)
@@ -84,11 +99,17 @@ def deployment(
     ):
         if value < 1:
             raise SpecError(f"must be at least 1, got {value}", field=name)
+    if not expert_load_imbalance >= 1.0:
+        raise SpecError(
+            f"must be at least 1 (max/mean), got {expert_load_imbalance}",
+            field="expert_load_imbalance",
+        )
     layout = Parallelism(
         tp=tensor_parallel_size,
         pp=pipeline_parallel_size,
         dp=data_parallel_size,
         ep=expert_parallel_size,
+        expert_load_imbalance=expert_load_imbalance,
     )
     layout.check(m, hw)
     if quantization is not None and quantization not in eng.quantized_kernels:
@@ -100,7 +121,10 @@ def deployment(
     prec = resolve_precision(
         m, hw, dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype
     )
-    return Deployment(m, hw, eng, layout, prec)
+    off = resolve_offload(
+        cpu_offload_gb=cpu_offload_gb, offload=offload, expert_offload=expert_offload
+    )
+    return Deployment(m, hw, eng, layout, prec, off)
 
 
 def estimate(
@@ -122,9 +146,16 @@ def estimate(
     max_num_batched_tokens: int | None = None,
     enable_chunked_prefill: bool | None = None,
     num_iters: int = 30,
+    speculative_config: SpeculativeSpec | Mapping[str, Any] | str | None = None,
+    cpu_offload_gb: float = 0.0,
+    offload: OffloadLike = None,
 ) -> LatencyResult:
     """Predict `vllm bench latency` analytically: TTFT, TPOT, total latency, memory plan and a
-    per-operator breakdown."""
+    per-operator breakdown. `speculative_config`: vLLM's --speculative-config (JSON text, a
+    mapping or a SpeculativeSpec) with the acceptance added (serving/speculative.py). A model
+    too large for the GPU runs with weights streamed from host memory when `cpu_offload_gb`
+    or `offload` allows it (see `deployment`)."""
+    speculative = parse_speculative_config(speculative_config)
     dep = deployment(
         model=model,
         hardware=hardware,
@@ -134,6 +165,8 @@ def estimate(
         dtype=dtype,
         quantization=quantization,
         kv_cache_dtype=kv_cache_dtype,
+        cpu_offload_gb=cpu_offload_gb,
+        offload=offload,
     )
     return bench_latency(
         dep.model,
@@ -150,6 +183,17 @@ def estimate(
         chunked_prefill=enable_chunked_prefill,
         gpu_memory_utilization=gpu_memory_utilization,
         num_iters=num_iters,
+        offload=dep.offload,
+        drafter=None
+        if speculative is None
+        else resolve_drafter(
+            speculative,
+            model=dep.model,
+            hw=dep.hardware,
+            layout=dep.layout,
+            prec=dep.precision,
+            engine=dep.engine,
+        ),
     )
 
 

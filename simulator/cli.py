@@ -23,6 +23,7 @@ from simulator.metrics.summary import (
     parse_goodput,
 )
 from simulator.scenario import Scenario
+from simulator.serving.disagg import pool_lines
 from simulator.serving.workload import WorkloadSpec
 from simulator.specs import (
     list_engines,
@@ -200,6 +201,9 @@ class Phase(str, Enum):
 
 HardwareOpt = Annotated[str, typer.Option("--hardware", help="hardware id or path to a YAML spec")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the contract's JSON object")]
+ReportOpt = Annotated[
+    bool, typer.Option("--report", help="also write DIR/report.html (llmsim report DIR)")
+]
 OpEngineOpt = Annotated[
     str | None,
     typer.Option("--engine", help="add the kernel-launch cost under this engine (default: none)"),
@@ -316,7 +320,14 @@ def op_allreduce(
 ModelOpt = Annotated[str, typer.Option("--model", help="model id or path to config.json")]
 TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", "-tp")]
 PpOpt = Annotated[int, typer.Option("--pipeline-parallel-size", "-pp")]
-DpOpt = Annotated[int, typer.Option("--data-parallel-size", "-dp", help="replicas")]
+DpOpt = Annotated[
+    int,
+    typer.Option(
+        "--data-parallel-size",
+        "-dp",
+        help="replicas (with --enable-expert-parallel: DP-attention ranks of one replica)",
+    ),
+]
 DtypeOpt = Annotated[str, typer.Option("--dtype")]
 QuantOpt = Annotated[str | None, typer.Option("--quantization", "-q")]
 KvDtypeOpt = Annotated[str, typer.Option("--kv-cache-dtype")]
@@ -350,6 +361,57 @@ PreemptOpt = Annotated[
     typer.Option("--preemption-mode", help="on KV exhaustion: recompute, or swap to host"),
 ]
 SwapOpt = Annotated[float, typer.Option("--swap-space", help="host swap space per GPU, GiB")]
+EpOpt = Annotated[
+    bool,
+    typer.Option(
+        "--enable-expert-parallel",
+        help="MoE experts over EP ranks; with -dp N: N DP-attention ranks, EP = tp x N",
+    ),
+]
+MicroBatchOpt = Annotated[
+    bool,
+    typer.Option(
+        "--pipeline-micro-batching/--no-pipeline-micro-batching",
+        help="with -pp > 1: up to pp batches in flight (vLLM V1); default: one at a time",
+    ),
+]
+PrefixCachingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        help="reuse the KV blocks of shared prompt prefixes (vLLM's automatic prefix caching)",
+    ),
+]
+CpuOffloadOpt = Annotated[
+    float,
+    typer.Option(
+        "--cpu-offload-gb", help="GiB of weights per GPU kept in host memory, streamed each step"
+    ),
+]
+OffloadConfigOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--offload-config",
+        help='JSON: {"resident_layers": N, "source": "host"|"nvme", "transfer": '
+        '"prefetch"|"uva"|"sync", "host_memory_bytes": "128 GB", "expert_offload": '
+        '{"cache_fraction": F, "hit_rate": H, "zipf_skew": S, "cpu_compute": true}}',
+    ),
+]
+SpecOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--speculative-config",
+        help='vLLM\'s JSON ({"method": "eagle", "num_speculative_tokens": 3, ...}) plus '
+        "acceptance_rate or acceptance_rates",
+    ),
+]
+
+
+def _offload_config(text: str | None) -> Any:
+    """--offload-config as an OffloadSpec (None when not given); bad JSON is a SpecError."""
+    from simulator.specs.offload import parse_offload
+
+    return parse_offload(text, source="--offload-config") if text else None
 
 
 def _write_json(path: str | None, data: Any) -> None:
@@ -378,6 +440,9 @@ def bench_latency_cmd(
     max_num_batched_tokens: TokensOpt = None,
     enable_chunked_prefill: ChunkedOpt = None,
     num_iters: Annotated[int, typer.Option("--num-iters")] = 30,
+    speculative_config: SpecOpt = None,
+    cpu_offload_gb: CpuOffloadOpt = 0.0,
+    offload_config: OffloadConfigOpt = None,
     output_json: OutJsonOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -404,6 +469,9 @@ def bench_latency_cmd(
         max_num_batched_tokens=max_num_batched_tokens,
         enable_chunked_prefill=enable_chunked_prefill,
         num_iters=num_iters,
+        speculative_config=speculative_config,
+        cpu_offload_gb=cpu_offload_gb,
+        offload=_offload_config(offload_config),
     )
     data = result.as_json()
     _write_json(output_json, data)
@@ -419,8 +487,14 @@ def _print_latency_summary(result: Any) -> None:
         out.print(f"{p}% percentile latency: {v:.6f} seconds")
     out.print(
         f"TTFT (prefill of the batch): {format_seconds(result.ttft_s)}; "
-        f"TPOT (mean decode step): {format_seconds(result.tpot_s)}"
+        f"TPOT (decode time per output token): {format_seconds(result.tpot_s)}"
     )
+    per_step = result.config.get("speculative_tokens_per_step")
+    if per_step is not None and len(result.decode_steps):  # TPOT is then per output token
+        out.print(
+            f"Speculative decoding: {per_step:.2f} tokens per decode step on average; mean "
+            f"decode step {format_seconds(float(result.decode_steps.mean()))}"
+        )
     mem = result.memory
     out.print(
         f"Memory per device: {mem.summary()}; KV cache {format_bytes(mem.kv_cache_bytes)} "
@@ -457,6 +531,14 @@ def validate_cmd(
             "iteration_engine_fit, power or power_fit; repeat the flag for several (default: all)",
         ),
     ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="compare each suite with its goal and CI ceiling "
+            "(simulator/validate/targets.yaml); exit 1 when one is above its ceiling",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Error tables of predicted vs measured against the bundled measurements."""
@@ -464,6 +546,9 @@ def validate_cmd(
     from simulator.validate.summary import STAT_KEYS
 
     summary, df = run_validation(suite)
+    if check:
+        _check_targets(summary, as_json=as_json)
+        return
     if as_json:
         _print_json(summary)
         return
@@ -502,6 +587,51 @@ def validate_cmd(
             out.print(f"  {line}", markup=False)
 
 
+def _wide_console() -> Console:
+    """stdout, at PLAN_WIDTH columns when it is not a terminal (CI logs, pipes)."""
+    return out if sys.stdout.isatty() else Console(width=PLAN_WIDTH)
+
+
+def _check_targets(summary: dict[str, Any], *, as_json: bool) -> None:
+    from simulator.validate.targets import check_targets, load_targets, render_check
+
+    result = check_targets(summary, load_targets())
+    if as_json:
+        _print_json({**summary, "check": result.as_json()})
+    else:
+        render_check(result, _wide_console())
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+# -- regress ----------------------------------------------------------------------------------
+@app.command("regress")
+def regress_cmd(
+    golden: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="GOLDEN.yaml",
+            help="golden file (default: ./regress.yaml, else the project's regress/golden.yaml)",
+        ),
+    ] = None,
+    update: Annotated[
+        bool, typer.Option("--update", help="rewrite the golden values with today's predictions")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Recompute golden predictions; exit 1 when one leaves its tolerance band."""
+    from simulator import regress
+
+    path = golden or regress.default_golden()
+    report = regress.update(path) if update else regress.check(path)
+    if as_json:
+        _print_json(report.as_json())
+    else:
+        regress.render(report, _wide_console())
+    if not report.ok and not update:
+        raise typer.Exit(1)
+
+
 @bench_app.command("throughput")
 def bench_throughput_cmd(
     hardware: HardwareOpt,
@@ -509,6 +639,9 @@ def bench_throughput_cmd(
     input_len: Annotated[int, typer.Option("--input-len")] = 1024,
     output_len: Annotated[int, typer.Option("--output-len")] = 128,
     num_prompts: Annotated[int, typer.Option("--num-prompts")] = 1000,
+    prefix_len: Annotated[
+        int, typer.Option("--prefix-len", min=0, help="tokens every prompt shares, first")
+    ] = 0,
     tensor_parallel_size: TpOpt = 1,
     pipeline_parallel_size: PpOpt = 1,
     data_parallel_size: DpOpt = 1,
@@ -524,7 +657,13 @@ def bench_throughput_cmd(
     scheduling_policy: PolicyOpt = None,
     preemption_mode: PreemptOpt = None,
     swap_space: SwapOpt = 4.0,
+    enable_prefix_caching: PrefixCachingOpt = False,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    speculative_config: SpecOpt = None,
+    cpu_offload_gb: CpuOffloadOpt = 0.0,
+    offload_config: OffloadConfigOpt = None,
+    enable_expert_parallel: EpOpt = False,
+    pipeline_micro_batching: MicroBatchOpt = False,
     output_json: OutJsonOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -533,6 +672,7 @@ def bench_throughput_cmd(
         input_len=input_len,
         output_len=output_len,
         num_prompts=num_prompts,
+        prefix_len=prefix_len,
         model=model,
         hardware=hardware,
         engine=engine,
@@ -550,7 +690,13 @@ def bench_throughput_cmd(
         scheduling_policy=scheduling_policy.value if scheduling_policy else None,
         preemption_mode=preemption_mode.value if preemption_mode else None,
         swap_space=swap_space,
+        enable_prefix_caching=enable_prefix_caching,
         seed=seed,
+        speculative_config=speculative_config,
+        cpu_offload_gb=cpu_offload_gb,
+        offload_config=offload_config,
+        enable_expert_parallel=enable_expert_parallel,
+        pipeline_micro_batching=pipeline_micro_batching,
     )
     _write_json(output_json, summary)
     if as_json:
@@ -576,6 +722,9 @@ def bench_serve_cmd(
     random_input_len: Annotated[int, typer.Option("--random-input-len")] = 1024,
     random_output_len: Annotated[int, typer.Option("--random-output-len")] = 128,
     random_range_ratio: Annotated[float, typer.Option("--random-range-ratio")] = 0.0,
+    random_prefix_len: Annotated[
+        int, typer.Option("--random-prefix-len", min=0, help="tokens every prompt shares, first")
+    ] = 0,
     num_prompts: Annotated[int, typer.Option("--num-prompts")] = 1000,
     request_rate: Annotated[float, typer.Option("--request-rate")] = float("inf"),
     burstiness: Annotated[float, typer.Option("--burstiness")] = 1.0,
@@ -600,6 +749,12 @@ def bench_serve_cmd(
     scheduling_policy: PolicyOpt = None,
     preemption_mode: PreemptOpt = None,
     swap_space: SwapOpt = 4.0,
+    enable_prefix_caching: PrefixCachingOpt = False,
+    speculative_config: SpecOpt = None,
+    cpu_offload_gb: CpuOffloadOpt = 0.0,
+    offload_config: OffloadConfigOpt = None,
+    enable_expert_parallel: EpOpt = False,
+    pipeline_micro_batching: MicroBatchOpt = False,
     output_json: OutJsonOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -615,6 +770,8 @@ def bench_serve_cmd(
         if not dataset_path:
             raise SpecError("--dataset-name trace needs --dataset-path", field="dataset_path")
         dataset["path"] = dataset_path
+    if random_prefix_len and dataset_name is not DatasetName.random:
+        raise SpecError("applies to --dataset-name random", field="random_prefix_len")
     workload = validate(
         WorkloadSpec,
         {
@@ -622,6 +779,7 @@ def bench_serve_cmd(
             "num_prompts": num_prompts,
             "request_rate": request_rate,
             "burstiness": burstiness,
+            "prefix": {"tokens": random_prefix_len} if random_prefix_len else None,
         },
         source="bench serve",
     )
@@ -644,10 +802,16 @@ def bench_serve_cmd(
         scheduling_policy=scheduling_policy.value if scheduling_policy else None,
         preemption_mode=preemption_mode.value if preemption_mode else None,
         swap_space=swap_space,
+        enable_prefix_caching=enable_prefix_caching,
         max_concurrency=max_concurrency,
         goodput=parse_goodput(goodput) if goodput else None,
         router=router,
         seed=seed,
+        speculative_config=speculative_config,
+        cpu_offload_gb=cpu_offload_gb,
+        offload_config=offload_config,
+        enable_expert_parallel=enable_expert_parallel,
+        pipeline_micro_batching=pipeline_micro_batching,
     )
     result = runner.run(scenario)
     _write_json(output_json, result.summary)
@@ -668,6 +832,7 @@ def run_cmd(
     schema: Annotated[
         bool, typer.Option("--schema", help="print the scenario JSON schema")
     ] = False,
+    report: ReportOpt = False,
 ) -> None:
     """A full what-if from a scenario file: replica groups, router, workload, SLOs."""
     if schema:
@@ -675,24 +840,34 @@ def run_cmd(
         return
     if scenario is None:
         raise SpecError("missing SCENARIO.yaml", field="scenario")
+    if report and not out:
+        raise SpecError("--report needs --out DIR (it writes DIR/report.html)", field="report")
     result = runner.run(scenario)
     if out:
         runner.save_run(result, out)
+    if out and report:
+        sys.stderr.write(_report_line(out) + "\n")  # stdout may be --json
     if as_json:
         _print_json(result.as_json())
         return
     sys.stdout.write(format_serve_summary(result.summary) + "\n")
     out_console = Console()
     for spec, plan in zip(result.scenario.replicas, result.memory, strict=True):
+        role = f"{spec.role} pool: " if spec.role != "both" else ""
+        dp = spec.data_parallel_size
+        ranks, unit = (f" dp={dp}", "attention rank") if dp > 1 else ("", "replica")
         out_console.print(
-            f"{spec.count} x {spec.hardware} tp={spec.tensor_parallel_size} "
-            f"pp={spec.pipeline_parallel_size} ({spec.engine}): KV "
-            f"{plan.kv_capacity_tokens:,} tokens per replica"
+            f"{role}{spec.count} x {spec.hardware} tp={spec.tensor_parallel_size} "
+            f"pp={spec.pipeline_parallel_size}{ranks} ({spec.engine}): KV "
+            f"{plan.kv_capacity_tokens:,} tokens per {unit}"
         )
     out_console.print(
         f"KV cache peak {result.sim.kv_peak_fraction:.1%}; simulated "
         f"{len(result.sim.steps):,} steps in {result.sim.wall_s:.2f} s"
     )
+    if result.scenario.disaggregated:
+        for line in pool_lines(result.scenario, result.deployments, result.summary):
+            out_console.print(line, highlight=False, soft_wrap=True)
     e = result.energy
     out_console.print(
         f"Energy {e['energy_per_output_token_j']:.3f} J/output token; "
@@ -763,14 +938,36 @@ def sweep_cmd(
         int | None, typer.Option("--workers", help="processes (default: CPU count)")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
+    report: ReportOpt = False,
 ) -> None:
     """Run a base scenario over a grid / zip / random sample of values; rerun to resume."""
     from simulator.sweep import execute_sweep
 
-    report = execute_sweep(
+    done = execute_sweep(
         sweep_file, out, executor=executor.value, workers=workers, progress=not quiet
     )
-    sys.stdout.write(f"sweep: {report.line()}\n")
+    sys.stdout.write(f"sweep: {done.line()}\n")
+    if report:
+        sys.stdout.write(_report_line(out) + "\n")
+
+
+# -- report -------------------------------------------------------------------------------------
+@app.command("report")
+def report_cmd(
+    folder: Annotated[str, typer.Argument(metavar="DIR")],
+    output: Annotated[
+        str | None, typer.Option("--output", "-o", help="the HTML file (default DIR/report.html)")
+    ] = None,
+) -> None:
+    """One self-contained HTML report (plotly, works offline) of a run, sweep or plan folder."""
+    sys.stdout.write(_report_line(folder, output) + "\n")
+
+
+def _report_line(folder: str, output: str | None = None) -> str:
+    from simulator.report import write_report
+
+    path = write_report(folder, output)
+    return f"report: {path} ({path.stat().st_size / 1e6:.1f} MB)"
 
 
 # -- entry point ------------------------------------------------------------------------------
@@ -806,13 +1003,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write("llmsim: aborted\n")
         raise SystemExit(130) from None
     except Exception as exc:
-        # The flag parser's usage errors (bad flag, missing option, bad value) carry exit code 2
-        # and a message; anything else is a bug and keeps its traceback.
-        if getattr(exc, "exit_code", None) != 2 or not hasattr(exc, "format_message"):
+        message = usage_error(exc)
+        if message is None:  # not bad input: a bug, which keeps its traceback
             raise
         if type(exc).__name__ == "NoArgsIsHelpError":  # help was printed: a bare command group
             raise SystemExit(0) from None
-        message = " ".join(exc.format_message().split())
         sys.stderr.write(f"llmsim: error: {message}\n")
         raise SystemExit(2) from None
     raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def usage_error(exc: Exception) -> str | None:
+    """The one-line message of a flag-parser usage error (bad flag, missing option, bad value:
+    exit code 2 and a message), or None for any other exception."""
+    format_message = getattr(exc, "format_message", None)
+    if getattr(exc, "exit_code", None) != 2 or format_message is None:
+        return None
+    return " ".join(str(format_message()).split())

@@ -1,7 +1,9 @@
 """Capacity planning (`llmsim plan`): the cheapest deployments that meet the SLOs.
 
-`plan(spec_or_path) -> PlanResult`. For each candidate layout (hardware x engine x
-quantization x KV dtype x TP x PP, `simulator.planning.layouts`):
+`plan(spec_or_path) -> PlanResult`. For each candidate (a layout: hardware x engine x
+quantization x KV dtype x TP x PP, `simulator.planning.layouts`; with `mode: disaggregated` or
+`any`, also units of prefill replicas of one layout and decode replicas of another,
+`simulator.planning.units`, whose rate is that of the whole unit):
 
 1. prune what cannot run (invalid layout, does not fit in memory) or cannot meet the SLOs at
    any rate (its latency floors, with each request alone, already miss them:
@@ -13,7 +15,9 @@ quantization x KV dtype x TP x PP, `simulator.planning.layouts`):
    `simulator.planning.search`);
 3. size fleets for the target rate: each layout alone (ceil(target / max rate) replicas) and
    the cheapest mix of layouts by integer programming (`simulator.planning.fleet`), which one
-   more simulation checks at the target rate behind the plan's router.
+   more simulation checks at the target rate behind the plan's router. Colocated replicas and
+   disaggregated units do not mix in one fleet (a deployment is one or the other): with
+   `mode: any` each kind gets its fleet and the cheaper that passes its check is the answer.
 
 Costs: $/GPU-hour from the hardware spec or the plan's override. $ per million output tokens
 = a deployment's $/hour / (the rate it serves x mean output tokens x 3600) x 1e6: for a fleet,
@@ -21,12 +25,13 @@ at the target rate; for one replica (`max_rate_usd_...`, the frontier), at the r
 Energy per output token comes from the run's `energy_per_output_token_j` where the runner
 reports it.
 
-Not modelled: disaggregated prefill/decode, load that varies over time (one steady target;
-no autoscaling), replicas sharing nodes, reserved or spot pricing, the router's own latency.
+Not modelled: load that varies over time (one steady target; no autoscaling), replicas
+sharing nodes, reserved or spot pricing, the router's own latency.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,20 +42,23 @@ import numpy as np
 import pandas as pd
 
 from simulator import runner
+from simulator.planning.bounds import hopeless
 from simulator.planning.choice import choose_fleet
 from simulator.planning.fleet import replacement
 from simulator.planning.layouts import (
+    Candidate,
     Prepared,
     Searched,
     Traffic,
     enumerate_layouts,
-    prepare,
+    measure,
     scenario,
     traffic,
 )
 from simulator.planning.search import Verdict, judge, search_max_rate
 from simulator.planning.spec import PlanSpec, check_ids, load_plan
 from simulator.planning.tables import (
+    candidate_row,
     layout_row,
     pareto_frontier,
     pareto_metric,
@@ -60,7 +68,8 @@ from simulator.planning.tables import (
     searched_row,
     usd_per_million_tokens,
 )
-from simulator.specs import load_model
+from simulator.planning.units import build_units
+from simulator.specs import ModelSpec, load_model
 
 MIN_RATE_FRACTION = 1e-3  # give up on a layout below this fraction of its capacity ceiling
 
@@ -117,27 +126,21 @@ def plan(
     target = flow.target_rate  # a trace that spans no time fails here, before any work
     mean_out = float(np.mean(flow.requests(flow.clamp(spec.search.max_prompts)).output_len))
     rows: list[dict[str, Any]] = []
-    ready: list[Prepared] = []
-    for layout in enumerate_layouts(spec):
-        got = prepare(spec, layout, model=model, flow=flow)
-        if isinstance(got, str):
-            rows.append(layout_row(layout) | {"status": "pruned", "reason": got})
-            say(f"{layout.key}: pruned ({got})")
-        else:
-            ready.append(got)
-    # Cheapest conceivable $ per request first, so that dominance has something to go by.
-    ready.sort(key=lambda p: p.usd_per_hour / p.ceiling)
-    searched: list[Searched] = []
-    for p in ready:
-        dominated = _dominated_by(spec, p, searched)
-        if dominated:
-            rows.append(prepared_row(p) | {"status": "pruned", "reason": dominated})
-            say(f"{p.layout.key}: pruned ({dominated})")
-            continue
-        result = _search(spec, p, flow, mean_out=mean_out)
-        searched.append(result)
-        say(f"{p.layout.key}: {result.outcome.max_rate:.2f} req/s per replica")
-    fleet_frame, fleet_summary = choose_fleet(spec, searched, flow, mean_out=mean_out)
+    measured, colocated = _measure_all(spec, model, flow, rows=rows, say=say)
+    units: list[Candidate] = []
+    if spec.mode != "colocated":
+        found, pruned = build_units(spec, measured, flow)
+        units += found
+        rows += pruned
+    kinds = [
+        _search_all(spec, candidates, flow, mean_out=mean_out, rows=rows, say=say)
+        for candidates in (colocated, units)
+    ]
+    fleet_frame, fleet_summary = _cheapest_of(
+        [choose_fleet(spec, searched, flow, mean_out=mean_out) for searched in kinds if searched]
+        or [choose_fleet(spec, [], flow, mean_out=mean_out)]
+    )
+    searched = [s for kind in kinds for s in kind]
     rows += [searched_row(spec, s, target=target, mean_out=mean_out) for s in searched]
     probes = pd.DataFrame([r for s in searched for r in s.probes])
     metric = pareto_metric(spec)
@@ -155,13 +158,85 @@ def plan(
     )
 
 
-def _search(spec: PlanSpec, p: Prepared, flow: Traffic, *, mean_out: float) -> Searched:
+def _measure_all(
+    spec: PlanSpec,
+    model: ModelSpec,
+    flow: Traffic,
+    *,
+    rows: list[dict[str, Any]],
+    say: Callable[[str], None],
+) -> tuple[list[Prepared], list[Candidate]]:
+    """Every layout that can run (the pools units are made of), and those of them to search
+    as colocated replicas (not hopeless; none when the mode is disaggregated). Rows for the
+    layouts pruned go to `rows`."""
+    measured: list[Prepared] = []
+    colocated: list[Candidate] = []
+    for layout in enumerate_layouts(spec):
+        got = measure(spec, layout, model=model, flow=flow)
+        if isinstance(got, str):
+            reason = got
+        else:
+            measured.append(got)
+            reason = ""
+            if spec.mode != "disaggregated":
+                hope = hopeless(got.floors, spec.slo, margin=spec.search.prescreen_margin)
+                reason = f"hopeless: {hope}" if hope else ""
+                colocated += [] if hope else [got]
+        if reason:
+            rows.append(layout_row(layout) | {"status": "pruned", "reason": reason})
+            say(f"{layout.key}: pruned ({reason})")
+    return measured, colocated
+
+
+def _search_all(
+    spec: PlanSpec,
+    candidates: list[Candidate],
+    flow: Traffic,
+    *,
+    mean_out: float,
+    rows: list[dict[str, Any]],
+    say: Callable[[str], None],
+) -> list[Searched]:
+    """Search the candidates of one kind, cheapest conceivable $ per request first (so that
+    dominance has something to go by); rows for those pruned as dominated go to `rows`."""
+    searched: list[Searched] = []
+    for p in sorted(candidates, key=lambda p: p.usd_per_hour / p.ceiling):
+        dominated = _dominated_by(spec, p, searched)
+        if dominated:
+            rows.append(prepared_row(p) | {"status": "pruned", "reason": dominated})
+            say(f"{p.key}: pruned ({dominated})")
+            continue
+        result = _search(spec, p, flow, mean_out=mean_out)
+        searched.append(result)
+        say(f"{p.key}: {result.outcome.max_rate:.2f} req/s per replica")
+    return searched
+
+
+def _cheapest_of(
+    fleets: list[tuple[pd.DataFrame, dict[str, Any]]],
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The fleet to report among one per kind: found ones that passed their check (or were
+    not checked) first, then the cheapest."""
+
+    def order(item: tuple[pd.DataFrame, dict[str, Any]]) -> tuple[bool, bool, float]:
+        summary = item[1]
+        check: dict[str, Any] = summary.get("verification") or {}
+        return (
+            not summary.get("found"),
+            not check.get("meets_slos", True),
+            summary.get("usd_per_hour", math.inf),
+        )
+
+    return min(fleets, key=order)
+
+
+def _search(spec: PlanSpec, p: Candidate, flow: Traffic, *, mean_out: float) -> Searched:
     verdicts: dict[float, tuple[Verdict, float | None]] = {}
     probes: list[dict[str, Any]] = []
 
     def feasible(rate: float) -> bool:
         workload = flow.at(p.num_prompts, rate)
-        run = scenario(spec, [p.layout.replica_group(spec)], workload, name=p.layout.key)
+        run = scenario(spec, p.groups(spec), workload, name=p.key)
         result = runner.run(run)
         sim = result.sim
         verdict = judge(
@@ -175,7 +250,7 @@ def _search(spec: PlanSpec, p: Prepared, flow: Traffic, *, mean_out: float) -> S
         verdicts[rate] = (verdict, energy)
         cost = usd_per_million_tokens(p.usd_per_hour, rate=rate, tokens_per_request=mean_out)
         probes.append(
-            layout_row(p.layout)
+            candidate_row(p)
             | {
                 "rate": rate,
                 "feasible": verdict.feasible,
@@ -203,22 +278,23 @@ def _search(spec: PlanSpec, p: Prepared, flow: Traffic, *, mean_out: float) -> S
     return Searched(p, outcome, verdict, energy, probes)
 
 
-def _dominated_by(spec: PlanSpec, p: Prepared, searched: list[Searched]) -> str:
-    """Why layout `p` cannot be in the cheapest fleet, or ''. It cannot when replicas of a
-    layout already searched, on hardware without a GPU limit, replace any of its replicas at
-    no extra cost (`fleet.replacement`; its search never reports more than its ceiling)."""
+def _dominated_by(spec: PlanSpec, p: Candidate, searched: list[Searched]) -> str:
+    """Why candidate `p` cannot be in the cheapest fleet, or ''. It cannot when replicas of a
+    candidate of its kind already searched, on hardware without a GPU limit, replace any of its
+    replicas at no extra cost (`fleet.replacement`; its search never reports more than its
+    ceiling)."""
     replicas = spec.candidates.data_parallel_size
     if not spec.search.prune_dominated or replicas.min != 1 or replicas.max is not None:
         return ""
     limited = {h.id for h in spec.candidates.hardware if h.max_gpus is not None}
     for s in searched:
         k, rate = s.prepared, s.outcome.max_rate
-        if rate <= 0 or k.layout.hardware in limited:
+        if rate <= 0 or any(h in limited for h in s.option.hardware_ids):
             continue
         need = replacement(s.option, rate_ceiling=p.ceiling, usd_per_hour=p.usd_per_hour)
         if need:
             return (
-                f"dominated by {k.layout.key}: {need} of its replicas sustain "
+                f"dominated by {k.key}: {need} of its replicas sustain "
                 f"{need * rate:.2f} req/s for ${need * k.usd_per_hour:.2f}/h, this layout at "
                 f"most {p.ceiling:.2f} req/s for ${p.usd_per_hour:.2f}/h"
             )

@@ -272,7 +272,7 @@ def energy_summary(result: RunResult) -> dict[str, float]:
     groups = [
         GroupAccount(
             deployment=dep,
-            count=spec.count,
+            count=spec.num_replicas,
             block_size=plan.block_size,
             usd_per_gpu_hour=spec.usd_per_gpu_hour or dep.hardware.price.usd_per_hour,
         )

@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from simulator.api import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
@@ -24,9 +26,19 @@ from simulator.serving.cluster import (
     replica_group,
     serve,
 )
-from simulator.serving.workload import RandomDataset, RequestTable, WorkloadSpec, generate_requests
+from simulator.serving.disagg import pool_summary, prefill_view, serve_scenario
+from simulator.serving.loops import engine_loop, expert_layout
+from simulator.serving.speculative import SpeculativeSpec, parse_speculative_config
+from simulator.serving.workload import (
+    RandomDataset,
+    RequestTable,
+    SharedPrefix,
+    WorkloadSpec,
+    generate_requests,
+)
 from simulator.specs import ModelSpec, load_hardware, load_model
 from simulator.specs.loader import validate
+from simulator.specs.offload import OffloadLike, parse_offload
 
 
 @dataclass(frozen=True)
@@ -53,23 +65,31 @@ class RunResult:
         }
 
 
-def _group(
-    model: ModelSpec, spec: ReplicaGroupSpec, requests: RequestTable
-) -> tuple[ReplicaGroup, MemoryPlan, Deployment]:
+def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
+    """The resolved deployment of a replica group (its hardware under its power cap)."""
     hardware = load_hardware(spec.hardware)
     if spec.power_cap_w is not None:
         hardware = with_power_cap(hardware, spec.power_cap_w)
-    dep = deployment(
+    return deployment(
         model=model,
         hardware=hardware,
         engine=spec.engine,
         tensor_parallel_size=spec.tensor_parallel_size,
         pipeline_parallel_size=spec.pipeline_parallel_size,
-        data_parallel_size=spec.count,
+        **expert_layout(model, spec),  # data, expert parallel sizes; expert load imbalance
         dtype=spec.dtype,
         quantization=spec.quantization,
         kv_cache_dtype=spec.kv_cache_dtype,
+        cpu_offload_gb=spec.cpu_offload_gb,
+        offload=spec.offload,
+        expert_offload=spec.expert_offload,
     )
+
+
+def _group(
+    model: ModelSpec, spec: ReplicaGroupSpec, requests: RequestTable
+) -> tuple[ReplicaGroup, MemoryPlan, Deployment]:
+    dep = group_deployment(model, spec)
     overrides = spec.scheduler.model_dump()
     scheduler = default_scheduler(dep.engine, **overrides)
     group, plan = replica_group(
@@ -83,8 +103,11 @@ def _group(
         enforce_eager=spec.enforce_eager,
         gpu_memory_utilization=spec.gpu_memory_utilization,
         swap_space_gib=spec.swap_space_gib,
+        enable_prefix_caching=spec.enable_prefix_caching,
+        speculative=spec.speculative,
+        offload=dep.offload,
     )
-    return group, plan, dep
+    return engine_loop(group, spec=spec, dep=dep), plan, dep
 
 
 def run(scenario: Scenario | str | Path) -> RunResult:
@@ -93,18 +116,29 @@ def run(scenario: Scenario | str | Path) -> RunResult:
         scenario = load_scenario(scenario)
     model = load_model(scenario.model)
     requests = generate_requests(scenario.workload, rng=np.random.default_rng(scenario.seed))
-    built = [_group(model, spec, requests) for spec in scenario.replicas]
-    sim = serve(
-        requests,
-        groups=[g for g, _, _ in built],
-        router=scenario.router,
-        max_concurrency=scenario.max_concurrency,
-        seed=scenario.seed,
-    )
+    held = {"prefill": prefill_view(requests)}  # a prefill replica keeps prompt + 1 token
+    built = [_group(model, spec, held.get(spec.role, requests)) for spec in scenario.replicas]
+    if scenario.disaggregated:
+        groups, deps = [g for g, _, _ in built], [dep for _, _, dep in built]
+        sim = serve_scenario(scenario, requests, groups=groups, deployments=deps)
+    else:
+        sim = serve(
+            requests,
+            groups=[g for g, _, _ in built],
+            router=scenario.router,
+            max_concurrency=scenario.max_concurrency,
+            seed=scenario.seed,
+        )
     goodput = scenario.slo.goodput() if scenario.slo else None
     summary = serve_summary(
-        sim.requests, itl_s=sim.itl_s, itl_weight=sim.itl_weight, goodput=goodput or None
+        sim.requests,
+        itl_s=sim.itl_s,
+        itl_weight=sim.itl_weight,
+        goodput=goodput or None,
+        prefix_caching=any(g.enable_prefix_caching for g in scenario.replicas),
     )
+    if scenario.disaggregated:
+        summary.update(pool_summary(scenario, sim))
     result = RunResult(
         scenario, sim, summary, [plan for _, plan, _ in built], [dep for _, _, dep in built]
     )
@@ -112,12 +146,21 @@ def run(scenario: Scenario | str | Path) -> RunResult:
 
 
 def save_run(result: RunResult, out: str | Path) -> Path:
-    """Write summary.json, requests.csv and steps.csv under `out`; returns the folder."""
+    """Write summary.json, requests.csv, steps.csv, itl.csv (the ITL sample: `itl_s`, and
+    `weight`, the tokens that came that long after their previous one), scenario.json (the
+    resolved scenario) and memory.json (each replica group's memory plan) under `out`; returns
+    the folder. `llmsim report` reads it back."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "summary.json").write_text(json.dumps(result.as_json(), indent=2, default=str))
     result.sim.requests.to_csv(folder / "requests.csv", index=False)
     result.sim.steps.to_csv(folder / "steps.csv", index=False)
+    itl = {"itl_s": result.sim.itl_s, "weight": result.sim.itl_weight}
+    pd.DataFrame(itl).to_csv(folder / "itl.csv", index=False)
+    scenario = result.scenario.model_dump(mode="json")
+    (folder / "scenario.json").write_text(json.dumps(scenario, indent=2) + "\n")
+    memory = [plan.as_dict() for plan in result.memory]
+    (folder / "memory.json").write_text(json.dumps(memory, indent=2) + "\n")
     return folder
 
 
@@ -141,24 +184,41 @@ def bench_scenario(
     scheduling_policy: str | None = None,
     preemption_mode: str | None = None,
     swap_space: float = 4.0,
+    enable_prefix_caching: bool = False,
     max_concurrency: int | None = None,
     goodput: dict[str, float] | None = None,
     router: str = "round_robin",
     seed: int = 0,
+    speculative_config: SpeculativeSpec | Mapping[str, Any] | str | None = None,
+    cpu_offload_gb: float = 0.0,
+    offload_config: OffloadLike = None,
+    enable_expert_parallel: bool = False,
+    pipeline_micro_batching: bool = False,
 ) -> Scenario:
-    """The scenario `llmsim bench serve|throughput` flags describe."""
+    """The scenario `llmsim bench serve|throughput` flags describe (`speculative_config`:
+    vLLM's --speculative-config, JSON text or a mapping; `cpu_offload_gb`, vLLM's flag, and
+    `offload_config`, the rest of `simulator.specs.offload.OffloadSpec` as JSON or a mapping).
+    With `enable_expert_parallel`, data_parallel_size > 1 is one replica of that many DP
+    attention ranks (EP = tp x dp, as vLLM runs a MoE model); without, independent replicas."""
+    dp_attention = enable_expert_parallel and data_parallel_size > 1
+    speculative = parse_speculative_config(speculative_config, source="--speculative-config")
+    offload = parse_offload(offload_config, source="--offload-config")
     group: dict[str, Any] = {
         "hardware": hardware,
         "engine": engine,
-        "count": data_parallel_size,
+        "count": 1 if dp_attention else data_parallel_size,
+        "data_parallel_size": data_parallel_size if dp_attention else 1,
+        "enable_expert_parallel": enable_expert_parallel,
         "tensor_parallel_size": tensor_parallel_size,
         "pipeline_parallel_size": pipeline_parallel_size,
+        "pipeline_micro_batching": pipeline_micro_batching,
         "dtype": dtype,
         "quantization": quantization,
         "kv_cache_dtype": kv_cache_dtype,
         "enforce_eager": enforce_eager,
         "gpu_memory_utilization": gpu_memory_utilization,
         "swap_space_gib": swap_space,
+        "enable_prefix_caching": enable_prefix_caching,
         "scheduler": {
             "max_num_seqs": max_num_seqs,
             "max_num_batched_tokens": max_num_batched_tokens,
@@ -166,6 +226,9 @@ def bench_scenario(
             "policy": scheduling_policy,
             "preemption_mode": preemption_mode,
         },
+        "speculative": speculative.model_dump(exclude_none=True) if speculative else None,
+        "cpu_offload_gb": cpu_offload_gb,
+        "offload": offload.model_dump(exclude_defaults=True) or None,
     }
     data = {
         "name": "bench",
@@ -181,13 +244,16 @@ def bench_scenario(
 
 
 def bench_throughput(
-    *, input_len: int, output_len: int, num_prompts: int, **flags: Any
+    *, input_len: int, output_len: int, num_prompts: int, prefix_len: int = 0, **flags: Any
 ) -> tuple[RunResult, dict[str, Any]]:
-    """`vllm bench throughput`: every request at t=0; returns the run and its summary."""
+    """`vllm bench throughput`: every request at t=0; returns the run and its summary.
+    `prefix_len`: vLLM's --prefix-len, a prefix shared by every prompt, before its input_len
+    tokens."""
     workload = WorkloadSpec(
         dataset=RandomDataset(input_len=input_len, output_len=output_len),
         num_prompts=num_prompts,
         request_rate=math.inf,
+        prefix=SharedPrefix(tokens=prefix_len) if prefix_len else None,
     )
     result = run(bench_scenario(workload=workload, **flags))
     return result, throughput_summary(result.sim.requests)

@@ -11,12 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
+from simulator.serving.disagg import is_disaggregated, role_problem
+from simulator.serving.kv_transfer import KVTransferSpec
 from simulator.serving.router import RouterSpec
+from simulator.serving.speculative import SpeculativeSpec
 from simulator.serving.workload import TraceDataset, WorkloadSpec
 from simulator.specs._base import Frozen, Watts
 from simulator.specs.loader import read_yaml, validate
+from simulator.specs.offload import ExpertOffloadSpec, OffloadSpec
 
 
 class SchedulerOverrides(Frozen):
@@ -32,19 +36,54 @@ class SchedulerOverrides(Frozen):
 
 
 class ReplicaGroupSpec(Frozen):
-    """`count` identical replicas of tensor_parallel_size x pipeline_parallel_size GPUs."""
+    """`count` identical replicas of tensor_parallel_size x pipeline_parallel_size GPUs (x
+    data_parallel_size with DP attention)."""
 
     hardware: str
     engine: str = "vllm"
+    role: Literal["both", "prefill", "decode"] = Field(
+        default="both", description="both: colocated; prefill/decode: a disaggregated pool"
+    )
     count: int = Field(default=1, ge=1)
     tensor_parallel_size: int = Field(default=1, ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)
+    pipeline_micro_batching: bool = Field(
+        default=False, description="pp > 1: up to pp batches in flight (vLLM V1); off: one"
+    )
+    data_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        description="attention ranks per replica in lockstep, EP over all (vLLM -dp with "
+        "--enable-expert-parallel; SGLang --dp-size with --enable-dp-attention)",
+    )
+    enable_expert_parallel: bool = Field(
+        default=False, description="vLLM's flag: experts over EP = tp x data_parallel_size"
+    )
+    expert_load_imbalance: float | None = Field(
+        default=None, ge=1, description="busiest EP rank's tokens / mean (default 1)"
+    )
+    expert_routing_skew: float | None = Field(
+        default=None, ge=0, description="Zipf exponent of expert popularity -> the imbalance"
+    )
     dtype: str = "auto"
     quantization: Literal["fp8", "int8", "int4"] | None = None
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     swap_space_gib: float = Field(default=4.0, ge=0, description="host swap space per GPU")
+    enable_prefix_caching: bool = Field(
+        default=False, description="vLLM's automatic prefix caching (--enable-prefix-caching)"
+    )
+    cpu_offload_gb: float = Field(
+        default=0.0, ge=0, description="GiB of weights per GPU streamed from host memory (vLLM)"
+    )
+    offload: OffloadSpec | None = Field(
+        default=None,
+        description="weight streaming: resident_layers, source, transfer, host_memory_bytes",
+    )
+    expert_offload: ExpertOffloadSpec | None = Field(
+        default=None, description="MoE experts in host memory behind a GPU expert cache"
+    )
     scheduler: SchedulerOverrides = Field(default_factory=SchedulerOverrides)
     power_cap_w: Watts | None = Field(
         default=None, gt=0, description="per-GPU power limit; lowers the clock (simulator.power)"
@@ -52,6 +91,15 @@ class ReplicaGroupSpec(Frozen):
     usd_per_gpu_hour: float | None = Field(
         default=None, gt=0, description="price override (default: the hardware's price)"
     )
+    speculative: SpeculativeSpec | None = Field(
+        default=None, description="speculative decoding: vLLM's --speculative-config keys"
+    )
+
+    @property
+    def num_replicas(self) -> int:
+        """Replica indices the group takes in a run (each of tp x pp GPUs): count, times
+        data_parallel_size with DP attention (each attention rank is numbered as a replica)."""
+        return self.count * self.data_parallel_size
 
 
 class SLOSpec(Frozen):
@@ -71,10 +119,39 @@ class Scenario(Frozen):
     model: str = Field(description="catalogue id or path to a Hugging Face config.json")
     replicas: list[ReplicaGroupSpec] = Field(min_length=1)
     router: RouterSpec = Field(default_factory=RouterSpec)
+    decode_router: RouterSpec | None = Field(
+        default=None, description="disaggregated: routes hand-offs over the decode pool (router)"
+    )
+    kv_transfer: KVTransferSpec | None = Field(
+        default=None, description="disaggregated: the prefill -> decode link (default auto)"
+    )
     workload: WorkloadSpec
     max_concurrency: int | None = Field(default=None, ge=1)
     slo: SLOSpec | None = None
     seed: int = 0
+
+    @field_validator("replicas")
+    @classmethod
+    def _roles(cls, groups: list[ReplicaGroupSpec]) -> list[ReplicaGroupSpec]:
+        problem = role_problem([g.role for g in groups])
+        if problem:
+            raise ValueError(problem)
+        return groups
+
+    @model_validator(mode="after")
+    def _disaggregated_fields(self) -> Scenario:
+        if not self.disaggregated:
+            given = [f for f in ("kv_transfer", "decode_router") if getattr(self, f) is not None]
+            if given:
+                raise ValueError(
+                    f"{given[0]} applies to disaggregated scenarios only (replica groups with "
+                    "role prefill and decode)"
+                )
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return is_disaggregated([g.role for g in self.replicas])
 
 
 def load_scenario(path: str | Path) -> Scenario:

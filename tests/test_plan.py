@@ -338,7 +338,7 @@ def test_the_short_forms_of_a_plan() -> None:
 @pytest.mark.parametrize(
     ("change", "field", "words"),
     [
-        ({"mode": "disaggregated"}, "mode", "not supported yet"),
+        ({"mode": "hybrid"}, "mode", "'colocated', 'disaggregated' or 'any'"),
         ({"workload": {"dataset": {"name": "sharegpt"}}}, "workload", "request_rate"),
         (
             {"workload": {"dataset": {"name": "sharegpt"}, "request_rate": 2, "num_prompts": 9}},
@@ -477,7 +477,7 @@ def test_cli_plan_prints_writes_and_reports_json(
     ("change", "words"),
     [
         ({"candidates": {"hardware": ["h999"]}}, "candidates.hardware.0.id: h999"),
-        ({"mode": "disaggregated"}, "not supported yet"),
+        ({"mode": "hybrid"}, "mode: Input should be 'colocated', 'disaggregated' or 'any'"),
     ],
 )
 def test_cli_plan_bad_input_exits_2_with_one_line(

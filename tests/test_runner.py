@@ -221,6 +221,9 @@ def test_run_writes_its_results(capsys: pytest.CaptureFixture[str], tmp_path: Pa
         "summary.json",
         "requests.csv",
         "steps.csv",
+        "itl.csv",
+        "scenario.json",
+        "memory.json",
     }
 
 

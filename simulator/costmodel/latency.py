@@ -8,23 +8,32 @@ output_len - 1 decode steps follow with the context growing by one token each st
 Not modelled here (the serving simulator does it): decodes of prompts that finished early
 interleaving with the remaining prefill chunks; the run-to-run noise vLLM's percentiles show
 (every iteration of the simulation takes the same time).
+
+With an offload spec (vLLM's --cpu-offload-gb, resident layers, MoE expert offload) weights that
+do not fit on the GPU stream from host memory in every step (`costmodel.offload`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.memory import MemoryPlan, pick, plan_memory, positive, require_fit
+from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.step import StepCost, engine_step_time, kernel_launches, step_cost
 from simulator.errors import SpecError
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
+from simulator.specs.offload import OffloadSpec
+
+if TYPE_CHECKING:
+    from simulator.serving.drafter import Drafter
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 
@@ -176,6 +185,8 @@ def _wave(
     max_tokens: int,
     chunked: bool,
     enforce_eager: bool,
+    offload: OffloadPlan | None = None,
+    drafter: Drafter | None = None,
 ) -> tuple[np.ndarray, np.ndarray, StepCost, StepCost, pd.DataFrame]:
     """Prefill and decode step times of one batch that runs to completion together, and the
     engine's breakdown lines of its first prefill and middle decode step."""
@@ -187,7 +198,9 @@ def _wave(
     stacked = BatchShape(
         **{f: np.array([getattr(b, f) for b in shapes]) for f in BatchShape.__slots__}
     )
-    pre_cost = step_cost(model, hw, layout, prec, stacked, attention_factor=engine.attention_factor)
+    pre_cost = step_cost(
+        model, hw, layout, prec, stacked, attention_factor=engine.attention_factor, offload=offload
+    )
     prefill = engine_step_time(
         pre_cost,
         engine,
@@ -195,11 +208,32 @@ def _wave(
         num_seqs=stacked.prefill_seqs,
         enforce_eager=enforce_eager,
     )
+    if drafter is not None:  # speculative decoding: fewer decode steps, each verifying k + 1
+        decode, dec_cost, dec_rows = drafter.decode_steps(
+            batch_size=batch_size,
+            input_len=input_len,
+            output_len=output_len,
+            enforce_eager=enforce_eager,
+        )
+        pre_rows = engine_overhead_rows(
+            pre_cost,
+            engine,
+            index=0,
+            num_tokens=float(sum(t for t, _, _ in schedule[0])),
+            num_seqs=float(len(schedule[0])),
+            enforce_eager=enforce_eager,
+        )
+        rows = pd.concat(
+            [pre_rows.assign(phase="prefill"), dec_rows.assign(phase="decode")], ignore_index=True
+        )
+        return prefill, decode, pre_cost, dec_cost, rows
     context = input_len + np.arange(1, output_len, dtype=float)
     dec = BatchShape.decode(
         batch_size=np.full(context.shape, float(batch_size)), context_len=context, window=window
     )
-    dec_cost = step_cost(model, hw, layout, prec, dec, attention_factor=engine.attention_factor)
+    dec_cost = step_cost(
+        model, hw, layout, prec, dec, attention_factor=engine.attention_factor, offload=offload
+    )
     decode = engine_step_time(
         dec_cost,
         engine,
@@ -248,11 +282,16 @@ def bench_latency(
     chunked_prefill: bool | None = None,
     gpu_memory_utilization: float | None = None,
     num_iters: int = 30,
+    offload: OffloadSpec | None = None,
+    drafter: Drafter | None = None,
 ) -> LatencyResult:
-    """Predict `vllm bench latency` for one replica. Raises SpecError if it cannot run.
+    """Predict `vllm bench latency` for one replica. Raises SpecError if it cannot run (a
+    model that does not fit names the `--cpu-offload-gb` that would make it fit).
 
     A batch larger than `max_num_seqs` runs in waves of at most `max_num_seqs` sequences, one
-    after another; TTFT is the first wave's prefill."""
+    after another; TTFT is the first wave's prefill. `offload` keeps weights off the GPU.
+    `drafter`: speculative decoding (serving.drafter); TPOT is then the decode time per output
+    token after the first (the mean decode step without speculation)."""
     _check_lengths(
         model,
         batch_size=batch_size,
@@ -273,12 +312,21 @@ def bench_latency(
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_batched_tokens=max_tokens,
         max_num_seqs=max_seqs,
+        offload=offload,
     )
+    if drafter is not None:
+        if plan.offload is not None:
+            raise SpecError(
+                "speculative decoding with weight offloading is not modelled",
+                field="speculative_config",
+            )
+        plan = drafter.memory(plan)
     require_fit(
         plan, what=f"{model.id} on {hw.id} (tp={layout.tp}, pp={layout.pp}, {prec.weights})"
     )
     wave = min(batch_size, max_seqs)
-    needed = wave * -(-(input_len + output_len) // plan.block_size)
+    lookahead = drafter.spec.num_speculative_tokens if drafter is not None else 0
+    needed = wave * -(-(input_len + output_len + lookahead) // plan.block_size)
     if needed > plan.kv_capacity_blocks:
         raise SpecError(
             f"batch of {wave} x {input_len + output_len} tokens needs {needed} KV blocks, "
@@ -301,6 +349,8 @@ def bench_latency(
             max_tokens=max_tokens,
             chunked=chunked,
             enforce_eager=enforce_eager,
+            offload=plan.offload,
+            drafter=drafter,
         )
         for size in set(sizes)
     }
@@ -309,7 +359,7 @@ def bench_latency(
     all_decode = np.concatenate([runs[s][1] for s in sizes])
     return LatencyResult(
         ttft_s=float(prefill.sum()),
-        tpot_s=float(all_decode.mean()) if all_decode.size else 0.0,
+        tpot_s=float(all_decode.sum()) / (len(sizes) * (output_len - 1)) if output_len > 1 else 0.0,
         latency_s=total,
         prefill_steps=prefill,
         decode_steps=np.asarray(decode),
@@ -330,5 +380,7 @@ def bench_latency(
             "output_len": output_len,
             "enforce_eager": enforce_eager,
             "waves": len(sizes),
+            "offload": offload.model_dump() if offload is not None and offload.active else None,
+            **(drafter.config() if drafter is not None else {}),
         },
     )

@@ -5,22 +5,30 @@ weights of the busiest device, minus the peak activation of a profiling forward 
 max_num_batched_tokens tokens (and the sampler's logits for max_num_seqs sequences), minus the
 engine's reserve (CUDA context, workspaces, graph pool); what remains holds KV blocks.
 
+With an offload spec (`costmodel.offload`), the weights it moves to host memory or NVMe leave
+the device and its staging buffers join it. A plan that does not fit names the smallest
+`--cpu-offload-gb` that would make it fit.
+
 Not modelled: allocator fragmentation, LoRA adapters, multimodal encoders' memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
+from simulator.costmodel.offload import OffloadPlan, plan_offload
 from simulator.costmodel.ops import weight_bytes_per_param
 from simulator.errors import SpecError
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import DTYPE_BYTES, GQAttention, ModelSpec
+from simulator.specs.offload import OffloadSpec
 from simulator.units import GiB
 
 T = TypeVar("T")
@@ -68,10 +76,20 @@ def layer_weight_bytes(model: ModelSpec, layout: Parallelism, prec: Precision) -
     return per_layer
 
 
-def weight_bytes_per_device(model: ModelSpec, layout: Parallelism, prec: Precision) -> float:
+def weight_bytes_per_device(
+    model: ModelSpec,
+    layout: Parallelism,
+    prec: Precision,
+    *,
+    offloaded: np.ndarray | None = None,
+) -> float:
     """Weights on the busiest device: layers split evenly over pipeline stages, embedding on
-    the first stage and the LM head on the last (both vocab-parallel over TP, kept 16-bit)."""
-    stages = np.array_split(layer_weight_bytes(model, layout, prec), layout.pp)
+    the first stage and the LM head on the last (both vocab-parallel over TP, kept 16-bit);
+    `offloaded` (bytes per layer) stay off the device."""
+    layers = layer_weight_bytes(model, layout, prec)
+    if offloaded is not None:
+        layers = layers - offloaded
+    stages = np.array_split(layers, layout.pp)
     per_stage = np.array([s.sum() for s in stages])
     table = model.vocab_size * model.hidden_size / layout.tp * DTYPE_BYTES[prec.activations]
     per_stage[0] += table
@@ -107,10 +125,20 @@ class MemoryPlan:
     reserve_bytes: float
     kv_bytes_per_token: float  # per device: this device's share of layers and KV heads
     block_size: int
+    offloaded_bytes: float = 0.0  # weights this device keeps in host memory or on NVMe
+    staging_bytes: float = 0.0  # GPU buffers the offloaded weights pass through
+    offload: OffloadPlan | None = None
+    min_cpu_offload_gib: int | None = None  # the least --cpu-offload-gb that fits (no fit)
 
     @property
     def kv_cache_bytes(self) -> float:
-        return self.usable_bytes - self.weights_bytes - self.activation_bytes - self.reserve_bytes
+        return (
+            self.usable_bytes
+            - self.weights_bytes
+            - self.staging_bytes
+            - self.activation_bytes
+            - self.reserve_bytes
+        )
 
     @property
     def fits(self) -> bool:
@@ -131,8 +159,15 @@ class MemoryPlan:
 
     def summary(self) -> str:
         g = GiB
+        off = ""
+        if self.offloaded_bytes or self.staging_bytes:
+            where = self.offload.spec.source if self.offload else "host"
+            off = (
+                f" (+ {self.offloaded_bytes / g:.2f} GiB offloaded to {where})"
+                f" + staging {self.staging_bytes / g:.2f} GiB"
+            )
         return (
-            f"weights {self.weights_bytes / g:.2f} GiB"
+            f"weights {self.weights_bytes / g:.2f} GiB{off}"
             f" + activations {self.activation_bytes / g:.2f} GiB"
             f" + engine reserve {self.reserve_bytes / g:.2f} GiB"
             f" vs {self.usable_bytes / g:.2f} GiB usable of {self.capacity_bytes / g:.2f} GiB"
@@ -145,6 +180,8 @@ class MemoryPlan:
             "weights_bytes": self.weights_bytes,
             "activation_bytes": self.activation_bytes,
             "reserve_bytes": self.reserve_bytes,
+            "offloaded_bytes": self.offloaded_bytes,
+            "staging_bytes": self.staging_bytes,
             "kv_cache_bytes": self.kv_cache_bytes,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_capacity_tokens": self.kv_capacity_tokens,
@@ -189,33 +226,126 @@ def plan_memory(
     gpu_memory_utilization: float | None = None,
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
+    offload: OffloadSpec | None = None,
+    host_reserved_bytes: float = 0.0,
 ) -> MemoryPlan:
     """The memory budget of the busiest device; see `MemoryPlan.fits`. Knobs left None take
-    the engine's defaults."""
+    the engine's defaults. `offload` moves weights off the device (SpecError if host memory,
+    less `host_reserved_bytes` such as swap space, cannot hold them); a plan that does not fit
+    carries the least `cpu_offload_gb` that would (`min_cpu_offload_gib`)."""
     sched = engine.scheduler
     util = pick(gpu_memory_utilization, sched.gpu_memory_utilization)
     if not 0 < util <= 1:
         raise SpecError(f"must be in (0, 1], got {util}", field="gpu_memory_utilization")
-    max_tokens = pick(max_num_batched_tokens, sched.max_num_batched_tokens)
-    max_seqs = pick(max_num_seqs, sched.max_num_seqs)
-    return MemoryPlan(
+    max_tokens = positive(
+        pick(max_num_batched_tokens, sched.max_num_batched_tokens), field="max_num_batched_tokens"
+    )
+    max_seqs = positive(pick(max_num_seqs, sched.max_num_seqs), field="max_num_seqs")
+    base = MemoryPlan(
         capacity_bytes=hw.memory.capacity_bytes,
         usable_bytes=util * hw.memory.capacity_bytes,
         weights_bytes=weight_bytes_per_device(model, layout, prec),
         activation_bytes=activation_bytes(
-            model,
-            layout,
-            prec,
-            max_tokens=positive(max_tokens, field="max_num_batched_tokens"),
-            max_seqs=positive(max_seqs, field="max_num_seqs"),
+            model, layout, prec, max_tokens=max_tokens, max_seqs=max_seqs
         ),
         reserve_bytes=engine.memory_reserve_bytes,
         kv_bytes_per_token=kv_bytes_per_token_per_device(model, layout, prec),
         block_size=sched.block_size,
     )
+    plan = base
+    if offload is not None and offload.active:
+        plan = with_offload(
+            base,
+            model,
+            hw,
+            layout,
+            prec,
+            offload,
+            max_tokens=max_tokens,
+            host_reserved_bytes=host_reserved_bytes,
+        )
+    if plan.fits or (offload is not None and offload.resident_layers is not None):
+        return plan
+    least = least_cpu_offload_gib(
+        base, model, hw, layout, prec, offload or OffloadSpec(), max_tokens=max_tokens
+    )
+    return dataclasses.replace(plan, min_cpu_offload_gib=least)
+
+
+def with_offload(
+    plan: MemoryPlan,
+    model: ModelSpec,
+    hw: HardwareSpec,
+    layout: Parallelism,
+    prec: Precision,
+    offload: OffloadSpec,
+    *,
+    max_tokens: int,
+    host_reserved_bytes: float = 0.0,
+) -> MemoryPlan:
+    """`plan` (made without offload) with `offload`'s weights off the device."""
+    off = plan_offload(
+        model,
+        hw,
+        layout,
+        prec,
+        offload,
+        layer_bytes=layer_weight_bytes(model, layout, prec),
+        max_tokens=max_tokens,
+        host_reserved_bytes=host_reserved_bytes,
+    )
+    return dataclasses.replace(
+        plan,
+        weights_bytes=weight_bytes_per_device(
+            model, layout, prec, offloaded=off.offloaded_layer_bytes
+        ),
+        offloaded_bytes=off.host_bytes,
+        staging_bytes=off.staging_bytes,
+        offload=off,
+    )
+
+
+def least_cpu_offload_gib(
+    plan: MemoryPlan,
+    model: ModelSpec,
+    hw: HardwareSpec,
+    layout: Parallelism,
+    prec: Precision,
+    offload: OffloadSpec,
+    *,
+    max_tokens: int,
+) -> int | None:
+    """The smallest whole `cpu_offload_gb` with which `plan` (made without offload) fits, on
+    top of `offload`'s other settings and whatever host memory it takes (at least 1, as the
+    plan does not fit without); None if streaming every layer would not do."""
+
+    def fits(gib: float) -> bool:
+        spec = offload.model_copy(update={"cpu_offload_gb": gib, "host_memory_bytes": math.inf})
+        return with_offload(plan, model, hw, layout, prec, spec, max_tokens=max_tokens).fits
+
+    # Freed memory never falls as more streams: streamed bytes less staging is
+    # g (1 - buffers / S) with S, the streamed layers, growing with g. So bisect.
+    lo, hi = 0, math.ceil(float(layer_weight_bytes(model, layout, prec).sum()) / GiB)
+    if not fits(float(hi)):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(float(mid)) else (mid, hi)
+    return hi
 
 
 def require_fit(plan: MemoryPlan, *, what: str) -> None:
-    """Raise SpecError with the breakdown if the model does not fit."""
-    if not plan.fits:
-        raise SpecError(f"does not fit: {plan.summary()}", source=what, field="memory")
+    """Raise SpecError with the breakdown if the model does not fit, naming the least
+    `--cpu-offload-gb` that would make it fit where streaming weights can."""
+    if plan.fits:
+        return
+    hint = ""
+    if plan.min_cpu_offload_gib is not None:
+        n = plan.min_cpu_offload_gib
+        hint = (
+            f"; --cpu-offload-gb {n} (scenario: cpu_offload_gb: {n}) would stream "
+            "weights from host memory"
+        )
+    elif plan.offload is None or plan.offload.spec.resident_layers is None:
+        hint = "; it would not fit even with every layer streamed from host memory"
+    raise SpecError(f"does not fit: {plan.summary()}{hint}", source=what, field="memory")

@@ -225,12 +225,26 @@ def wire_bytes(op: Op) -> np.ndarray:
             return msg
 
 
+def _all_to_all_across_nodes(hw: HardwareSpec, op: Op, eff: np.ndarray) -> np.ndarray:
+    """Network seconds of an all-to-all over n devices spanning nodes of g: of a device's n
+    equal shares, g - 1 go to peers in its node over the scale-up fabric while n - g leave
+    the node over its NIC at the same time (DeepEP's internode kernels); the slower sets the
+    time."""
+    n, g = op.group_size, hw.interconnect.gpus_per_node
+    msg = np.asarray(op.msg_bytes, dtype=float)
+    inside = (g - 1) / n * msg / (collective_bandwidth(hw, g, scale_out=False) * eff)
+    outside = (n - g) / n * msg / (hw.interconnect.scale_out_bw_bytes_per_s * eff)
+    return np.maximum(inside, outside)
+
+
 def _collective_cost(hw: HardwareSpec, op: Op) -> tuple[np.ndarray, np.ndarray]:
     msg = np.asarray(op.msg_bytes, dtype=float)
     coll = hw.efficiency.collective
     bw = collective_bandwidth(hw, op.group_size, scale_out=op.scale_out)
     eff = coll.busbw_fraction * coll.size_curve(np.maximum(msg, 1.0))
     network = wire_bytes(op) / (bw * eff)
+    if op.collective == "all_to_all" and op.group_size > hw.interconnect.gpus_per_node:
+        network = _all_to_all_across_nodes(hw, op, eff)
     fixed: float | np.ndarray
     if op.collective == "send_recv":
         fixed = hw.interconnect.scale_out_latency_s if op.scale_out else hw.interconnect.latency_s

@@ -1,4 +1,7 @@
-"""One engine step's cost on a replica: the op list evaluated on a device, plus a breakdown."""
+"""One engine step's cost on a replica: the op list evaluated on a device, plus a breakdown.
+
+With offloaded weights (`costmodel.offload`) the step also pays what streaming and expert misses
+leave exposed; those appear in the breakdown as their own rows (kind "offload")."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.offload import ExtraCost, OffloadPlan
 from simulator.costmodel.ops import step_ops
 from simulator.costmodel.roofline import OpCost, evaluate, total_time
 from simulator.specs.deployment import Parallelism, Precision
@@ -19,10 +23,12 @@ from simulator.specs.model import ModelSpec
 
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """Time of one step through every pipeline stage (`time_s`) and its per-op breakdown."""
+    """Time of one step through every pipeline stage (`time_s`, including `extras`: offload
+    costs that are not kernels) and its per-op breakdown."""
 
     costs: list[OpCost]
     time_s: np.ndarray
+    extras: tuple[ExtraCost, ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -59,6 +65,21 @@ class StepCost:
                     "bound": str(element(c.bound)),
                 }
             )
+        for e in self.extras:
+            t = at(e.time_s)
+            rows.append(
+                {
+                    "op": e.name,
+                    "kind": "offload",
+                    "count": e.count,
+                    "time_s": t,
+                    "total_s": t * e.count,
+                    "share": t * e.count / total,
+                    "flops": 0.0,
+                    "bytes": at(e.bytes) * e.count,
+                    "bound": str(element(e.bound)),
+                }
+            )
         return pd.DataFrame(rows)
 
 
@@ -70,11 +91,17 @@ def step_cost(
     batch: BatchShape,
     *,
     attention_factor: float = 1.0,
+    offload: OffloadPlan | None = None,
 ) -> StepCost:
-    """GPU time of one step of `batch` on one replica (no engine CPU overheads)."""
+    """GPU time of one step of `batch` on one replica (no engine CPU overheads), with what
+    `offload` adds (streamed weights, expert misses)."""
     ops = step_ops(model, layout, prec, batch, gpus_per_node=hw.interconnect.gpus_per_node)
     costs = evaluate(ops, hw, attention_factor=attention_factor)
-    return StepCost(costs, total_time(costs))
+    if offload is None:
+        return StepCost(costs, total_time(costs))
+    extras = tuple(offload.extras(model, costs, batch.num_tokens))
+    time = total_time(costs) + sum((e.time_s * e.count for e in extras), start=np.zeros(1))
+    return StepCost(costs, time, extras)
 
 
 def kernel_launches(step: StepCost) -> np.ndarray:

@@ -116,7 +116,7 @@ class Recorder:
                 req.prompt_len,
                 req.num_output,
                 req.preemptions,
-                0,  # cached tokens: no prefix caching yet
+                req.cached_tokens,
                 req.priority,
             )
         )

@@ -64,6 +64,7 @@ def serve_summary(
     duration_s: float | None = None,
     goodput: Mapping[str, float] | None = None,
     percentiles: Sequence[float] = (50, 90, 99),
+    prefix_caching: bool = False,
 ) -> Summary:
     """`vllm bench serve --output-json` metrics, then the simulator's extras.
 
@@ -74,8 +75,11 @@ def serve_summary(
     vLLM writes it. Keys: vLLM's `duration`, `completed`, `failed`, `total_input_tokens`,
     `total_output_tokens`, `request_throughput`, `request_goodput`, `output_throughput`,
     `total_token_throughput`, `max_concurrent_requests`, then `mean/median/std/p<q>_<m>_ms` for
-    ttft, tpot, itl, e2el; extras `mean/median/p99_queueing_ms`, `preemptions`,
-    `prefix_cache_hit_rate`. Rates are 0 when the duration is 0 (nothing completed).
+    ttft, tpot, itl, e2el; extras `mean/median/p99_queueing_ms`, `preemptions`, and with
+    `prefix_caching` `prefix_cache_hit_rate` (cached / prompt tokens of completed requests,
+    each request's cache hit when first admitted, as vLLM's num_cached_tokens) and
+    `prefix_cache_saved_tokens` (those cached tokens). Rates are 0 when the duration is 0
+    (nothing completed).
     """
     _require_columns(requests)
     pcts = _check_percentiles(percentiles)
@@ -110,9 +114,10 @@ def serve_summary(
     out.update(describe_ms("queueing", queueing, percentiles=(99,)))
     del out["std_queueing_ms"]
     out["preemptions"] = int(requests["preemptions"].sum())
-    out["prefix_cache_hit_rate"] = (
-        float(done["cached_tokens"].sum()) / total_in if total_in > 0 else 0.0
-    )
+    if prefix_caching:
+        cached = int(done["cached_tokens"].sum())
+        out["prefix_cache_hit_rate"] = cached / total_in if total_in > 0 else 0.0
+        out["prefix_cache_saved_tokens"] = cached
     return out
 
 
@@ -186,7 +191,10 @@ def format_serve_summary(summary: Mapping[str, float | int | None]) -> str:
     if "preemptions" in s:
         lines.append("{s:{c}^{n}}".format(s="Scheduler", n=WIDTH, c="-"))
         lines.append(_row("Preemptions:", s["preemptions"]))
-        lines.append(_row("Prefix cache hit rate:", s.get("prefix_cache_hit_rate", 0.0), ".2f"))
+    if "prefix_cache_hit_rate" in s:
+        hit_pct = 100 * _num(s["prefix_cache_hit_rate"])
+        lines.append(_row("Prefix cache hit rate (%):", hit_pct, ".2f"))
+        lines.append(_row("Prefill tokens saved by the cache:", s["prefix_cache_saved_tokens"]))
     lines.append("=" * WIDTH)
     return "\n".join(lines)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -158,10 +159,13 @@ def capacity_ceiling(
     prompt_len: np.ndarray,
     output_len: np.ndarray,
     scheduler: SchedulerSpec,
+    phase: Literal["both", "prefill", "decode"] = "both",
 ) -> float:
-    """Requests/s one replica cannot exceed on this workload (see the module doc)."""
-    mean_prompt = float(np.mean(prompt_len))
-    mean_decodes = float(np.mean(np.maximum(output_len - 1, 0)))
+    """Requests/s one replica cannot exceed on this workload (see the module doc); `phase`:
+    the work of a disaggregated pool's replica (prefill: the prompt and the first token;
+    decode: the later tokens)."""
+    mean_prompt = float(np.mean(prompt_len)) if phase != "decode" else 0.0
+    mean_decodes = float(np.mean(np.maximum(output_len - 1, 0))) if phase != "prefill" else 0.0
     # Cheapest token: GPU time of the token-proportional ops of a step of c tokens plus the
     # per-step overhead, over c; between grid points c_k <= c <= c_k+1, at least
     # time(c_k) / c_k+1 (time grows with c).

@@ -9,8 +9,9 @@ from typing import Any
 import pandas as pd
 
 from simulator import runner
+from simulator.errors import SpecError
 from simulator.planning.fleet import Fleet, FleetOption, cheapest_fleet, single_layout_fleet
-from simulator.planning.layouts import Prepared, Searched, Traffic, scenario
+from simulator.planning.layouts import Candidate, Searched, Traffic, scenario
 from simulator.planning.search import judge
 from simulator.planning.spec import PlanSpec
 from simulator.planning.tables import prepared_row, usd_per_million_tokens
@@ -25,11 +26,11 @@ def choose_fleet(
     is excluded (with every mix that has no more replicas of any layout) and the program
     solved again, FLEET_ATTEMPTS times at most; if none passes, the cheapest fleet of a single
     layout that can be had is checked too. The last fleet tried is the answer."""
-    options = {s.prepared.layout.key: s.option for s in searched if s.outcome.max_rate > 0}
+    options = {s.prepared.key: s.option for s in searched if s.outcome.max_rate > 0}
     target = flow.target_rate
     replicas = spec.candidates.data_parallel_size
     limits = {h.id: h.max_gpus for h in spec.candidates.hardware if h.max_gpus is not None}
-    by_key = {s.prepared.layout.key: s.prepared for s in searched}
+    by_key = {s.prepared.key: s.prepared for s in searched}
     tried: list[tuple[Fleet, dict[str, Any] | None]] = []
     for _ in range(FLEET_ATTEMPTS if spec.search.verify_fleet else 1):
         fleet = cheapest_fleet(
@@ -59,7 +60,7 @@ def choose_fleet(
             prepared_row(by_key[key])
             | {
                 "replicas": count,
-                "gpus": count * by_key[key].layout.gpus,
+                "gpus": count * by_key[key].gpus,
                 "rate": count * options[key].rate,
                 "usd_per_hour": count * options[key].usd_per_hour,
             }
@@ -99,7 +100,7 @@ def _cheapest_single(
         fleet, why_not = single_layout_fleet(
             option,
             target_rate=target,
-            gpu_limit=limits.get(option.hardware),
+            gpu_limits=limits,
             min_replicas=replicas.min,
             max_replicas=replicas.max,
         )
@@ -109,14 +110,18 @@ def _cheapest_single(
 
 
 def _verify(
-    spec: PlanSpec, fleet: Fleet, by_key: dict[str, Prepared], flow: Traffic
+    spec: PlanSpec, fleet: Fleet, by_key: dict[str, Candidate], flow: Traffic
 ) -> dict[str, Any]:
-    """One simulation of the whole fleet at the target rate behind the plan's router."""
+    """One simulation of the whole fleet at the target rate behind the plan's router (units:
+    their pools merged behind the plan's routers)."""
     target, s = flow.target_rate, spec.search
     wanted = min(max(math.ceil(s.duration_s * target), s.min_prompts), 2 * s.max_prompts)
     n = flow.clamp(wanted)
-    groups = [by_key[key].layout.replica_group(spec, count=c) for key, c in fleet.replicas.items()]
-    result = runner.run(scenario(spec, groups, flow.at(n, target), name=f"{spec.name}/fleet"))
+    groups = [g for key, c in fleet.replicas.items() for g in by_key[key].groups(spec, count=c)]
+    try:
+        result = runner.run(scenario(spec, groups, flow.at(n, target), name=f"{spec.name}/fleet"))
+    except SpecError as exc:  # e.g. units whose KV blocks differ cannot share pools
+        return {"rate": target, "num_prompts": n, "meets_slos": False, "reason": exc.reason}
     sim = result.sim
     verdict = judge(
         sim.requests,

@@ -30,13 +30,26 @@ COST_TIE_TOLERANCE = 1e-9  # relative: fleets this close in cost count as equall
 
 @dataclass(frozen=True)
 class FleetOption:
-    """A layout as the fleet sees it: one replica's rate, GPUs and price per hour."""
+    """A layout as the fleet sees it: one replica's rate, GPUs and price per hour. A
+    disaggregated unit (prefill and decode replicas, perhaps of two hardware types) is one
+    "replica" here; `gpus_by_hardware` then splits its GPUs by hardware type."""
 
     key: str
     hardware: str
     gpus_per_replica: int
     rate: float
     usd_per_hour: float
+    gpus_by_hardware: tuple[tuple[str, int], ...] = ()
+
+    def gpus_on(self, hardware: str) -> int:
+        """GPUs of `hardware` in one replica."""
+        if self.gpus_by_hardware:
+            return dict(self.gpus_by_hardware).get(hardware, 0)
+        return self.gpus_per_replica if hardware == self.hardware else 0
+
+    @property
+    def hardware_ids(self) -> list[str]:
+        return [h for h, _ in self.gpus_by_hardware] or [self.hardware]
 
 
 @dataclass(frozen=True)
@@ -81,16 +94,23 @@ def single_layout_fleet(
     *,
     target_rate: float,
     gpu_limit: int | None = None,
+    gpu_limits: Mapping[str, int | None] | None = None,
     min_replicas: int = 1,
     max_replicas: int | None = None,
 ) -> tuple[Fleet, str]:
-    """The fleet of one layout for the target, and why it cannot be had ('' when it can)."""
+    """The fleet of one layout for the target, and why it cannot be had ('' when it can).
+    `gpu_limit`: GPUs of the option's hardware available; `gpu_limits`: by hardware id."""
     n = replicas_needed(option, target_rate=target_rate, min_replicas=min_replicas)
     fleet = _make_fleet([option], [n])
     if max_replicas is not None and n > max_replicas:
         return fleet, f"needs {n} replicas, at most {max_replicas} allowed"
-    if gpu_limit is not None and fleet.gpus > gpu_limit:
-        return fleet, f"needs {fleet.gpus} {option.hardware} GPUs, {gpu_limit} available"
+    limits = dict(gpu_limits or {})
+    if gpu_limit is not None:
+        limits[option.hardware] = gpu_limit
+    for hardware in option.hardware_ids:
+        limit, need = limits.get(hardware), n * option.gpus_on(hardware)
+        if limit is not None and need > limit:
+            return fleet, f"needs {need} {hardware} GPUs, {limit} available"
     return fleet, ""
 
 
@@ -154,15 +174,16 @@ class _Program:
         if max_replicas is not None:
             upper = np.minimum(upper, max_replicas)
         for i, o in enumerate(options):
-            if o.hardware in limits:
-                upper[i] = min(upper[i], limits[o.hardware] // o.gpus_per_replica)
+            for hw in o.hardware_ids:
+                if hw in limits:
+                    upper[i] = min(upper[i], limits[hw] // o.gpus_on(hw))
         self.upper = list(upper)
         self.rows: list[dict[int, float]] = []
         self.lows: list[float] = []
         self.highs: list[float] = []
         self.add({i: o.rate for i, o in enumerate(options)}, target, np.inf)
         for hw, limit in sorted(limits.items()):
-            gpus = {i: float(o.gpus_per_replica) for i, o in enumerate(options) if o.hardware == hw}
+            gpus = {i: float(o.gpus_on(hw)) for i, o in enumerate(options) if o.gpus_on(hw)}
             if gpus:
                 self.add(gpus, -np.inf, float(limit))
         if min_replicas > 1:

@@ -7,7 +7,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from simulator.planning.spec import HardwareCandidate, PlanSpec, PlanWorkload, Q
 from simulator.scenario import ReplicaGroupSpec, Scenario, SLOSpec
 from simulator.serving.cluster import ReplicaGroup, default_scheduler, replica_group
 from simulator.serving.scheduler import SchedulerSpec
+from simulator.serving.steptime import StepTimer
 from simulator.serving.workload import RequestTable, WorkloadSpec, generate_requests
 from simulator.specs import ModelSpec, load_hardware
 
@@ -90,13 +91,18 @@ def price_per_gpu_hour(entry: HardwareCandidate) -> float:
 def scenario(
     spec: PlanSpec, groups: list[ReplicaGroupSpec], workload: WorkloadSpec, *, name: str
 ) -> Scenario:
-    """The `llmsim run` scenario of one simulation of the plan."""
+    """The `llmsim run` scenario of one simulation of the plan (with prefill/decode groups:
+    the plan's KV transfer and decode router)."""
     thresholds = spec.slo.thresholds_ms()
+    split = any(g.role != "both" for g in groups)
+    d = spec.disaggregated
     return Scenario(
         name=name,
         model=spec.model,
         replicas=groups,
         router=spec.router,
+        decode_router=d.decode_router if split else None,
+        kv_transfer=d.kv_transfer if split else None,
         workload=workload,
         slo=SLOSpec(**{f"{m}_ms": v for m, v in thresholds.items()}) if thresholds else None,
         seed=spec.seed,
@@ -160,7 +166,8 @@ def traffic(spec: PlanSpec) -> Traffic:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A layout that fits, with its analytical bounds on the requests it will be tried with."""
+    """A layout that fits, with its analytical bounds on the requests it will be tried with
+    (as one colocated replica), and its step timer and memory plan."""
 
     layout: Layout
     deployment: Deployment
@@ -170,10 +177,28 @@ class Prepared:
     ceiling: float
     floors: LatencyFloors
     precision: str
+    timer: StepTimer
+    memory: MemoryPlan
 
     @property
     def usd_per_hour(self) -> float:
         return self.usd_per_gpu_hour * self.layout.gpus
+
+    @property
+    def key(self) -> str:
+        return self.layout.key
+
+    @property
+    def gpus(self) -> int:
+        return self.layout.gpus
+
+    @property
+    def gpus_by_hardware(self) -> tuple[tuple[str, int], ...]:
+        return ((self.layout.hardware, self.layout.gpus),)
+
+    def groups(self, spec: PlanSpec, *, count: int = 1) -> list[ReplicaGroupSpec]:
+        """The scenario's replica groups for `count` replicas."""
+        return [self.layout.replica_group(spec, count=count)]
 
 
 def _group(
@@ -196,6 +221,16 @@ def _group(
 def prepare(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) -> Prepared | str:
     """The layout's bounds, or why it is pruned before any simulation (it does not fit, is
     not a valid layout for this model or engine, or its latency floors miss an SLO)."""
+    got = measure(spec, layout, model=model, flow=flow)
+    if isinstance(got, str):
+        return got
+    reason = hopeless(got.floors, spec.slo, margin=spec.search.prescreen_margin)
+    return f"hopeless: {reason}" if reason else got
+
+
+def measure(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) -> Prepared | str:
+    """The layout's bounds as one colocated replica, or why it cannot run at all (it does not
+    fit, or is not a valid layout for this model or engine)."""
     c, search = spec.candidates, spec.search
     try:
         dep = deployment(
@@ -229,21 +264,42 @@ def prepare(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) 
     floors = latency_floors(
         group.timer, prompt_len=sample.prompt_len, output_len=sample.output_len, scheduler=sched
     )
-    reason = hopeless(floors, spec.slo, margin=search.prescreen_margin)
-    if reason:
-        return f"hopeless: {reason}"
     entry = next(h for h in c.hardware if h.id == layout.hardware)
     prec = dep.precision
     label = f"{prec.weights} weight-only" if prec.weight_only else prec.weights
-    return Prepared(layout, dep, sched, price_per_gpu_hour(entry), n, ceiling, floors, label)
+    price = price_per_gpu_hour(entry)
+    return Prepared(layout, dep, sched, price, n, ceiling, floors, label, group.timer, memory)
+
+
+class Candidate(Protocol):
+    """What the search and the fleet need of a candidate: a colocated layout (`Prepared`) or a
+    disaggregated unit (`planning.units.Unit`), as one "replica" of a fleet."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def usd_per_hour(self) -> float: ...
+    @property
+    def usd_per_gpu_hour(self) -> float: ...
+    @property
+    def ceiling(self) -> float: ...
+    @property
+    def num_prompts(self) -> int: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def gpus_by_hardware(self) -> tuple[tuple[str, int], ...]: ...
+    def groups(self, spec: PlanSpec, *, count: int = 1) -> list[ReplicaGroupSpec]: ...
 
 
 @dataclass(frozen=True)
 class Searched:
-    """A layout after its rate search: the outcome, the verdict and energy per output token at
-    the max rate (None when no rate passed), and one row per simulation."""
+    """A candidate after its rate search: the outcome, the verdict and energy per output token
+    at the max rate (None when no rate passed), and one row per simulation."""
 
-    prepared: Prepared
+    prepared: Candidate
     outcome: SearchOutcome
     verdict: Verdict | None
     energy_j: float | None
@@ -253,9 +309,10 @@ class Searched:
     def option(self) -> FleetOption:
         p = self.prepared
         return FleetOption(
-            key=p.layout.key,
-            hardware=p.layout.hardware,
-            gpus_per_replica=p.layout.gpus,
+            key=p.key,
+            hardware=p.gpus_by_hardware[0][0],
+            gpus_per_replica=p.gpus,
             rate=self.outcome.max_rate,
             usd_per_hour=p.usd_per_hour,
+            gpus_by_hardware=p.gpus_by_hardware,
         )

@@ -49,7 +49,7 @@ def _candidates_table(frame: pd.DataFrame) -> Table:
         box=box.SIMPLE_HEAD,
     )
     table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("layout", no_wrap=True)
+    table.add_column("layout", overflow="fold")
     table.add_column("precision", no_wrap=True)
     for name in ("req/s/replica", "replicas", "GPUs", "$/hour", "$/M out", "$/M @max", "J/tok"):
         table.add_column(name, justify="right", no_wrap=True)
@@ -135,8 +135,16 @@ def print_plan(result: PlanResult, console: Console) -> None:
     frame = result.candidates
     if (frame["status"] == "feasible").any():
         console.print(_candidates_table(frame))
-    for row in frame[frame["status"] != "feasible"].to_dict("records"):
+    unsearched = frame["reason"].astype(str).str.startswith("not searched")
+    for row in frame[(frame["status"] != "feasible") & ~unsearched].to_dict("records"):
         console.print(f"  {row['status']}: {row['layout']}: {row['reason']}", highlight=False)
+    if unsearched.any():
+        console.print(
+            f"  pruned: {int(unsearched.sum())} more disaggregated units, not searched (beyond "
+            f"disaggregated.max_units = {result.spec.disaggregated.max_units}; candidates.csv "
+            "lists them)",
+            highlight=False,
+        )
     for line in _fleet_lines(result):
         console.print(line, highlight=False)
     if not result.pareto.empty:

@@ -5,7 +5,9 @@ the target), latency SLOs as percentile targets plus an optional goodput share, 
 candidate deployments: hardware (with optional GPU limits and price overrides) x engines x
 quantizations x KV-cache dtypes x TP x PP, with a range of replicas (DP) per layout. The JSON
 schema is `PlanSpec.model_json_schema()` (`llmsim plan --schema`); `scenarios/plan_chat.yaml`
-is an example. Only colocated serving (prefill and decode on the same replicas) is planned.
+is an example. `mode` says what is planned: colocated serving (prefill and decode on the same
+replicas), disaggregated units (a prefill pool and a decode pool of the candidate layouts,
+`disaggregated:`), or any of both.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pydantic import BeforeValidator, Field, ValidationError, field_validator, m
 
 from simulator.errors import SpecError
 from simulator.scenario import SchedulerOverrides
+from simulator.serving.kv_transfer import KVTransferSpec
 from simulator.serving.router import RouterSpec
 from simulator.serving.workload import DatasetSpec, TraceDataset, WorkloadSpec
 from simulator.specs import load_engine, load_hardware, load_model
@@ -264,10 +267,37 @@ class SearchSpec(Frozen):
         return self
 
 
+class DisaggregatedCandidates(Frozen):
+    """Disaggregated units: `prefill_replicas` replicas of one candidate layout as the prefill
+    pool and `decode_replicas` of one (the same or another) as the decode pool, for every pair
+    of layouts with the same KV-cache dtype and every count in the lists (ratios in lowest
+    terms: 2 + 2 is two 1 + 1 units). A fleet is whole units."""
+
+    prefill_replicas: Annotated[list[PositiveInt], BeforeValidator(_as_list)] = Field(
+        default_factory=lambda: [1, 2], min_length=1
+    )
+    decode_replicas: Annotated[list[PositiveInt], BeforeValidator(_as_list)] = Field(
+        default_factory=lambda: [1, 2], min_length=1
+    )
+    kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec)
+    decode_router: RouterSpec | None = Field(
+        default=None, description="routes hand-offs over the decode pool (default: router)"
+    )
+    max_units: int = Field(
+        default=24,
+        ge=1,
+        description="units searched at most, cheapest capacity ceiling per dollar first; the "
+        "others are listed as pruned",
+    )
+
+
 class PlanSpec(Frozen):
     name: str = "plan"
     model: str = Field(description="catalogue id or path to a Hugging Face config.json")
-    mode: str = Field(default="colocated", description="colocated (disaggregated: not yet)")
+    mode: Literal["colocated", "disaggregated", "any"] = Field(
+        default="colocated",
+        description="colocated replicas, disaggregated prefill/decode units, or any of both",
+    )
     workload: PlanWorkload
     slo: PlanSLO = Field(default_factory=PlanSLO)
     candidates: Candidates
@@ -276,22 +306,13 @@ class PlanSpec(Frozen):
         description="for the fleet's check; least_kv splits a mixed fleet by KV capacity",
     )
     search: SearchSpec = Field(default_factory=SearchSpec)
+    disaggregated: DisaggregatedCandidates = Field(default_factory=DisaggregatedCandidates)
     pareto_metric: Literal["ttft", "tpot", "itl", "e2el"] | None = Field(
         default=None,
         description="latency of the cost/latency frontier (None: the first SLO among tpot, "
         "itl, ttft, e2el; its SLO percentile, else p99)",
     )
     seed: int = 0
-
-    @field_validator("mode")
-    @classmethod
-    def _colocated_only(cls, mode: str) -> str:
-        if mode != "colocated":
-            raise ValueError(
-                f"mode {mode!r} is not supported yet: only 'colocated' (prefill and decode on "
-                "the same replicas) is planned; disaggregated planning is separate work"
-            )
-        return mode
 
 
 def load_plan(path: str | Path) -> PlanSpec:

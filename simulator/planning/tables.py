@@ -10,9 +10,10 @@ import numpy as np
 import pandas as pd
 
 from simulator.planning.fleet import single_layout_fleet
-from simulator.planning.layouts import Layout, Prepared, Searched
+from simulator.planning.layouts import Candidate, Layout, Prepared, Searched
 from simulator.planning.search import latency_key
 from simulator.planning.spec import PlanSpec
+from simulator.planning.units import Unit
 
 PARETO_ORDER = ("tpot", "itl", "ttft", "e2el")  # the default frontier latency: first with an SLO
 INT_COLUMNS = ("rank", "replicas", "gpus", "probes", "num_prompts")
@@ -34,6 +35,7 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 def layout_row(layout: Layout) -> dict[str, Any]:
     return {
         "layout": layout.key,
+        "mode": "colocated",
         "hardware": layout.hardware,
         "engine": layout.engine,
         "quantization": layout.quantization or "none",
@@ -44,8 +46,16 @@ def layout_row(layout: Layout) -> dict[str, Any]:
     }
 
 
-def prepared_row(p: Prepared) -> dict[str, Any]:
-    return layout_row(p.layout) | {
+def candidate_row(p: Candidate) -> dict[str, Any]:
+    """The columns that say what a candidate is: its layout, or a unit's two."""
+    if isinstance(p, Prepared):
+        return layout_row(p.layout)
+    assert isinstance(p, Unit)
+    return p.row()
+
+
+def prepared_row(p: Candidate) -> dict[str, Any]:
+    return candidate_row(p) | {
         "precision": p.precision,
         "usd_per_gpu_hour": p.usd_per_gpu_hour,
         "ceiling_rate": p.ceiling,
@@ -66,7 +76,7 @@ def searched_row(spec: PlanSpec, s: Searched, *, target: float, mean_out: float)
     alone, why_not = single_layout_fleet(
         s.option,
         target_rate=target,
-        gpu_limit=limits.get(p.layout.hardware),
+        gpu_limits=limits,
         min_replicas=replicas.min,
         max_replicas=replicas.max,
     )
@@ -80,7 +90,7 @@ def searched_row(spec: PlanSpec, s: Searched, *, target: float, mean_out: float)
         "reason": "; ".join(notes),
         "available": not why_not,
         "max_rate": rate,
-        "replicas": alone.replicas[p.layout.key],
+        "replicas": alone.replicas[p.key],
         "gpus": alone.gpus,
         "usd_per_hour": alone.usd_per_hour,
         "usd_per_million_output_tokens": usd_per_million_tokens(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,18 +21,24 @@ import simpy
 
 from simulator.costmodel.memory import MemoryPlan, plan_memory, require_fit
 from simulator.errors import SpecError
+from simulator.metrics.phases import with_phases
 from simulator.metrics.recorder import Recorder
-from simulator.serving.kv_cache import BlockManager
+from simulator.serving.dp_group import DPAttention, with_dp_attention
+from simulator.serving.drafter import resolve_drafter
+from simulator.serving.kv_cache import BlockManager, PrefixCachingBlockManager
+from simulator.serving.pipeline import MicroBatching
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 from simulator.serving.router import Router, RouterSpec
 from simulator.serving.scheduler import SchedulerSpec
+from simulator.serving.speculative import Acceptance, SpeculativeSpec
 from simulator.serving.steptime import StepTimer
 from simulator.serving.workload import RequestTable
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
+from simulator.specs.offload import OffloadSpec
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ def _check_requests(
             "tokens)",
             field="workload",
         )
-    blocks = -(-total // plan.block_size)
+    blocks = -(-(total + spec.num_speculative_tokens) // plan.block_size)  # + lookahead slots
     if blocks.max() > plan.kv_capacity_blocks:
         i = int(blocks.argmax())
         raise SpecError(
@@ -99,12 +105,24 @@ def replica_group(
     enforce_eager: bool = False,
     gpu_memory_utilization: float | None = None,
     swap_space_gib: float = 4.0,
+    speculative: SpeculativeSpec | None = None,
+    enable_prefix_caching: bool = False,
+    offload: OffloadSpec | None = None,
 ) -> tuple[ReplicaGroup, MemoryPlan]:
     """`layout.dp` replicas of a deployment, sized for `requests`: the memory plan (must fit),
     the KV cache in blocks, and the step timer. Requests the replicas could never serve are a
-    SpecError."""
+    SpecError. `speculative`: speculative decoding (its drafter's memory and passes);
+    `offload`: weights streamed from host memory (`costmodel.offload`), every step pays it."""
     layout.check(model, hw)
     spec = scheduler or default_scheduler(engine)
+    drafter = None
+    if speculative is not None:
+        drafter = resolve_drafter(
+            speculative, model=model, hw=hw, layout=layout, prec=prec, engine=engine
+        )
+        spec = spec.model_copy(
+            update={"num_speculative_tokens": speculative.num_speculative_tokens}
+        )
     plan = plan_memory(
         model,
         hw,
@@ -114,24 +132,41 @@ def replica_group(
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_batched_tokens=spec.max_num_batched_tokens,
         max_num_seqs=spec.max_num_seqs,
+        offload=offload,
+        host_reserved_bytes=swap_space_gib * 2**30,
     )
+    if drafter is not None and plan.offload is not None:
+        raise SpecError(
+            "speculative decoding with offloaded weights is not modelled", field="offload"
+        )
+    if drafter is not None:
+        plan = drafter.memory(plan)
     require_fit(
         plan, what=f"{model.id} on {hw.id} (tp={layout.tp}, pp={layout.pp}, {prec.weights})"
     )
     if len(requests):
         _check_requests(requests, model, plan, spec)
     longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 1
-    timer = StepTimer(
-        model=model,
-        hw=hw,
-        layout=layout,
-        prec=prec,
-        engine=engine,
-        max_num_seqs=spec.max_num_seqs,
-        max_num_batched_tokens=spec.max_num_batched_tokens,
-        max_context=longest,
-        enforce_eager=enforce_eager,
-    )
+    if drafter is not None:  # decodes verify 1 + k tokens; the drafter's passes are added
+        timer = drafter.step_timer(
+            max_num_seqs=spec.max_num_seqs,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
+            max_context=longest + spec.num_speculative_tokens,
+            enforce_eager=enforce_eager,
+        )
+    else:
+        timer = StepTimer(
+            model=model,
+            hw=hw,
+            layout=layout,
+            prec=prec,
+            engine=engine,
+            max_num_seqs=spec.max_num_seqs,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
+            max_context=longest,
+            enforce_eager=enforce_eager,
+            offload=plan.offload,
+        )
     # vLLM's --swap-space is per GPU; a replica's devices each hold their share of a block.
     block_bytes = plan.kv_bytes_per_token * plan.block_size
     host_link = hw.host.pcie_bw_bytes_per_s * hw.efficiency.host_link_fraction
@@ -143,6 +178,8 @@ def replica_group(
         count=layout.dp,
         host_blocks=int(swap_space_gib * 2**30 // block_bytes),
         swap_s_per_block=block_bytes / host_link,
+        speculative=speculative,
+        enable_prefix_caching=enable_prefix_caching,
     )
     return group, plan
 
@@ -161,8 +198,11 @@ def simulate(
     gpu_memory_utilization: float | None = None,
     max_concurrency: int | None = None,
     seed: int = 0,
+    speculative: SpeculativeSpec | None = None,
 ) -> SimResult:
-    """Serve `requests` on `layout.dp` replicas of `layout.tp x layout.pp` devices each."""
+    """Serve `requests` on `layout.dp` replicas of `layout.tp x layout.pp` devices each
+    (`speculative`: with speculative decoding); with wide EP (ep = tp x dp > tp), on one
+    replica of `layout.dp` DP-attention ranks (`serving.dp_group`)."""
     wall = time.perf_counter()
     group, plan = replica_group(
         model=model,
@@ -174,7 +214,19 @@ def simulate(
         scheduler=scheduler,
         enforce_eager=enforce_eager,
         gpu_memory_utilization=gpu_memory_utilization,
+        speculative=speculative,
     )
+    if layout.ep > layout.tp:
+        group = with_dp_attention(
+            group,
+            model=model,
+            hw=hw,
+            layout=layout,
+            prec=prec,
+            engine=engine,
+            count=1,
+            enforce_eager=enforce_eager,
+        )
     result = serve(
         requests, groups=[group], router=router, max_concurrency=max_concurrency, seed=seed
     )
@@ -193,6 +245,11 @@ class ReplicaGroup:
     count: int = 1
     host_blocks: int = 0  # swap space per replica, in blocks
     swap_s_per_block: float = 0.0  # time to copy one block between host and GPU
+    speculative: SpeculativeSpec | None = None  # its acceptance rates; the timer has the rest
+    enable_prefix_caching: bool = False  # vLLM's --enable-prefix-caching
+    # How each replica is built when not a plain Replica: DP-attention ranks in lockstep
+    # (serving.dp_group) or pipeline micro-batches in flight (serving.pipeline).
+    loop: DPAttention | MicroBatching | None = None
 
 
 def serve(
@@ -206,17 +263,7 @@ def serve(
     """The event simulation itself: `requests` routed over the replicas of all `groups`."""
     if max_concurrency is not None and max_concurrency < 1:
         raise SpecError(f"must be at least 1, got {max_concurrency}", field="max_concurrency")
-    longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 0
-    for group in groups:
-        budget = group.scheduler.max_num_batched_tokens
-        if group.scheduler.kind == "prefill_first" and longest > budget:
-            # A preempted request re-prefills prompt + output so far in one step; vLLM needs
-            # max_num_batched_tokens >= max_model_len without chunked prefill for this reason.
-            raise SpecError(
-                f"without chunked prefill, max_num_batched_tokens ({budget}) must "
-                f"hold the longest request ({longest} tokens)",
-                field="max_num_batched_tokens",
-            )
+    check_budgets(requests, groups)
     wall = time.perf_counter()
     env = simpy.Environment()
     recorder = Recorder()
@@ -224,22 +271,23 @@ def serve(
     replicas: list[Replica] = []
     for group in groups:
         for _ in range(group.count):
-            kv = BlockManager(
-                num_blocks=group.num_blocks,
-                block_size=group.block_size,
-                watermark=group.scheduler.watermark,
-                host_blocks=group.host_blocks,
-            )
-            replicas.append(
-                Replica(
+            if group.loop is not None:
+                replicas += group.loop.build(
                     env,
+                    group=group,
                     index=len(replicas),
-                    scheduler=group.scheduler,
-                    timer=group.timer,
                     recorder=recorder,
-                    kv=kv,
                     on_finish=client.finished,
-                    swap_s_per_block=group.swap_s_per_block,
+                )
+                continue
+            replicas.append(
+                build_replica(
+                    env,
+                    group,
+                    index=len(replicas),
+                    recorder=recorder,
+                    on_finish=client.finished,
+                    seed=seed,
                 )
             )
     route = Router(router or RouterSpec(), replicas, np.random.default_rng(seed))
@@ -249,7 +297,7 @@ def serve(
         raise RuntimeError(f"{client.outstanding} requests never finished")
     itl_s, itl_weight = recorder.itl_sample()
     return SimResult(
-        requests=recorder.request_frame(),
+        requests=with_phases(recorder.request_frame()),
         steps=recorder.step_frame(),
         itl_s=itl_s,
         itl_weight=itl_weight,
@@ -260,8 +308,62 @@ def serve(
     )
 
 
+def build_replica(
+    env: simpy.Environment,
+    group: ReplicaGroup,
+    *,
+    index: int,
+    recorder: Recorder,
+    on_finish: Callable[[Request], None],
+    on_prefilled: Callable[[Request], None] | None = None,
+    between_steps: Callable[[Replica], None] | None = None,
+    seed: int = 0,
+) -> Replica:
+    """One replica of `group` with its own KV cache, numbered `index`; with speculative
+    decoding, its own acceptance draws from a generator seeded by (`seed`, `index`)."""
+    manager = PrefixCachingBlockManager if group.enable_prefix_caching else BlockManager
+    kv = manager(
+        num_blocks=group.num_blocks,
+        block_size=group.block_size,
+        watermark=group.scheduler.watermark,
+        host_blocks=group.host_blocks,
+    )
+    return Replica(
+        env,
+        index=index,
+        scheduler=group.scheduler,
+        timer=group.timer,
+        recorder=recorder,
+        kv=kv,
+        on_finish=on_finish,
+        swap_s_per_block=group.swap_s_per_block,
+        on_prefilled=on_prefilled,
+        between_steps=between_steps,
+        speculator=None
+        if group.speculative is None
+        else Acceptance(rates=group.speculative.rates, rng=np.random.default_rng((seed, index))),
+    )
+
+
+def check_budgets(requests: RequestTable, groups: Sequence[ReplicaGroup]) -> None:
+    """Without chunked prefill a step must hold the longest request: a preempted request
+    re-prefills prompt + output so far in one step (vLLM needs max_num_batched_tokens >=
+    max_model_len then, for this reason)."""
+    longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 0
+    for group in groups:
+        budget = group.scheduler.max_num_batched_tokens
+        if group.scheduler.kind == "prefill_first" and longest > budget:
+            raise SpecError(
+                f"without chunked prefill, max_num_batched_tokens ({budget}) must "
+                f"hold the longest request ({longest} tokens)",
+                field="max_num_batched_tokens",
+            )
+
+
 class _Clients:
-    """The benchmark clients: send at arrival times, at most `limit` outstanding."""
+    """The benchmark clients: send at arrival times, at most `limit` outstanding. A follow-up
+    turn of a conversation is sent `think_s` after the turn it follows finished (vLLM's
+    multi-turn benchmark client); it too waits for a slot under the limit."""
 
     def __init__(self, env: simpy.Environment, limit: int | None, recorder: Recorder) -> None:
         self.env = env
@@ -269,24 +371,42 @@ class _Clients:
         self.limit = limit
         self.outstanding = 0
         self._slot = env.event()
+        self._next_turn: dict[int, int] = {}  # request id -> the turn sent after it finishes
 
     def finished(self, req: Request) -> None:
         self.recorder.request(req)
         self.outstanding -= 1
         if not self._slot.triggered:
             self._slot.succeed()
+        if req.id in self._next_turn:
+            self.env.process(self._send_next_turn(self._next_turn.pop(req.id)))
+
+    def _wait_for_slot(self) -> Generator[simpy.Event, Any, None]:
+        while self.limit is not None and self.outstanding >= self.limit:
+            if self._slot.triggered:  # every waiter shares the one pending event
+                self._slot = self.env.event()
+            yield self._slot
 
     def send(self, table: RequestTable, router: Router) -> Generator[simpy.Event, Any, None]:
+        self._table, self._router = table, router
         arrivals = table.arrival_s.tolist()
         prompts = table.prompt_len.tolist()
         outputs = table.output_len.tolist()
         priorities = table.priority.tolist()
-        for i, arrival in enumerate(arrivals):
+        first_turns: Sequence[int] = range(len(arrivals))
+        if table.has_turns:
+            follows = table.follows.tolist()
+            self._next_turn = {prev: i for i, prev in enumerate(follows) if prev >= 0}
+            first_turns = [i for i, prev in enumerate(follows) if prev < 0]
+        shared = table.shares_content
+        for i in first_turns:
+            arrival = arrivals[i]
             if arrival > self.env.now:
                 yield self.env.timeout(arrival - self.env.now)
-            while self.limit is not None and self.outstanding >= self.limit:
-                self._slot = self.env.event()
-                yield self._slot
+            yield from self._wait_for_slot()
+            if shared:
+                self._submit(i)
+                continue
             req = Request(
                 id=i,
                 arrival_s=self.env.now,
@@ -296,3 +416,24 @@ class _Clients:
             )
             self.outstanding += 1
             router.choose().submit(req)
+
+    def _send_next_turn(self, i: int) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(float(self._table.think_s[i]))
+        yield from self._wait_for_slot()
+        self._submit(i)
+
+    def _submit(self, i: int) -> None:
+        """Send row `i` of the table now, with what its prompt shares."""
+        t = self._table
+        req = Request(
+            id=i,
+            arrival_s=self.env.now,
+            prompt_len=int(t.prompt_len[i]),
+            output_len=int(t.output_len[i]),
+            priority=int(t.priority[i]),
+            prefix_id=int(t.prefix_id[i]),
+            prefix_len=int(t.prefix_len[i]),
+            session_id=int(t.session_id[i]),
+        )
+        self.outstanding += 1
+        self._router.choose().submit(req)

@@ -7,15 +7,22 @@ free when admitting a new request, so running requests can grow.
 
 Swap space (`host_blocks`) holds the blocks of requests preempted by swapping.
 
-Not modelled: prefix sharing (copy-on-write blocks), block-table fragmentation.
+`PrefixCachingBlockManager` (below) adds vLLM's automatic prefix caching; without it no block
+is shared and `allocate` / `extend` stay the lean loops of `BlockManager`.
+
+Not modelled: block-table fragmentation.
 """
 
 from __future__ import annotations
 
-from simulator.serving.request import Request
+from collections import OrderedDict
+
+from simulator.serving.request import BlockKey, Request
 
 
 class BlockManager:
+    prefix_caching = False  # a PrefixCachingBlockManager looks up cached prefixes
+
     def __init__(
         self, *, num_blocks: int, block_size: int, watermark: float = 0.01, host_blocks: int = 0
     ) -> None:
@@ -43,8 +50,18 @@ class BlockManager:
         """More blocks `req` needs to hold `num_new_tokens` more computed tokens."""
         return max(0, self.blocks_for(req.num_computed + num_new_tokens) - req.blocks)
 
-    def can_admit(self, req: Request, num_new_tokens: int) -> bool:
-        return self.needed(req, num_new_tokens) <= self.free - self.watermark_blocks
+    def can_admit(self, req: Request, num_new_tokens: int, *, hit: int = 0) -> bool:
+        """Whether a waiting `req` may start (`hit` cached tokens taken first, then
+        `num_new_tokens` computed) and leave the watermark free."""
+        return self.needed(req, hit + num_new_tokens) <= self.free - self.watermark_blocks
+
+    def prefix_hit(self, req: Request) -> int:
+        """Tokens of a waiting `req` the prefix cache holds: none without prefix caching."""
+        return 0
+
+    def take_prefix(self, req: Request, hit: int) -> None:
+        if hit:
+            raise ValueError("no prefix cache to take tokens from")
 
     def allocate(self, req: Request, num_new_tokens: int) -> bool:
         """Take the blocks for `num_new_tokens` more tokens of `req`, or change nothing.
@@ -96,3 +113,267 @@ class BlockManager:
         """Give back all of `req`'s blocks (finished or preempted)."""
         self.free += req.blocks
         req.blocks = 0
+
+
+RUN = -3  # first field of an LRU entry that stands for a run of one request's own blocks
+
+
+class PrefixCachingBlockManager(BlockManager):
+    """vLLM's automatic prefix caching (V1 KVCacheManager), on block counts; used in place of
+    `BlockManager` when it is on.
+
+    A full block is known by a key that says what its tokens are (`key`: the request's shared
+    prefix and token stream up to the block's end, see serving/sharing.py); equal keys mean equal
+    tokens and the same KV, as vLLM's chained block hashes. Full blocks are registered when they
+    are allocated (prompt and generated tokens alike, as vLLM caches them), counted by the running
+    requests that hold them; a block whose key is already cached stays its holder's own copy.
+
+    Blocks no request holds go to an LRU queue: still cached, counted as free (`free` = empty +
+    unheld cached); an allocation takes empty blocks first, then evicts the least recently freed.
+    A request frees its blocks last to first, so a prefix outlives its tail (vLLM frees in reverse
+    order for the same reason).
+
+    Admission (`prefix_hit`, `take_prefix`): the longest run of cached full blocks from the start,
+    capped at all known tokens but one (the last is computed to sample from, as vLLM V1: a fully
+    cached 48-token prompt with 16-token blocks reuses 32). A request readmitted after a
+    preemption by recompute looks up again and finds its own blocks unless evicted.
+
+    Blocks of a request's own content (past its shared prefix, outside any conversation) can only
+    ever be found by itself, so they are not keyed one by one: when it frees them they enter the
+    LRU queue as one entry (a run, evicted tail first), which keeps the cost of caching to the
+    blocks that can be shared.
+
+    Not modelled: hash collisions (keys are exact), sliding-window or hybrid-allocator caching
+    rules, cache salts and LoRA / multimodal extra keys, a CPU tier for evicted blocks.
+    """
+
+    prefix_caching = True
+
+    def __init__(
+        self, *, num_blocks: int, block_size: int, watermark: float = 0.01, host_blocks: int = 0
+    ) -> None:
+        super().__init__(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            watermark=watermark,
+            host_blocks=host_blocks,
+        )
+        self.empty = num_blocks  # free and holding nothing cached
+        self.unheld = 0  # cached blocks no request holds (free, evictable)
+        self.held: dict[BlockKey, int] = {}  # shared cached block -> requests holding it
+        self.lru: OrderedDict[BlockKey, None] = OrderedDict()  # unheld entries, oldest first
+        self.runs: dict[int, int] = {}  # own stream -> its leading blocks cached in `lru`
+        self.evictions = 0
+        self._version = 0  # changes whenever what is cached or held does
+        self._probe: tuple[Request, int, list[BlockKey], int, int] | None = None
+
+    @staticmethod
+    def key(req: Request, end: int) -> BlockKey:
+        """What tokens [0, end) of `req` are: (prefix id, tokens of it, stream, end); the
+        stream is -1 while the block lies inside the prefix."""
+        size = req.prefix_len
+        if end <= size:
+            return (req.prefix_id, end, -1, end)
+        return (req.prefix_id if size else -1, size, req.stream, end)
+
+    def _shareable(self, req: Request, full: int) -> int:
+        """Of `req`'s first `full` full blocks, how many are keyed (all, in a conversation;
+        else those inside its shared prefix)."""
+        if req.stream < -1:
+            limit = req.prefix_len // self.block_size
+            return full if full < limit else limit
+        return full
+
+    # -- admission ----------------------------------------------------------------------------
+    def _lookup(self, req: Request) -> tuple[list[BlockKey], int, int]:
+        """The keyed cached blocks `req` could start from, how many of them are unheld, and
+        how many blocks of its own run follow them."""
+        probe = self._probe
+        if probe is not None and probe[0] is req and probe[1] == self._version:
+            return probe[2], probe[3], probe[4]
+        keys: list[BlockKey] = []
+        unheld = run = 0
+        if req.num_computed == 0:
+            held, lru, size = self.held, self.lru, self.block_size
+            cap = (req.prompt_len + req.num_output - 1) // size
+            shared = self._shareable(req, cap)
+            for i in range(shared):
+                key = self.key(req, (i + 1) * size)
+                if key in held:
+                    keys.append(key)
+                elif key in lru:
+                    keys.append(key)
+                    unheld += 1
+                else:
+                    break
+            if len(keys) == shared < cap:
+                run = min(self.runs.get(req.stream, 0), cap - shared)
+        self._probe = (req, self._version, keys, unheld, run)
+        return keys, unheld, run
+
+    def prefix_hit(self, req: Request) -> int:
+        """Tokens of `req` (waiting, nothing computed) that the cache holds now."""
+        keys, _, run = self._lookup(req)
+        return (len(keys) + run) * self.block_size
+
+    def can_admit(self, req: Request, num_new_tokens: int, *, hit: int = 0) -> bool:
+        keys, unheld, run = self._lookup(req) if hit else ([], 0, 0)
+        if (len(keys) + run) * self.block_size != hit:
+            raise ValueError(f"{req}: hit {hit} is not what the cache holds")
+        tokens = req.num_computed + hit + num_new_tokens
+        # new blocks, plus the cached ones taken out of the free count (unheld keys, the run)
+        need = self.blocks_for(tokens) - req.blocks - len(keys) + unheld
+        return need <= self.free - self.watermark_blocks
+
+    def take_prefix(self, req: Request, hit: int) -> None:
+        """Start `req` from its `hit` cached tokens: hold those blocks, count them computed."""
+        keys, unheld, run = self._lookup(req)
+        if (len(keys) + run) * self.block_size != hit or req.blocks:
+            raise ValueError(f"{req}: cannot take {hit} cached tokens")
+        held, lru = self.held, self.lru
+        for key in keys:
+            if key in held:
+                held[key] += 1
+            else:
+                del lru[key]
+                held[key] = 1
+        if run:  # the run leaves the queue; blocks of it past the hit hold nothing now
+            whole = self.runs.pop(req.stream)
+            del lru[(RUN, req.stream, 0, 0)]
+            self.unheld -= whole
+            self.empty += whole - run
+        self.unheld -= unheld
+        self.free -= unheld + run
+        self.peak_used = max(self.peak_used, self.num_blocks - self.free)
+        req.cache_keys = list(keys)
+        req.blocks = len(keys) + run
+        req.num_computed = hit
+        if not req.preemptions:  # vLLM's num_cached_tokens: the first admission's hit
+            req.cached_tokens = hit
+        self._version += 1
+
+    # -- the block accounting -----------------------------------------------------------------
+    # A keyed block costs a few dict operations over its life (register, release, evict);
+    # registration is skipped unless a block filled, since these run for every request each step.
+    def allocate(self, req: Request, num_new_tokens: int) -> bool:
+        tokens = req.num_computed + num_new_tokens
+        size = self.block_size
+        need = -(-tokens // size) - req.blocks
+        if need > 0:
+            if need > self.free:
+                return False
+            self._take(need)
+            req.blocks += need
+        # only tokens already known (not speculative slots) are cached, as vLLM's cache_blocks
+        known = req.prompt_len + req.num_output
+        full = self._shareable(req, (tokens if tokens < known else known) // size)
+        if full > len(req.cache_keys):
+            self._register(req, full)
+        return True
+
+    def extend(self, reqs: list[Request], num_new_tokens: int) -> None:
+        size, need = self.block_size, 0
+        for req in reqs:
+            more = -(-(req.num_computed + num_new_tokens) // size) - req.blocks
+            if more > 0:
+                req.blocks += more
+                need += more
+        if need > self.free:
+            raise RuntimeError("KV blocks over-allocated: the caller's fit check was wrong")
+        if need:
+            self._take(need)
+        for req in reqs:  # decode steps: each token is sampled by the step before its own
+            full = self._shareable(req, (req.num_computed + num_new_tokens) // size)
+            if full > len(req.cache_keys):
+                self._register(req, full)
+
+    def release(self, req: Request) -> None:
+        """Free `req`'s blocks: its keyed ones to the LRU queue unless others hold them, its
+        own run as one entry before them, the rest empty. Blocks registered for tokens it never
+        computed (unscheduled in its last step) are not cached."""
+        valid = req.num_computed // self.block_size
+        private, unheld = req.blocks, 0
+        lru = self.lru
+        if req.stream < -1:
+            own = valid - req.prefix_len // self.block_size
+            if own > 0:
+                unheld += self._queue_run(req.stream, own)
+                private -= own
+        keys = req.cache_keys
+        if keys:
+            held = self.held
+            for i in range(len(keys) - 1, -1, -1):  # the tail first: evicted first
+                key = keys[i]
+                if key is None:
+                    continue
+                count = held.pop(key) - 1
+                if count:
+                    held[key] = count
+                    private -= 1
+                elif i < valid:
+                    lru[key] = None
+                    unheld += 1
+                    private -= 1
+            req.cache_keys = []
+        self.empty += private
+        self.unheld += unheld
+        self.free += private + unheld
+        req.blocks = 0
+        self._version += 1
+
+    def _queue_run(self, stream: int, blocks: int) -> int:
+        """Queue `blocks` leading blocks of an own stream as one LRU entry; returns how many
+        blocks became unheld (a copy left from before a swap-out is dropped: the newer run
+        covers it)."""
+        old = self.runs.pop(stream, 0)
+        if old:
+            del self.lru[(RUN, stream, 0, 0)]
+            self.unheld -= old
+            self.empty += old
+        self.runs[stream] = blocks
+        self.lru[(RUN, stream, 0, 0)] = None
+        return blocks
+
+    def _take(self, need: int) -> None:
+        """Use `need` free blocks (the caller checked they exist): empty ones first, then the
+        least recently freed cached ones, evicted (a run from its tail)."""
+        empty = self.empty
+        if need <= empty:
+            self.empty = empty - need
+        else:
+            evict = need - empty
+            self.empty, self.unheld = 0, self.unheld - evict
+            self.evictions += evict
+            self._version += 1
+            lru, runs = self.lru, self.runs
+            while evict > 0:
+                key, _ = lru.popitem(last=False)
+                if key[0] != RUN:
+                    evict -= 1
+                    continue
+                run = runs.pop(key[1])
+                if run > evict:  # its head stays, still the oldest entry
+                    runs[key[1]] = run - evict
+                    lru[key] = None
+                    lru.move_to_end(key, last=False)
+                evict -= run
+        free = self.free - need
+        self.free = free
+        if self.num_blocks - free > self.peak_used:
+            self.peak_used = self.num_blocks - free
+
+    def _register(self, req: Request, full: int) -> None:
+        """Key `req`'s first `full` blocks, those not yet keyed (as `key`, inlined)."""
+        keys, size = req.cache_keys, self.block_size
+        held, lru = self.held, self.lru
+        prefix, stream = req.prefix_len, req.stream
+        pid = req.prefix_id if prefix else -1
+        for i in range(len(keys), full):
+            end = (i + 1) * size
+            key = (pid, end, -1, end) if end <= prefix else (pid, prefix, stream, end)
+            if key in held or key in lru:
+                keys.append(None)  # the cache has these tokens already: this copy stays ours
+            else:
+                held[key] = 1
+                keys.append(key)
+        self._version += 1

@@ -4,7 +4,9 @@ Each iteration: schedule (decide), cost the step, let time pass, apply the resul
 decode-only steps whose batch cannot change (no request finishes, the KV cache has room, no
 waiting request could be admitted) are advanced analytically as one segment: their step times
 come from the step timer in one vectorised call; an arrival that could be admitted cuts the
-segment at the end of the step in progress (engine steps are atomic).
+segment at the end of the step in progress (engine steps are atomic). With speculative
+decoding (a `speculator`) a step yields a varying number of tokens per request, so every step
+goes through the scheduler (`_accepted` is the hook).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from simulator.metrics.recorder import Recorder
 from simulator.serving.kv_cache import BlockManager
 from simulator.serving.request import Request
 from simulator.serving.scheduler import SchedulerSpec, StepPlan, enqueue, schedule
+from simulator.serving.speculative import Acceptance
 from simulator.serving.steptime import StepTimer
 
 MAX_SEGMENT_STEPS = 4096
@@ -38,6 +41,9 @@ class Replica:
         recorder: Recorder,
         on_finish: Callable[[Request], None],
         swap_s_per_block: float = 0.0,
+        on_prefilled: Callable[[Request], None] | None = None,
+        between_steps: Callable[[Replica], None] | None = None,
+        speculator: Acceptance | None = None,
     ) -> None:
         self.env = env
         self.index = index
@@ -47,17 +53,35 @@ class Replica:
         self.recorder = recorder
         self.on_finish = on_finish
         self.swap_s_per_block = swap_s_per_block  # host <-> GPU copy of one KV block
+        # Disaggregated prefill: a request leaves `running` after its first token, its KV
+        # blocks still held, and goes to `on_prefilled` (serving.disagg releases the blocks).
+        self.on_prefilled = on_prefilled
+        self.incoming = 0  # hand-offs routed here, not yet submitted (disaggregated decode)
+        # Called at every step boundary, where no step counts on blocks it has yet to take
+        # (disaggregated decode: hand-offs take their blocks, and join `running` once their KV
+        # is in place, here).
+        self.between_steps = between_steps
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self._wakeup = env.event()
         self._decoding = False  # every running request is decoding (no prompt left)
+        # Speculative decoding: decodes verify 1 + k tokens and accept a random number of them,
+        # so decode runs cannot be advanced as segments of one token per step.
+        self.speculator = speculator
+        self._verify = 1 + scheduler.num_speculative_tokens
+        self._segments = speculator is None
         self._last_end = math.nan  # when the last step ended
         self.process = env.process(self.run())
 
     # -- the router's view ----------------------------------------------------------------------
     @property
     def outstanding(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self.running) + len(self.waiting) + self.incoming
+
+    def wake(self) -> None:
+        """Let an idle loop look again (blocks were freed from outside it)."""
+        if not self._wakeup.triggered:
+            self._wakeup.succeed()
 
     def submit(self, req: Request) -> None:
         req.replica = self.index
@@ -68,6 +92,8 @@ class Replica:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, None]:
         while True:
+            if self.between_steps is not None:
+                self.between_steps(self)
             if not self.running and not self.waiting:
                 self._wakeup = self.env.event()
                 yield self._wakeup
@@ -81,14 +107,19 @@ class Replica:
                     yield from self._decode_segment(list(self.running), steps)
                     continue
             plan = schedule(self.spec, running=self.running, waiting=self.waiting, kv=self.kv)
+            if not plan.entries and self.kv.used and (self.on_prefilled or self.between_steps):
+                if not plan.preempted:  # the blocks are held by KV transfers in flight
+                    self._wakeup = self.env.event()
+                    yield self._wakeup
+                continue
             if not plan.entries:
                 raise RuntimeError(f"replica {self.index}: nothing schedulable ({self.waiting[0]})")
-            if plan.pure_decode and not self._admissible():
+            if plan.pure_decode and self._segments and not self._admissible():
                 reqs = [r for r, _ in plan.entries]
                 yield from self._decode_segment(reqs, self._segment_steps(reqs))
             else:
                 yield from self._step(plan)
-                self._decoding = all(
+                self._decoding = self._segments and all(
                     r.num_output > 0 and r.num_computed + 1 == r.known for r in self.running
                 )
 
@@ -99,17 +130,19 @@ class Replica:
         if self.spec.kind == "static":
             return False
         head = self.waiting[0]
-        return self.kv.can_admit(head, min(head.remaining, self.spec.max_num_batched_tokens))
+        hit = self.kv.prefix_hit(head) if self.kv.prefix_caching else 0
+        budget = self.spec.max_num_batched_tokens
+        return self.kv.can_admit(head, min(head.remaining - hit, budget), hit=hit)
 
     def _step(self, plan: StepPlan) -> Generator[simpy.Event, Any, None]:
         start = self.env.now
         chunks, decodes = [], []
         for req, n in plan.entries:
             computed = req.num_computed
-            if n == 1 and req.num_output > 0 and computed + 1 == req.known:
+            if n == self._verify and req.num_output > 0 and computed + 1 == req.known:
                 decodes.append(computed + 1)
             else:
-                chunks.append((n, computed, computed + n == req.known))
+                chunks.append((n, computed, computed + n >= req.known))
         swaps = (plan.swapped_out + plan.swapped_in) * self.swap_s_per_block
         yield self.env.timeout(swaps + self.timer.mixed(chunks=chunks, decode_contexts=decodes))
         end = self.env.now
@@ -118,10 +151,11 @@ class Replica:
             if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time on the GPU
                 req.first_scheduled_s = start
             req.num_computed += n
-            if req.num_computed == req.prompt_len + req.num_output:  # a token to sample
+            proposals = req.num_computed - req.prompt_len - req.num_output
+            if proposals >= 0:  # a token to sample, after verifying `proposals` speculated
                 if req.num_output > 0:
                     gaps.append(req.last_token_s)
-                self._sampled(req, end)
+                self._sampled(req, end, tokens=1 + self._accepted(req, proposals))
         self._record_gaps(gaps, end)
         self.recorder.step(
             replica=self.index,
@@ -129,7 +163,7 @@ class Replica:
             end_s=end,
             num_seqs=len(plan.entries),
             prefill_tokens=sum(c[0] for c in chunks),
-            decode_tokens=len(decodes),
+            decode_tokens=len(decodes) * self._verify,
             kv_used_blocks=self.kv.used,
         )
 
@@ -144,13 +178,26 @@ class Replica:
             self.recorder.itl([now - t for t in previous if t != last])
         self._last_end = now
 
-    def _sampled(self, req: Request, now: float) -> None:
-        req.num_output += 1
+    def _accepted(self, req: Request, proposals: int) -> int:
+        """Speculative decoding: how many of the `proposals` tokens `req` just verified are
+        accepted; the rejected ones are rolled back (their KV slots stay allocated)."""
+        if not proposals or self.speculator is None:
+            return 0
+        accepted = self.speculator.accept(proposals)
+        req.num_computed -= proposals - accepted
+        return accepted
+
+    def _sampled(self, req: Request, now: float, *, tokens: int = 1) -> None:
+        """`tokens` more sampled at `now` (as one streamed chunk), capped at the output length."""
+        req.num_output = min(req.num_output + tokens, req.output_len)
         req.last_token_s = now
         if req.num_output == 1:
             req.first_token_s = now
         if req.num_output >= req.output_len:
             self._finish(req, now)
+        elif self.on_prefilled is not None:  # the KV moves to a decode replica
+            self.running.remove(req)
+            self.on_prefilled(req)
 
     def _finish(self, req: Request, now: float) -> None:
         req.finish_s = now

@@ -5,17 +5,26 @@ needs `known - num_computed` more tokens computed, where known = prompt + output
 whole prompt (in chunks) at first, then one token per decode step; after a preemption by
 recompute, everything known again (after a swap-out the KV comes back instead). It
 finishes when it has sampled `output_len` tokens.
+
+What its tokens are, for prefix caching, is described by `prefix_id`/`prefix_len` and
+`stream` (serving/sharing.py): `prefix_len` tokens of shared prefix `prefix_id`, then the start
+of token stream `stream` (a conversation, or the request's own), which its output continues.
 """
 
 from __future__ import annotations
 
 import math
 
+# What a full KV block holds, as prefix caching tells blocks apart (see kv_cache.py).
+BlockKey = tuple[int, int, int, int]
+
 
 class Request:
     __slots__ = (
         "arrival_s",
         "blocks",
+        "cache_keys",
+        "cached_tokens",
         "finish_s",
         "first_scheduled_s",
         "first_token_s",
@@ -25,16 +34,33 @@ class Request:
         "num_output",
         "output_len",
         "preemptions",
+        "prefix_id",
+        "prefix_len",
         "priority",
         "prompt_len",
         "replica",
+        "stream",
         "swapped_blocks",
     )
 
     def __init__(
-        self, *, id: int, arrival_s: float, prompt_len: int, output_len: int, priority: int = 0
+        self,
+        *,
+        id: int,
+        arrival_s: float,
+        prompt_len: int,
+        output_len: int,
+        priority: int = 0,
+        prefix_id: int = -1,
+        prefix_len: int = 0,
+        session_id: int = -1,
     ) -> None:
         self.id = id
+        self.prefix_id = prefix_id  # shared prefix (-1: none) of prefix_len tokens
+        self.prefix_len = prefix_len
+        self.stream = session_id if session_id >= 0 else -2 - id  # -2 - id: its own
+        self.cached_tokens = 0  # prompt tokens found in the prefix cache when first admitted
+        self.cache_keys: list[BlockKey | None] = []  # prefix caching's view of its blocks
         self.priority = priority  # lower is served first (vLLM's --scheduling-policy priority)
         self.swapped_blocks = 0  # KV blocks held in host memory after a swap-out
         self.arrival_s = arrival_s

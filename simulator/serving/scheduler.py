@@ -1,7 +1,8 @@
 """Schedulers: decide which requests compute how many tokens in the next step.
 
 `schedule(...)` returns a StepPlan and changes only the queues and the KV blocks (through the
-block manager); the replica applies the plan and advances time. Three policies (`kind`):
+block manager; a prefix-cache hit also sets the request's computed tokens); the replica applies
+the plan and advances time. Three policies (`kind`):
 
 - `continuous`: vLLM V1. Running requests first, in order: each gets min(its remaining tokens,
   the budget left) (1 for a decode; a prompt in chunks when chunked prefill is on). If its KV
@@ -23,8 +24,16 @@ tokens computed; `swap` (vLLM V0's --preemption-mode swap) copies its blocks to 
 space, if they fit there (else it recomputes), and back when it is admitted again; the replica
 charges the copies at the host link's bandwidth before the step.
 
-Not modelled: speculative or prefix-cached tokens (later work), the V1 scheduler's per-step
-encoder budget, running requests preempted in favour of more urgent waiting ones.
+With speculative decoding (`num_speculative_tokens` k) a decoding request is scheduled 1 + k
+tokens (its last sampled token and k proposals), within the token budget.
+
+With prefix caching (a PrefixCachingBlockManager) a request admitted with nothing computed
+(new, or readmitted after a preemption by recompute) starts from its longest cached prefix:
+those tokens count as computed and the rest is scheduled as usual (`continuous` and
+`prefill_first`; `static` batches do not look up the cache).
+
+Not modelled: the V1 scheduler's per-step encoder budget, running requests preempted in
+favour of more urgent waiting ones.
 """
 
 from __future__ import annotations
@@ -49,6 +58,9 @@ class SchedulerSpec(Frozen):
     max_num_batched_tokens: int = Field(gt=0)
     chunked_prefill: bool = True
     watermark: float = Field(default=0.01, ge=0, lt=1)
+    # Speculative decoding: a decoding request also verifies this many proposed tokens per
+    # step, and holds KV slots for them (vLLM's lookahead slots; serving/speculative.py).
+    num_speculative_tokens: int = Field(default=0, ge=0)
 
 
 @dataclass(slots=True)
@@ -125,7 +137,10 @@ def _schedule_running(
     i = 0
     while i < len(running) and budget > 0:
         req = running[i]
-        n = min(req.prompt_len + req.num_output - req.num_computed, budget)  # req.remaining
+        n = req.prompt_len + req.num_output - req.num_computed  # req.remaining
+        if n == 1 and req.num_output:  # decoding: verify the speculated tokens with it
+            n += spec.num_speculative_tokens
+        n = min(n, budget)
         while not kv.allocate(req, n):
             victim, at = _victim(running, spec)
             if at < i:  # scheduled earlier in this step: unschedule it
@@ -154,11 +169,15 @@ def _admit(
 ) -> int:
     while waiting and budget > 0 and len(running) < spec.max_num_seqs:
         req = waiting[0]
-        if not chunked and req.remaining > budget:
+        hit = kv.prefix_hit(req) if kv.prefix_caching else 0  # cached tokens to start from
+        remaining = req.remaining - hit
+        if not chunked and remaining > budget:
             break
-        n = min(req.remaining, budget)
-        if not kv.can_admit(req, n):
+        n = min(remaining, budget)
+        if not kv.can_admit(req, n, hit=hit):
             break
+        if hit:
+            kv.take_prefix(req, hit)
         kv.allocate(req, n)
         if req.swapped_blocks:
             plan.swapped_in += kv.swap_in(req)
@@ -172,7 +191,8 @@ def _admit(
 def schedule(
     spec: SchedulerSpec, *, running: list[Request], waiting: deque[Request], kv: BlockManager
 ) -> StepPlan:
-    """Decide the next step (mutating the queues and KV blocks, never the token counters)."""
+    """Decide the next step (mutating the queues and KV blocks; token counters only to start a
+    request from its cached prefix)."""
     plan = StepPlan()
     budget = spec.max_num_batched_tokens
     match spec.kind:

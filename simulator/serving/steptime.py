@@ -13,6 +13,12 @@ cost model once (vectorised) and answers each step with a few lookups:
   table over (chunk tokens, cached offset), interpolated log-linearly in both; steps with
   several chunks are costed exactly.
 
+With speculative decoding (`verify_tokens` = 1 + k) each decoding sequence computes k + 1
+query tokens at its context instead of one (`verify_shape`), and the target computes logits at
+all of them; the decode part's table is over that shape instead, and `draft` adds the
+drafter's passes to every step. `kernel_s` and `pass_s` price a step or a one-token pass
+without the engine's per-step CPU work (a drafter's passes inside a target step).
+
 The interpolation is the only approximation; `tests/serving` bounds it against the exact cost.
 """
 
@@ -20,21 +26,75 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
-from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.ops import step_ops
+from simulator.costmodel.batch import BatchShape, Num, attended_pairs
+from simulator.costmodel.offload import OffloadPlan
+from simulator.costmodel.ops import Op, step_ops
 from simulator.costmodel.roofline import evaluate
 from simulator.costmodel.step import engine_time
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
-from simulator.specs.model import ModelSpec
+from simulator.specs.model import MLAttention, ModelSpec
 
 CONTEXT_GRID_POINTS = 48
 CHUNK_GRID_POINTS = 64
+
+
+Chunks = Sequence[tuple[int, int, bool]]
+# Extra seconds a step costs on top of the target's forward pass (a drafter's passes), given the
+# step's prefill chunks and its decoding sequences' contexts.
+DraftCost = Callable[[Chunks, Sequence[int]], float]
+
+
+class OpList(Protocol):
+    """The kernels of one forward pass (`costmodel.ops.step_ops`, or a drafter's)."""
+
+    def __call__(
+        self,
+        model: ModelSpec,
+        layout: Parallelism,
+        prec: Precision,
+        batch: BatchShape,
+        *,
+        gpus_per_node: int = ...,
+    ) -> list[Op]: ...
+
+
+def verify_shape(
+    *, model: ModelSpec, num_seqs: Num, context: Num, tokens: int, logits: Num = 0.0
+) -> BatchShape:
+    """`num_seqs` sequences each computing `tokens` query tokens (its last sampled token and
+    tokens - 1 proposals) on top of its cached KV; `context` is the KV length a plain decode of
+    it would attend to (cached + 1), and `logits` how many rows the LM head computes.
+
+    GQA/MHA: one causal chunk per sequence in the varlen kernel, which reads each sequence's
+    KV once. MLA: vLLM runs such short queries on the absorbed (decode) path; they are priced
+    as `tokens` decode queries per sequence, each attending to its prefix, which reads the
+    latent cache once per query token: an upper bound on the traffic (FlashMLA reads it once
+    per sequence). With tokens = 1 this is exactly `BatchShape.decode`."""
+    window = model.attention.sliding_window
+    n = np.asarray(num_seqs, dtype=float)
+    if tokens == 1:
+        kv = np.minimum(np.asarray(context, dtype=float), window or np.inf)
+        return BatchShape(decode_seqs=n, decode_kv_tokens=n * kv, sampled=np.asarray(logits))
+    cached = np.minimum(np.asarray(context, dtype=float) - 1.0, window or np.inf)
+    if isinstance(model.attention, MLAttention):
+        per_seq = tokens * cached + tokens * (tokens + 1) / 2.0  # query i attends cached + i
+        return BatchShape(
+            decode_seqs=n * tokens, decode_kv_tokens=n * per_seq, sampled=np.asarray(logits)
+        )
+    return BatchShape(
+        prefill_tokens=n * tokens,
+        prefill_seqs=n,
+        prefill_pairs=n * attended_pairs(tokens, cached, window),
+        prefill_kv_tokens=n * np.minimum(cached + tokens, window or np.inf),
+        sampled=np.asarray(logits),
+    )
 
 
 def _log_grid(top: float, points: int) -> np.ndarray:
@@ -53,6 +113,11 @@ def _interp(grid: list[float], values: list[float], x: float) -> float:
 
 
 class StepTimer:
+    """Step times of one replica. `verify_tokens` (1 + k with speculative decoding) is what each
+    decoding sequence computes per step, with logits at all of them (`verify_logits`, the target)
+    or at the last only (a drafter's catch-up pass); `ops` is the forward pass's op list and
+    `draft` adds a drafter's passes to every step (`mixed`)."""
+
     def __init__(
         self,
         *,
@@ -65,23 +130,44 @@ class StepTimer:
         max_num_batched_tokens: int,
         max_context: int,
         enforce_eager: bool = False,
+        verify_tokens: int = 1,
+        verify_logits: bool = True,
+        ops: OpList = step_ops,
+        draft: DraftCost | None = None,
+        offload: OffloadPlan | None = None,
     ) -> None:
         self._args = (model, hw, layout, prec)
+        self._ops = ops
         self._engine = engine
         self._eager = enforce_eager
         self._window = model.attention.sliding_window
+        self._q = verify_tokens
+        self._logits = verify_tokens if verify_logits else 1
+        self._draft = draft
+        # Offloaded weights: expert misses join the token table; exposed streaming follows a
+        # step's decoder-layer compute (a curve, the layers keeping a mid-size decode's shares).
+        self._offload, self._stream = offload, None
+        if offload is not None and offload.spec.streams_weights:
+            ref = BatchShape.decode(
+                batch_size=float(min(max_num_seqs, 32)),
+                context_len=float(min(max_context, 1024)),
+                window=self._window,
+            )
+            ref_ops = ops(model, layout, prec, ref, gpus_per_node=hw.interconnect.gpus_per_node)
+            ref_costs = evaluate(ref_ops, hw, attention_factor=engine.attention_factor)
+            self._stream = offload.streaming_curve(model, ref_costs)
         ov = engine.overhead
         self._graphs = engine.cuda_graphs and not enforce_eager
         self._graph_max = engine.cuda_graph_max_tokens
         self._graph_s, self._eager_s = ov.graph_launch_s, ov.launch_eager_s
         self._step_s, self._per_seq_s = ov.step_s, ov.per_seq_s
 
-        max_tokens = max(max_num_batched_tokens, max_num_seqs)
+        max_tokens = max(max_num_batched_tokens, max_num_seqs * verify_tokens)
         tok_gpu, tok_k = self._table(
             BatchShape(prefill_tokens=np.arange(max_tokens + 1, dtype=float)), "tokens"
         )
         smp_gpu, smp_k = self._table(
-            BatchShape(sampled=np.arange(max_num_seqs + 1, dtype=float)), "sampled"
+            BatchShape(sampled=np.arange(max_num_seqs * self._logits + 1, dtype=float)), "sampled"
         )
         self._tok_gpu, self._tok_k = tok_gpu.tolist(), tok_k.tolist()
         self._smp_gpu, self._smp_k = smp_gpu.tolist(), smp_k.tolist()
@@ -95,10 +181,20 @@ class StepTimer:
             batch_size=seqs.ravel(), context_len=ctx.ravel(), window=self._window
         )
         gpu, kernels = (a.reshape(seqs.shape) for a in self._table(decode, "batch"))
-        self._dec_gpu = [[0.0] * len(self._ctx_list), *gpu.tolist()]
-        self._dec_k = [0.0, *kernels[:, 0].tolist()]
+        self._one_gpu = [[0.0] * len(self._ctx_list), *gpu.tolist()]
+        self._one_k = [0.0, *kernels[:, 0].tolist()]
+        self._dec_gpu, self._dec_k = self._one_gpu, self._one_k
+        if verify_tokens > 1:  # decoding sequences verify proposals: their own table
+            verify = verify_shape(
+                model=model, num_seqs=seqs.ravel(), context=ctx.ravel(), tokens=verify_tokens
+            )
+            v_gpu, v_k = (a.reshape(seqs.shape) for a in self._table(verify, "batch"))
+            self._dec_gpu = [[0.0] * len(self._ctx_list), *v_gpu.tolist()]
+            self._dec_k = [0.0, *v_k[:, 0].tolist()]
         # Decode-only steps, whole: n tokens, n sampled, and the decode part.
         rows = n.astype(int)
+        if self._stream is not None:
+            gpu = gpu + np.interp(gpu + tok_gpu[rows][:, None], *self._stream)
         self._decode = np.asarray(
             engine_time(
                 gpu + (tok_gpu[rows] + smp_gpu[rows])[:, None],
@@ -130,7 +226,7 @@ class StepTimer:
         model, hw, layout, prec = self._args
         ops = [
             op
-            for op in step_ops(
+            for op in self._ops(
                 model, layout, prec, batch, gpus_per_node=hw.interconnect.gpus_per_node
             )
             if op.scales_with == scales_with
@@ -141,12 +237,17 @@ class StepTimer:
         for c in costs:
             gpu = gpu + c.total_s
             kernels = kernels + c.op.count * (c.time_s > 0)
+        if self._offload is not None and scales_with == "tokens":
+            gpu = gpu + self._offload.expert_extra_s(model, costs, batch.num_tokens)
         return gpu, kernels
 
     # -- lookups --------------------------------------------------------------------------------
     def decode_run(self, *, num_seqs: int, total_context: float, steps: int) -> np.ndarray:
         """Durations of `steps` consecutive decode steps of `num_seqs` sequences whose KV
-        lengths sum to `total_context` in the first step (each step adds num_seqs)."""
+        lengths sum to `total_context` in the first step (each step adds num_seqs). One token
+        per sequence per step: not for a timer whose decodes verify proposals."""
+        if self._q > 1:
+            raise RuntimeError("decode runs assume one token per step: no speculation")
         mean = (total_context + num_seqs * np.arange(steps, dtype=float)) / num_seqs
         row = self._decode[min(num_seqs, len(self._decode)) - 1]
         return np.interp(mean, self._ctx_grid, row)
@@ -163,18 +264,42 @@ class StepTimer:
         hi = table[i][j + 1] + (table[i + 1][j + 1] - table[i][j + 1]) * tx
         return math.exp(lo + (hi - lo) * ty)
 
-    def mixed(
-        self, *, chunks: Sequence[tuple[int, int, bool]], decode_contexts: Sequence[int]
-    ) -> float:
-        """Duration of one step with prefill `chunks` (tokens, offset, last) and decodes."""
+    def mixed(self, *, chunks: Chunks, decode_contexts: Sequence[int]) -> float:
+        """Duration of one step with prefill `chunks` (tokens, offset, last) and decodes (each
+        `verify_tokens` tokens; `decode_contexts` are their KV lengths as plain decodes),
+        plus the drafter's passes if any."""
+        gpu_s, launches, tokens = self._parts(chunks, decode_contexts)
+        step = self._engine_time(gpu_s, launches, tokens, len(chunks) + len(decode_contexts))
+        if self._draft is not None:
+            step += self._draft(chunks, decode_contexts)
+        return step
+
+    def kernel_s(self, *, chunks: Chunks, decode_contexts: Sequence[int]) -> float:
+        """The GPU part of `mixed` (GPU time or kernel launches, the longer) without the
+        engine's per-step CPU work or a drafter: one forward pass inside another's step."""
+        gpu_s, launches, tokens = self._parts(chunks, decode_contexts)
+        return max(gpu_s, self._launch_s(launches, tokens))
+
+    def pass_s(self, *, num_seqs: int, mean_context: float) -> float:
+        """As `kernel_s` for `num_seqs` sequences decoding one token each at `mean_context`
+        (a drafter's second and later passes), whatever `verify_tokens` is."""
+        if num_seqs == 0:
+            return 0.0
+        gpu_s = self._tok_gpu[num_seqs] + self._smp_gpu[num_seqs]
+        gpu_s += _interp(self._ctx_list, self._one_gpu[num_seqs], mean_context)
+        launches = self._tok_k[num_seqs] + self._smp_k[num_seqs] + self._one_k[num_seqs]
+        return max(gpu_s, self._launch_s(launches, num_seqs))
+
+    def _parts(self, chunks: Chunks, decode_contexts: Sequence[int]) -> tuple[float, float, int]:
+        """(GPU seconds, kernel launches, tokens) of one step."""
         n_dec = len(decode_contexts)
         window = self._window
         ctx_sum = (
             sum(decode_contexts) if window is None else sum(min(c, window) for c in decode_contexts)
         )
         prefill_tokens = sum(c[0] for c in chunks)
-        tokens = prefill_tokens + n_dec
-        sampled = n_dec + sum(1 for c in chunks if c[2])
+        tokens = prefill_tokens + self._q * n_dec
+        sampled = self._logits * n_dec + sum(1 for c in chunks if c[2])
         gpu_s = self._tok_gpu[tokens] + self._smp_gpu[sampled]
         launches = self._tok_k[tokens] + self._smp_k[sampled]
         if n_dec:
@@ -188,12 +313,15 @@ class StepTimer:
             gpu, kernels = self._table(batch, "batch")
             gpu_s += float(np.ravel(gpu)[0])
             launches += float(np.ravel(kernels)[0])
-        return self._engine_time(gpu_s, launches, tokens, len(chunks) + n_dec)
+        if self._stream is not None:  # the sampled ops run outside the decoder layers
+            gpu_s += _interp(*self._stream, gpu_s - self._smp_gpu[sampled])
+        return gpu_s, launches, tokens
+
+    def _launch_s(self, launches: float, tokens: int) -> float:
+        if self._graphs and tokens <= self._graph_max:
+            return self._graph_s
+        return launches * self._eager_s
 
     def _engine_time(self, gpu_s: float, launches: float, tokens: int, seqs: int) -> float:
         """`costmodel.step.engine_time` for one step, in plain floats."""
-        if self._graphs and tokens <= self._graph_max:
-            launch = self._graph_s
-        else:
-            launch = launches * self._eager_s
-        return max(gpu_s, launch) + self._step_s + self._per_seq_s * seqs
+        return max(gpu_s, self._launch_s(launches, tokens)) + self._step_s + self._per_seq_s * seqs

@@ -15,7 +15,12 @@ The fields mirror `vllm bench serve` (vllm/benchmarks/serve.py and datasets.py):
   OPT tokenizer. The spread (the sigmas) is an assumption: no published percentiles were found.
 - `azure-code`, `azure-conv`: the bundled Azure LLM inference traces of 2023-11-16
   (Azure/AzurePublicDataset, CC-BY-4.0; see simulator/data/traces/README.md).
-- `trace`: a user CSV or JSONL file with configurable column names.
+- `trace`: a user CSV or JSONL file with configurable column names (`traces.py`), optionally
+  with session and shared-prefix columns.
+
+Sharing, for prefix caching (`sharing.py`): `prefix` puts a shared system prompt before the
+prompts (vLLM's --random-prefix-len); `sessions` groups requests into multi-turn conversations
+whose turn k+1 is sent after turn k finished and resends the conversation so far.
 
 Arrivals: `poisson_gamma` is vLLM's generator: gamma inter-arrival times (shape=burstiness,
 scale=1/(rate*burstiness); burstiness 1 = Poisson), summed and then rescaled so that the last
@@ -23,7 +28,7 @@ request arrives at num_prompts/rate, as vLLM's get_request does; rate=inf puts e
 t=0. `constant` spaces requests 1/rate apart (vLLM's burstiness=inf). `trace` replays the
 dataset's timestamps, shifted to start at 0 and multiplied by `time_scale`.
 
-Not modelled: prefix sharing between prompts, multi-turn sessions, tokenizer special tokens
+Not modelled: tokenizer special tokens
 (vLLM subtracts them from --random-input-len; here the length is used as given), vLLM's ramp-up
 strategies, and correlation between prompt and output length in synthetic ShareGPT requests.
 """
@@ -31,11 +36,8 @@ strategies, and correlation between prompt and output length in synthetic ShareG
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
@@ -43,14 +45,24 @@ import pandas as pd
 from pydantic import Field, model_validator
 from typing_extensions import assert_never
 
-from simulator.errors import SpecError
+from simulator.serving.sharing import (
+    Content,
+    Sessions,
+    SharedPrefix,
+    add_prefix,
+    conversation_starts,
+    session_turns,
+    think_times,
+)
+from simulator.serving.traces import (
+    Trace,
+    TraceDataset,
+    bundled_trace,
+    read_trace,
+    replay_rows,
+    take_rows,
+)
 from simulator.specs._base import Frozen
-
-TRACE_DIR = Path(__file__).resolve().parent.parent / "data" / "traces"
-_BUNDLED_FILES = {
-    "azure-code": "azure_llm_2023_code.csv",
-    "azure-conv": "azure_llm_2023_conv.csv",
-}
 
 # vLLM's ShareGPT filter: is_valid_sequence() defaults in vllm/benchmarks/dataset_utils.py, applied
 # by ShareGPTDataset.sample (inherited from sample_sharegpt_requests in benchmark_serving.py).
@@ -100,37 +112,6 @@ class AzureConvDataset(Frozen):
     name: Literal["azure-conv"] = "azure-conv"
 
 
-class TraceDataset(Frozen):
-    """A user trace: one request per row. Column defaults are the Azure traces' names. The
-    timestamp column holds seconds (numbers) or datetime strings; None means there is none."""
-
-    name: Literal["trace"] = "trace"
-    path: Path
-    timestamp_column: str | None = "TIMESTAMP"
-    prompt_column: str = "ContextTokens"
-    output_column: str = "GeneratedTokens"
-    format: Literal["csv", "jsonl"] | None = None  # None: from the suffix
-
-    @model_validator(mode="after")
-    def _known_format(self) -> TraceDataset:
-        if self.format is None and self.path.suffix.lower() not in _SUFFIX_FORMATS:
-            raise ValueError(
-                f"cannot tell the format of {self.path.name!r} from its suffix; "
-                "set format to csv or jsonl"
-            )
-        return self
-
-    @property
-    def file_format(self) -> Literal["csv", "jsonl"]:
-        return self.format or _SUFFIX_FORMATS[self.path.suffix.lower()]
-
-
-_SUFFIX_FORMATS: dict[str, Literal["csv", "jsonl"]] = {
-    ".csv": "csv",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-}
-
 DatasetSpec = Annotated[
     RandomDataset | ShareGPTDataset | AzureCodeDataset | AzureConvDataset | TraceDataset,
     Field(discriminator="name"),
@@ -150,6 +131,15 @@ class WorkloadSpec(Frozen):
     max_output_len: int | None = Field(None, ge=1)  # clamp output lengths
     # share of requests in priority class 0, 1, ... (0 most urgent; for the priority policy)
     priority_mix: list[float] | None = Field(None, min_length=1)
+    prefix: SharedPrefix | None = None  # a shared system prompt
+    sessions: Sessions | None = None  # multi-turn conversations
+
+    @property
+    def shares_content(self) -> bool:
+        """Whether prompts share a prefix (what prefix caching can reuse), as specified."""
+        ds = self.dataset
+        in_trace = isinstance(ds, TraceDataset) and (ds.session_column or ds.prefix_column)
+        return bool(self.prefix or self.sessions or in_trace)
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadSpec:
@@ -174,85 +164,180 @@ class WorkloadSpec(Frozen):
         mix = self.priority_mix
         if mix is not None and (min(mix) < 0 or not math.isclose(sum(mix), 1.0, abs_tol=1e-6)):
             raise ValueError("priority_mix must be non-negative shares that sum to 1")
+        self._check_sharing()
         return self
+
+    def _check_sharing(self) -> None:
+        ds = self.dataset
+        if self.sessions is not None:
+            if self.arrival == "trace":
+                raise ValueError(
+                    "sessions send each turn after the previous one; not with arrival 'trace'"
+                )
+            if isinstance(ds, TraceDataset) and ds.session_column:
+                raise ValueError(
+                    "sessions and the trace's session_column are two sources of turns; pick one"
+                )
+        if self.prefix is not None and isinstance(ds, TraceDataset) and ds.prefix_column:
+            raise ValueError(
+                "prefix and the trace's prefix_column both set a shared prefix; pick one"
+            )
 
 
 # -- the result ---------------------------------------------------------------------------------
+def _none() -> np.ndarray:
+    return np.empty(0)
+
+
+# (name, dtype, value when not given) of the optional columns; defaults take no memory
+_OPTIONAL = (
+    ("priority", np.int64, 0),  # class, lower first
+    ("session_id", np.int64, -1),  # conversation (-1: none); see sharing.py
+    ("prefix_id", np.int64, -1),  # shared prefix (-1: none)
+    ("prefix_len", np.int64, 0),  # tokens of it at the start of the prompt
+    ("follows", np.int64, -1),  # row sent after this one finishes (-1: sent at arrival_s)
+    ("think_s", np.float64, 0.0),  # seconds after `follows` finished
+)
+
+
 @dataclass(frozen=True, eq=False)
 class RequestTable:
-    """One row per request, sorted by arrival. Arrays are read-only."""
+    """One row per request, sorted by arrival. Arrays are read-only. A follow-up turn of a
+    conversation (`follows` >= 0, an earlier row, followed by nothing else) has its
+    conversation's arrival_s and is sent `think_s` after that row finished."""
 
     arrival_s: np.ndarray  # float64 seconds, >= 0
     prompt_len: np.ndarray  # int64 tokens, >= 1
     output_len: np.ndarray  # int64 tokens, >= 1
-    priority: np.ndarray = dataclasses.field(
-        default_factory=lambda: np.empty(0)
-    )  # int64 class, lower first
+    priority: np.ndarray = dataclasses.field(default_factory=_none)
+    session_id: np.ndarray = dataclasses.field(default_factory=_none)
+    prefix_id: np.ndarray = dataclasses.field(default_factory=_none)
+    prefix_len: np.ndarray = dataclasses.field(default_factory=_none)
+    follows: np.ndarray = dataclasses.field(default_factory=_none)
+    think_s: np.ndarray = dataclasses.field(default_factory=_none)
 
     def __post_init__(self) -> None:
-        if not len(self.priority):  # not given: every request in class 0
-            object.__setattr__(self, "priority", np.zeros(len(self.arrival_s), dtype=np.int64))
-        for name, dtype in (
-            ("priority", np.int64),
-            ("arrival_s", np.float64),
-            ("prompt_len", np.int64),
-            ("output_len", np.int64),
+        n = len(self.arrival_s)
+        for name, dtype, default in (
+            ("arrival_s", np.float64, None),
+            ("prompt_len", np.int64, None),
+            ("output_len", np.int64, None),
+            *_OPTIONAL,
         ):
-            arr = np.ascontiguousarray(getattr(self, name), dtype=dtype)
-            if arr.ndim != 1 or len(arr) != len(self.arrival_s):
+            given = getattr(self, name)
+            if default is not None and not len(given):  # not given: one value, no memory
+                arr = np.broadcast_to(np.asarray(default, dtype=dtype), (n,))
+            elif isinstance(given, np.ndarray) and given.strides == (0,) and given.dtype == dtype:
+                arr = given
+            else:
+                arr = np.ascontiguousarray(given, dtype=dtype)
+            if arr.ndim != 1 or len(arr) != n:
                 raise ValueError(f"{name} must be 1-D with one entry per request")
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)
-        if len(self) and (self.arrival_s[0] < 0 or np.any(np.diff(self.arrival_s) < 0)):
+        if n and (self.arrival_s[0] < 0 or np.any(np.diff(self.arrival_s) < 0)):
             raise ValueError("arrival_s must be non-negative and ascending")
-        if len(self) and (self.prompt_len.min() < 1 or self.output_len.min() < 1):
+        if n and (self.prompt_len.min() < 1 or self.output_len.min() < 1):
             raise ValueError("prompt_len and output_len must be >= 1")
+        if n:
+            Content(
+                self.session_id, self.prefix_id, self.prefix_len, self.follows, self.think_s
+            ).check(self.prompt_len)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
 
+    @property
+    def shares_content(self) -> bool:
+        """Whether any prompt shares a prefix or any request waits for another."""
+        return bool(np.any(self.prefix_id >= 0) or np.any(self.session_id >= 0) or self.has_turns)
+
+    @property
+    def has_turns(self) -> bool:
+        """Whether some requests are follow-up turns sent after another finishes."""
+        return bool(np.any(self.follows >= 0))
+
     def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(
-            {
-                "arrival_s": self.arrival_s,
-                "prompt_len": self.prompt_len,
-                "output_len": self.output_len,
-                "priority": self.priority,
-            }
-        )
+        columns = ("arrival_s", "prompt_len", "output_len", *(o[0] for o in _OPTIONAL))
+        return pd.DataFrame({name: getattr(self, name) for name in columns})
 
 
 def generate_requests(spec: WorkloadSpec, *, rng: np.random.Generator) -> RequestTable:
-    """The requests `spec` describes. Lengths are drawn before arrivals, from the same `rng`.
+    """The requests `spec` describes. Lengths are drawn before arrivals, from the same `rng`;
+    then priorities, shared prefixes and think times (each only when asked for, so adding one
+    leaves the earlier draws alone).
 
     A trace dataset without arrival 'trace' gives the lengths of its first num_prompts rows in
     file order (a contiguous slice of real traffic); when num_prompts exceeds the rows, the extra
     requests are drawn uniformly with replacement from the trace, as vLLM oversamples. Raises
     SpecError for problems found in a trace file.
     """
-    ds = spec.dataset
-    timestamps: np.ndarray | None = None
-    match ds:
-        case RandomDataset():
-            prompt, output = _random_lengths(ds, _required(spec.num_prompts), rng)
-        case ShareGPTDataset():
-            prompt, output = _sharegpt_lengths(ds, _required(spec.num_prompts), rng)
-        case AzureCodeDataset() | AzureConvDataset():
-            timestamps, prompt, output = _from_trace(_bundled_trace(ds.name), spec, rng)
-        case TraceDataset():
-            trace = _read_trace(ds, with_timestamps=spec.arrival == "trace")
-            timestamps, prompt, output = _from_trace(trace, spec, rng)
-        case _:
-            assert_never(ds)
+    timestamps, trace = _dataset_rows(spec, rng)
+    prompt, output = trace.prompt_len, trace.output_len
+    if spec.max_output_len is not None:  # before sessions: replies become later prompts
+        output = np.minimum(output, spec.max_output_len)
+    content = _trace_content(trace)
+    if spec.sessions is not None:
+        prompt, content = session_turns(prompt, output, spec.sessions)
+    arrival = timestamps if timestamps is not None else _conversation_arrivals(spec, content, rng)
+    priority: np.ndarray = np.empty(0)
+    if spec.priority_mix is not None:
+        priority = rng.choice(len(spec.priority_mix), size=len(prompt), p=spec.priority_mix)
+    if spec.prefix is not None:
+        prompt, content = add_prefix(prompt, content, spec.prefix, rng)
+    if spec.sessions is not None:
+        content = think_times(content, spec.sessions, rng)
     if spec.max_input_len is not None:
         prompt = np.minimum(prompt, spec.max_input_len)
-    if spec.max_output_len is not None:
-        output = np.minimum(output, spec.max_output_len)
-    arrival = timestamps if timestamps is not None else _arrivals(spec, len(prompt), rng)
-    priority: np.ndarray = np.empty(0)
-    if spec.priority_mix is not None:  # drawn last: the other draws do not move
-        priority = rng.choice(len(spec.priority_mix), size=len(prompt), p=spec.priority_mix)
-    return RequestTable(arrival_s=arrival, prompt_len=prompt, output_len=output, priority=priority)
+    table = RequestTable(arrival_s=arrival, prompt_len=prompt, output_len=output, priority=priority)
+    if not spec.shares_content:
+        return table
+    return dataclasses.replace(
+        table,
+        session_id=content.session_id,
+        prefix_id=content.prefix_id,
+        prefix_len=np.minimum(content.prefix_len, prompt),
+        follows=content.follows,
+        think_s=content.think_s,
+    )
+
+
+def _dataset_rows(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[np.ndarray | None, Trace]:
+    """(timestamps to replay or None, the rows' lengths and sharing columns)."""
+    ds = spec.dataset
+    match ds:
+        case RandomDataset():
+            return None, Trace(None, *_random_lengths(ds, _required(spec.num_prompts), rng))
+        case ShareGPTDataset():
+            return None, Trace(None, *_sharegpt_lengths(ds, _required(spec.num_prompts), rng))
+        case AzureCodeDataset() | AzureConvDataset():
+            trace = bundled_trace(ds.name)
+        case TraceDataset():
+            trace = read_trace(ds, with_timestamps=spec.arrival == "trace")
+        case _:
+            assert_never(ds)
+    if spec.arrival == "trace":
+        return replay_rows(trace, num_prompts=spec.num_prompts, time_scale=spec.time_scale)
+    return None, trace.rows(take_rows(len(trace), spec.num_prompts, rng))
+
+
+def _trace_content(trace: Trace) -> Content:
+    content = Content.unshared(len(trace), session_id=trace.session_id)
+    if trace.prefix_id is None or trace.prefix_len is None:
+        return content
+    return dataclasses.replace(content, prefix_id=trace.prefix_id, prefix_len=trace.prefix_len)
+
+
+def _conversation_arrivals(
+    spec: WorkloadSpec, content: Content, rng: np.random.Generator
+) -> np.ndarray:
+    """Generated arrivals: one per request, or with sessions one per conversation, which its
+    follow-up turns share (they are sent when the turn before finishes)."""
+    if spec.sessions is None:
+        return _arrivals(spec, len(content.follows), rng)
+    starts = conversation_starts(content)
+    turns = np.diff(np.append(starts, len(content.follows)))
+    return np.repeat(_arrivals(spec, len(starts), rng), turns)
 
 
 def _required(num_prompts: int | None) -> int:
@@ -300,150 +385,6 @@ def _sharegpt_lengths(
         have += int(ok.sum())
         pass_rate = max(float(ok.mean()), 1e-4)
     return np.concatenate(kept_p)[:n], np.concatenate(kept_o)[:n]
-
-
-# -- traces -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Trace:
-    timestamps_s: np.ndarray | None  # seconds since the earliest row, file order
-    prompt_len: np.ndarray
-    output_len: np.ndarray
-
-
-@functools.cache
-def _bundled_trace(name: str) -> _Trace:
-    path = TRACE_DIR / _BUNDLED_FILES[name]
-    dtypes = {"TIMESTAMP": str, "ContextTokens": np.int64, "GeneratedTokens": np.int64}
-    frame = pd.read_csv(path, dtype=dtypes)
-    cols = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-    return _parse_trace(frame, cols, source=str(path), fields=("", "", ""))
-
-
-def _read_trace(ds: TraceDataset, *, with_timestamps: bool) -> _Trace:
-    source = str(ds.path)
-    try:
-        frame = pd.read_csv(ds.path) if ds.file_format == "csv" else _read_jsonl(ds.path)
-    except FileNotFoundError:
-        raise SpecError("trace file not found", source=source, field="dataset.path") from None
-    except OSError as exc:
-        raise SpecError(f"cannot read trace file ({exc.strerror})", source=source) from None
-    except ValueError as exc:  # pandas' and json's parser errors are ValueErrors
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise SpecError(f"malformed {ds.file_format}: {reason}", source=source) from None
-    ts_col = ds.timestamp_column if with_timestamps else None
-    cols = (ts_col, ds.prompt_column, ds.output_column)
-    fields = ("dataset.timestamp_column", "dataset.prompt_column", "dataset.output_column")
-    return _parse_trace(frame, cols, source=source, fields=fields)
-
-
-def _read_jsonl(path: Path) -> pd.DataFrame:
-    """One JSON object per line. Not pd.read_json: pandas 2 turns a numeric column named
-    "timestamp" into dates (epoch milliseconds), and its date-guessing switches are deprecated."""
-    rows = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"line {number}: {exc.msg}") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"line {number}: expected a JSON object")
-                rows.append(row)
-    return pd.DataFrame.from_records(rows)
-
-
-def _parse_trace(
-    frame: pd.DataFrame,
-    cols: tuple[str | None, str, str],
-    *,
-    source: str,
-    fields: tuple[str, str, str],
-) -> _Trace:
-    for col, field in zip(cols, fields, strict=True):
-        if col is not None and col not in frame.columns:
-            known = ", ".join(map(str, frame.columns))
-            raise SpecError(f"no column {col!r} (columns: {known})", source=source, field=field)
-    if frame.empty:
-        raise SpecError("the trace has no rows", source=source)
-    ts_col, prompt_col, output_col = cols
-    timestamps = None
-    if ts_col is not None:
-        timestamps = _seconds(frame[ts_col], source=source, field=fields[0])
-    prompt = _token_counts(frame[prompt_col], source=source, field=fields[1])
-    output = _token_counts(frame[output_col], source=source, field=fields[2])
-    for arr in (timestamps, prompt, output):
-        if arr is not None:
-            arr.setflags(write=False)  # the bundled traces are cached: nobody may edit them
-    return _Trace(timestamps, prompt, output)
-
-
-def _bad_value(
-    column: pd.Series, bad: np.ndarray, what: str, *, source: str, field: str
-) -> SpecError:
-    row = int(np.flatnonzero(bad)[0])
-    return SpecError(
-        f"row {row + 1} of column {column.name!r}: {column.iloc[row]!r} is not {what}",
-        source=source,
-        field=field,
-    )
-
-
-def _token_counts(column: pd.Series, *, source: str, field: str) -> np.ndarray:
-    """Non-negative numbers, rounded; 0 becomes 1 (a request yields at least one token)."""
-    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(values) | (values < 0)
-    if bad.any():
-        raise _bad_value(column, bad, "a token count", source=source, field=field)
-    return np.maximum(np.rint(values), 1).astype(np.int64)
-
-
-def _seconds(column: pd.Series, *, source: str, field: str) -> np.ndarray:
-    """Seconds since the earliest row, from numbers (seconds) or datetime strings."""
-    numeric = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64)
-    if np.isfinite(numeric).all():
-        return numeric - numeric.min()
-    stamps = pd.to_datetime(column, format="ISO8601", errors="coerce", utc=True)
-    bad = stamps.isna().to_numpy()
-    if bad.any():
-        raise _bad_value(column, bad, "seconds or a datetime", source=source, field=field)
-    return (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=np.float64)
-
-
-def _from_trace(
-    trace: _Trace, spec: WorkloadSpec, rng: np.random.Generator
-) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-    """(timestamps or None, prompt, output): replayed rows, or rows for generated arrivals."""
-    if spec.arrival == "trace":
-        return _replay_rows(trace, spec)
-    return (None, *_take_rows(trace, spec.num_prompts, rng))
-
-
-def _replay_rows(trace: _Trace, spec: WorkloadSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The first num_prompts rows in time order, at their own (scaled) times."""
-    assert trace.timestamps_s is not None
-    rows = len(trace.prompt_len)
-    n = rows if spec.num_prompts is None else spec.num_prompts
-    if n > rows:
-        raise SpecError(
-            f"{n} requests asked for, but the trace has {rows} rows (a replay cannot be longer)",
-            field="num_prompts",
-        )
-    order = np.argsort(trace.timestamps_s, kind="stable")[:n]
-    start = trace.timestamps_s[order[0]]
-    arrival = (trace.timestamps_s[order] - start) * spec.time_scale
-    return arrival, trace.prompt_len[order], trace.output_len[order]
-
-
-def _take_rows(
-    trace: _Trace, num_prompts: int | None, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    rows = len(trace.prompt_len)
-    n = rows if num_prompts is None else num_prompts
-    index = np.arange(min(n, rows))
-    if n > rows:  # vLLM's maybe_oversample_requests: uniform choice with replacement
-        index = np.concatenate([index, rng.integers(0, rows, size=n - rows)])
-    return trace.prompt_len[index], trace.output_len[index]
 
 
 # -- arrivals -----------------------------------------------------------------------------------

@@ -19,12 +19,17 @@ class Parallelism(Frozen):
 
     One replica spans tp * pp devices. Experts are split over `ep` groups inside the TP group
     and each expert's FFN over the remaining tp / ep devices (ep = tp: whole experts per GPU).
+    Wide EP (ep = tp * dp > tp): DP attention, as vLLM's `--data-parallel-size N
+    --enable-expert-parallel` and SGLang's `--enable-dp-attention` run it: dp attention ranks
+    of tp devices each, coupled by MoE layers whose experts spread over all tp * dp devices.
+    `expert_load_imbalance`: tokens on the busiest EP rank over the mean (1 = balanced).
     """
 
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
     dp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
+    expert_load_imbalance: float = Field(default=1.0, ge=1.0)
 
     @property
     def devices_per_replica(self) -> int:
@@ -61,10 +66,12 @@ class Parallelism(Frozen):
         if self.ep > 1:
             if model.moe is None:
                 raise SpecError("expert parallelism needs a MoE model", source=source, field="ep")
-            if self.tp % self.ep or model.moe.num_experts % self.ep:
+            wide = self.ep == self.tp * self.dp and self.dp > 1  # DP attention
+            if (self.tp % self.ep and not wide) or model.moe.num_experts % self.ep:
                 raise SpecError(
                     f"expert parallel size {self.ep} must divide the tensor parallel size "
-                    f"{self.tp} and the {model.moe.num_experts} experts",
+                    f"{self.tp} (or equal tp x dp = {self.tp * self.dp}, DP attention) and "
+                    f"the {model.moe.num_experts} experts",
                     source=source,
                     field="ep",
                 )

@@ -103,7 +103,7 @@ def hand_summary(**kwargs: object) -> dict[str, float | int | None]:
 
 
 def test_hand_computed_serve_summary() -> None:
-    s = hand_summary()
+    s = hand_summary(prefix_caching=True)
     expected = {
         "duration": 2.3,
         "completed": 3,
@@ -152,6 +152,7 @@ def test_hand_computed_serve_summary() -> None:
         "p99_queueing_ms": 492.0,
         "preemptions": 1,
         "prefix_cache_hit_rate": 150 / 600,
+        "prefix_cache_saved_tokens": 150,
     }
     assert s["request_goodput"] is None
     for key, value in expected.items():
@@ -174,13 +175,14 @@ def test_key_order_follows_vllm_then_extras() -> None:
         "max_concurrent_requests",
         "mean_ttft_ms",
     ]
-    assert keys[-5:] == [
+    assert keys[-4:] == [
         "mean_queueing_ms",
         "median_queueing_ms",
         "p99_queueing_ms",
         "preemptions",
-        "prefix_cache_hit_rate",
     ]
+    with_cache = list(hand_summary(prefix_caching=True))
+    assert with_cache == [*keys, "prefix_cache_hit_rate", "prefix_cache_saved_tokens"]
 
 
 def test_contract_keys_present_and_json_plain() -> None:

@@ -53,7 +53,18 @@ def test_table_shape_dtypes_and_frame() -> None:
     assert table.arrival_s.dtype == np.float64 and table.prompt_len.dtype == np.int64
     assert np.all(np.diff(table.arrival_s) >= 0) and table.arrival_s[0] >= 0
     frame = table.to_frame()
-    assert list(frame.columns) == ["arrival_s", "prompt_len", "output_len", "priority"]
+    assert list(frame.columns) == [
+        "arrival_s",
+        "prompt_len",
+        "output_len",
+        "priority",
+        "session_id",
+        "prefix_id",
+        "prefix_len",
+        "follows",
+        "think_s",
+    ]
+    assert not table.shares_content and (frame["follows"] == -1).all()
     assert len(frame) == 1000
     with pytest.raises(ValueError):
         table.prompt_len[0] = 5  # read-only
@@ -198,11 +209,11 @@ def test_azure_lengths_with_generated_arrivals() -> None:
 
 
 def test_bundled_trace_loads_fast() -> None:
-    from simulator.serving import workload
+    from simulator.serving import traces
 
-    workload._bundled_trace.cache_clear()
+    traces.bundled_trace.cache_clear()
     start = time.perf_counter()
-    workload._bundled_trace("azure-conv")
+    traces.bundled_trace("azure-conv")
     assert time.perf_counter() - start < 0.5  # about 0.02 s; the bound absorbs a loaded machine
 
 
@@ -353,3 +364,131 @@ def test_numeric_timestamp_column_stays_seconds(tmp_path: Path) -> None:
     )
     spec = trace_spec(path, timestamp_column="timestamp", prompt_column="in", output_column="out")
     np.testing.assert_allclose(make_requests(spec).arrival_s, [0.0, 60.0])
+
+
+# -- shared prefixes and conversations ----------------------------------------------------------
+def fixed_lengths(**fields: Any) -> WorkloadSpec:
+    """Random dataset with fixed lengths: 10-token messages, 5-token replies."""
+    return make_spec({"name": "random", "input_len": 10, "output_len": 5}, **fields)
+
+
+def test_a_shared_prefix_goes_before_every_prompt() -> None:
+    # vLLM's --random-prefix-len: prefix + input tokens; the other draws do not move
+    plain = make_requests(make_spec(request_rate=4.0))
+    table = make_requests(make_spec(request_rate=4.0, prefix={"tokens": 100}))
+    np.testing.assert_array_equal(table.prompt_len, plain.prompt_len + 100)
+    np.testing.assert_array_equal(table.arrival_s, plain.arrival_s)
+    assert (table.prefix_id == 0).all() and (table.prefix_len == 100).all()
+    assert (table.session_id == -1).all() and not table.has_turns and table.shares_content
+    assert not plain.shares_content
+
+
+def test_prefix_share_and_count() -> None:
+    table = make_requests(make_spec(prefix={"tokens": 64, "share": 0.25, "count": 3}))
+    carriers = table.prefix_id >= 0
+    assert abs(carriers.mean() - 0.25) < 0.05
+    assert set(np.unique(table.prefix_id[carriers])) == {0, 1, 2}
+    np.testing.assert_array_equal(table.prefix_len, np.where(carriers, 64, 0))
+    assert (table.prompt_len[carriers] == 1024 + 64).all()
+    assert (table.prompt_len[~carriers] == 1024).all()
+
+
+def test_session_turns_resend_the_conversation() -> None:
+    # 7 requests in conversations of 3 turns: 3 + 3 + 1. Turn k's prompt: earlier messages and
+    # replies (15 tokens a turn) + its own message: 10, 25, 40.
+    table = make_requests(
+        fixed_lengths(num_prompts=7, request_rate=2.0, sessions={"turns": 3, "think_time_s": 1.5})
+    )
+    np.testing.assert_array_equal(table.prompt_len, [10, 25, 40, 10, 25, 40, 10])
+    np.testing.assert_array_equal(table.session_id, [0, 0, 0, 1, 1, 1, 2])
+    np.testing.assert_array_equal(table.follows, [-1, 0, 1, -1, 3, 4, -1])
+    np.testing.assert_array_equal(table.think_s, [0, 1.5, 1.5, 0, 1.5, 1.5, 0])
+    # three conversations arrive (the last at 3 / rate = 1.5 s); later turns carry their start
+    starts = table.arrival_s[[0, 3, 6]]
+    assert starts[-1] == pytest.approx(1.5)
+    np.testing.assert_array_equal(table.arrival_s, np.repeat(starts, [3, 3, 1]))
+
+
+def test_sessions_with_a_system_prompt_and_exponential_think_times() -> None:
+    spec = fixed_lengths(
+        num_prompts=4000,
+        prefix={"tokens": 100, "share": 0.5},
+        sessions={"turns": 4, "think_time_s": 2.0, "think_time": "exponential"},
+    )
+    table = make_requests(spec)
+    per_session = table.prefix_id.reshape(-1, 4)
+    assert (per_session == per_session[:, :1]).all()  # a conversation keeps its system prompt
+    assert abs((per_session[:, 0] >= 0).mean() - 0.5) < 0.05
+    np.testing.assert_array_equal(
+        table.prompt_len, table.prefix_len + np.tile([10, 25, 40, 55], 1000)
+    )
+    later = table.think_s[table.follows >= 0]
+    assert later.mean() == pytest.approx(2.0, rel=0.05) and (later > 0).all()
+    assert (table.think_s[table.follows < 0] == 0).all()
+
+
+def test_max_input_len_clamps_whole_prompts_and_their_prefix() -> None:
+    table = make_requests(fixed_lengths(num_prompts=3, prefix={"tokens": 30}, max_input_len=20))
+    assert (table.prompt_len == 20).all() and (table.prefix_len == 20).all()
+
+
+def test_trace_session_and_prefix_columns(tmp_path: Path) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text(
+        "t,in,out,conv,sys,sys_len\n"
+        "0,100,10,a,s1,40\n"
+        "1,130,10,b,,\n"
+        "2,150,10,a,s1,40\n"
+        "3,20,5,,s2,50\n"
+    )
+    spec = trace_spec(
+        path, **COLUMNS, session_column="conv", prefix_column="sys", prefix_len_column="sys_len"
+    )
+    table = make_requests(spec)
+    np.testing.assert_array_equal(table.session_id, [0, 1, 0, -1])
+    np.testing.assert_array_equal(table.prefix_id, [0, -1, 0, 1])
+    np.testing.assert_array_equal(table.prefix_len, [40, 0, 40, 20])  # at most the prompt
+    assert not table.has_turns  # trace rows keep their own arrival times
+    np.testing.assert_array_equal(table.prompt_len, [100, 130, 150, 20])
+
+
+def test_sharing_specs_that_contradict_each_other(tmp_path: Path) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text("t,in,out,conv\n0,1,1,a\n")
+    bad = [
+        {"dataset": {"name": "azure-conv"}, "arrival": "trace", "sessions": {"turns": 2}},
+        {
+            "dataset": {"name": "trace", "path": str(path), "session_column": "conv"},
+            "sessions": {"turns": 2},
+        },
+        {
+            "dataset": {
+                "name": "trace",
+                "path": str(path),
+                "prefix_column": "conv",
+                "prefix_len_column": "in",
+            },
+            "prefix": {"tokens": 8},
+        },
+        {"dataset": {"name": "trace", "path": str(path), "prefix_column": "conv"}},
+        {"dataset": {"name": "random"}, "num_prompts": 1, "prefix": {"tokens": 0}},
+        {"dataset": {"name": "random"}, "num_prompts": 1, "sessions": {"turns": 0}},
+    ]
+    for data in bad:
+        with pytest.raises(ValidationError):
+            WorkloadSpec.model_validate(data)
+    with pytest.raises(SpecError) as info:
+        make_requests(trace_spec(path, **COLUMNS, session_column="nope"))
+    assert info.value.field == "dataset.session_column"
+
+
+def test_request_table_checks_the_sharing_columns() -> None:
+    base = {"arrival_s": [0.0, 0.0], "prompt_len": [10, 20], "output_len": [1, 1]}
+    for extra in (
+        {"prefix_id": [0, 0], "prefix_len": [11, 0]},  # longer than its prompt
+        {"prefix_len": [5, 0]},  # a length without an id
+        {"follows": [1, -1]},  # a later row
+        {"follows": [-1, 0], "think_s": [0.0, -1.0]},
+    ):
+        with pytest.raises(ValueError):
+            RequestTable(**{k: np.asarray(v) for k, v in (base | extra).items()})

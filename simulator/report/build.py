@@ -1,0 +1,222 @@
+"""The report of a folder: which figures and tables a run, a sweep or a plan gets, and
+`write_report`, which writes them as one HTML file (`llmsim report DIR [-o FILE]`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from simulator.errors import SpecError
+from simulator.report import costfigures as cf
+from simulator.report import figures as fg
+from simulator.report.html import Section, render, table_html
+from simulator.report.load import Loaded, PlanFolder, RunFolder, SweepFolder, load
+from simulator.report.ops import run_op_costs
+
+REPORT_FILE = "report.html"
+MAX_ROOFLINE_GROUPS = 4  # replica groups that get a roofline and a breakdown
+MAX_ERROR_ROWS = 20
+PLAN_COLUMNS = (
+    "layout",
+    "max_rate",
+    "replicas",
+    "gpus",
+    "usd_per_hour",
+    "usd_per_million_output_tokens",
+)
+SUMMARY_KEYS = (  # key, label, format
+    ("completed", "completed requests", "d"),
+    ("failed", "failed requests", "d"),
+    ("duration", "duration (s)", ".2f"),
+    ("request_throughput", "request throughput (req/s)", ".2f"),
+    ("request_goodput", "request goodput (req/s)", ".2f"),
+    ("output_throughput", "output throughput (tok/s)", ",.1f"),
+    ("mean_ttft_ms", "mean TTFT (ms)", ".1f"),
+    ("p99_ttft_ms", "p99 TTFT (ms)", ".1f"),
+    ("mean_tpot_ms", "mean TPOT (ms)", ".2f"),
+    ("p99_tpot_ms", "p99 TPOT (ms)", ".2f"),
+    ("p99_itl_ms", "p99 ITL (ms)", ".2f"),
+    ("p99_e2el_ms", "p99 E2E latency (ms)", ".1f"),
+    ("mean_queueing_ms", "mean queueing (ms)", ".1f"),
+    ("preemptions", "preemptions", "d"),
+    ("kv_cache_peak_fraction", "KV cache peak", ".1%"),
+    ("energy_per_output_token_j", "energy per output token (J)", ".3f"),
+    ("usd_per_million_output_tokens", "$ per million output tokens", ".3f"),
+)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    try:
+        return format(int(value) if spec == "d" else float(value), spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _run(run: RunFolder) -> tuple[str, str, list[Section]]:
+    s = run.summary
+    rows = [(label, _fmt(s[key], spec)) for key, label, spec in SUMMARY_KEYS if key in s]
+    top = Section("Summary", tables=[table_html(rows)])
+    scenario = run.scenario
+    slo = scenario.slo.model_dump() if scenario and scenario.slo else None
+    if scenario:
+        groups = "; ".join(
+            f"{g.count} x {g.hardware} tp={g.tensor_parallel_size} "
+            f"pp={g.pipeline_parallel_size} ({g.engine})"
+            for g in scenario.replicas
+        )
+        top.text.append(f"{scenario.model} on {groups}.")
+    latency = Section(
+        "Latency",
+        text=[] if run.itl is not None else ["No itl.csv in the folder: the ITL panel is empty."],
+        figures=[fg.latency_cdf(run.requests, itl=run.itl, slo=slo)],
+    )
+    load_section = Section(
+        "Load over time",
+        text=["Long runs are averaged into time bins (time-weighted mean, dotted: the peak)."],
+        figures=[
+            fg.kv_usage(run.steps, capacity_blocks=_kv_capacity(run)),
+            fg.batch_size(run.steps),
+            fg.queue_length(run.requests),
+        ],
+    )
+    return (
+        f"llmsim run: {s.get('scenario', run.folder.name)}",
+        str(run.folder),
+        [top, latency, load_section, *_operator_sections(run)],
+    )
+
+
+def _kv_capacity(run: RunFolder) -> dict[int, int] | None:
+    """KV capacity in blocks of each replica index, from memory.json and the scenario."""
+    if run.scenario is None or run.memory is None:
+        return None
+    if len(run.memory) != len(run.scenario.replicas):
+        return None
+    caps: dict[int, int] = {}
+    for spec, plan in zip(run.scenario.replicas, run.memory, strict=True):
+        for _ in range(spec.num_replicas):  # DP attention: each rank is a replica
+            caps[len(caps)] = int(plan["kv_capacity_blocks"])
+    return caps
+
+
+def _operator_sections(run: RunFolder) -> list[Section]:
+    if run.scenario is None:
+        return [Section("Operators", text=["No scenario.json in the folder: no roofline."])]
+    sections = []
+    for index, spec in enumerate(run.scenario.replicas[:MAX_ROOFLINE_GROUPS]):
+        ops = run_op_costs(run.scenario, run.requests, run.steps, group=index)
+        where = f"{spec.hardware} tp={spec.tensor_parallel_size} pp={spec.pipeline_parallel_size}"
+        decode = (
+            f"{ops.decode_batch} sequences at {ops.context_len} tokens of context"
+            if ops.decode_batch
+            else "none: nothing decoded"
+        )
+        wall = ops.costs.assign(t=ops.costs["total_s"] - ops.costs["hidden_s"])
+        times = wall.groupby("phase", sort=False)["t"].sum()
+        text = (
+            f"The cost model's operators for {run.scenario.model} on {where}: a prefill step "
+            f"of one {ops.prompt_tokens}-token prompt and a decode step of {decode} (the "
+            "run's median prompt, decode batch and half its median output). Step time: "
+            + ", ".join(f"{p} {1e3 * t:.2f} ms" for p, t in times.items())
+            + "."
+        )
+        sections.append(
+            Section(
+                f"Operators: group {index} ({where})",
+                text=[text],
+                figures=[
+                    cf.roofline(ops.costs, ops.deployment.hardware),
+                    cf.op_breakdown(ops.costs),
+                ],
+            )
+        )
+    return sections
+
+
+def _sweep(sweep: SweepFolder) -> tuple[str, str, list[Section]]:
+    results = sweep.results
+    ok = fg.ok_runs(results)
+    errors = results[results["status"] != "ok"] if "status" in results.columns else ok.iloc[:0]
+    top = Section(
+        "Summary",
+        text=[
+            f"{len(ok)} finished run(s), {len(errors)} error(s); varied: "
+            + (", ".join(sweep.varied) or "nothing")
+            + "."
+        ],
+    )
+    if len(errors):
+        cells = [
+            (str(r["run_id"]), *(str(r[c]) for c in sweep.varied), str(r.get("error", "")))
+            for _, r in errors.head(MAX_ERROR_ROWS).iterrows()
+        ]
+        top.tables.append(table_html(cells, header=("run_id", *sweep.varied, "error")))
+    if ok.empty:
+        top.text.append("No run finished: nothing to plot.")
+        return "llmsim sweep", str(sweep.folder), [top]
+    rate = fg.default_rate(results)
+    # The other varied values name the lines (one that takes a single value names nothing).
+    by = [c for c in sweep.varied if c != rate and results[c].nunique(dropna=False) > 1]
+    slo = sweep.slo or {}
+    figures = [fg.rate_latency(results, rate=rate, by=by, slo=slo)]
+    if {"p99_tpot_ms", "output_throughput"} <= set(results.columns):
+        tpot_slo = fg.slo_target(slo, "tpot")
+        figures.append(fg.throughput_latency_pareto(results, by=by, slo_ms=tpot_slo))
+    return "llmsim sweep", str(sweep.folder), [top, Section("Rate and latency", figures=figures)]
+
+
+def _plan(plan: PlanFolder) -> tuple[str, str, list[Section]]:
+    p = plan.plan
+    fleet = p.get("fleet", {})
+    lines = [f"{p.get('model', '?')} at {_fmt(p.get('target_rate'), '.4g')} req/s target."]
+    if fleet.get("found"):
+        mix = " + ".join(f"{r['replicas']} x {r['layout']}" for r in fleet.get("replicas", []))
+        lines.append(
+            f"Cheapest fleet: {mix}: {fleet.get('gpus')} GPU(s), "
+            f"${_fmt(fleet.get('usd_per_hour'), '.2f')}/hour, "
+            f"${_fmt(fleet.get('usd_per_million_output_tokens'), '.3f')}/M output tokens."
+        )
+    else:
+        lines.append(f"Cheapest fleet: none ({fleet.get('reason', '')}).")
+    top = Section("Summary", text=lines)
+    if plan.candidates is not None and "status" in plan.candidates.columns:
+        feasible = plan.candidates[plan.candidates["status"] == "feasible"]
+        shown = [c for c in PLAN_COLUMNS if c in feasible.columns]
+        cells = [[_fmt(v, ".3g") for v in row] for row in feasible[shown].itertuples(index=False)]
+        top.tables.append(table_html(cells, header=shown))
+    metric = str(p.get("pareto_metric", "p99_tpot_ms"))
+    if plan.probes.empty or metric not in plan.probes.columns:
+        top.text.append("No simulation in probes.csv: nothing to plot.")
+        return f"llmsim plan: {p.get('name', '')}", str(plan.folder), [top]
+    slo = cf.plan_slo_ms(p.get("slo") or {}, metric)
+    figure = cf.cost_frontier(plan.probes, metric=metric, pareto=plan.pareto, slo_ms=slo)
+    frontier = Section("Cost against latency", figures=[figure])
+    return f"llmsim plan: {p.get('name', '')}", str(plan.folder), [top, frontier]
+
+
+def build(loaded: Loaded) -> tuple[str, str, list[Section]]:
+    """(title, subtitle, sections) of a loaded folder."""
+    match loaded:
+        case RunFolder():
+            return _run(loaded)
+        case SweepFolder():
+            return _sweep(loaded)
+        case PlanFolder():
+            return _plan(loaded)
+
+
+def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
+    """Write the report of a run, sweep or plan folder to `out` (default DIR/report.html);
+    returns its path. SpecError for a folder that is none of these or a file it cannot
+    write."""
+    title, subtitle, sections = build(load(folder))
+    path = Path(out) if out is not None else Path(folder) / REPORT_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(title, subtitle, sections), encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot write the report ({exc.strerror})", source=str(path)) from None
+    return path

@@ -1,0 +1,189 @@
+"""Read back what a folder holds for `llmsim report DIR`: a run (`llmsim run --out`), a sweep
+(`llmsim sweep --out`) or a plan (`llmsim plan --out`). Anything else is a SpecError naming the
+folder and what was expected; a missing or unreadable file is one naming that file.
+
+A run folder written before `save_run` wrote `itl.csv`, `scenario.json` and `memory.json` still
+loads: those parts are None and the report leaves out what needs them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from simulator.errors import SpecError
+from simulator.metrics.recorder import STEP_COLUMNS
+from simulator.report.figures import require
+from simulator.scenario import Scenario
+from simulator.specs.loader import read_yaml, validate
+
+RUN_FILES = ("summary.json", "requests.csv", "steps.csv")
+SWEEP_FILE = "results.csv"
+PLAN_FILES = ("plan.json", "probes.csv")
+REQUEST_COLUMNS = (  # of requests.csv, the ones the report uses
+    "replica", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "prompt_tokens",
+    "output_tokens",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A run's tables (see `runner.save_run`)."""
+
+    folder: Path
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    itl: pd.DataFrame | None
+    scenario: Scenario | None
+    memory: list[dict[str, Any]] | None
+
+
+@dataclass(frozen=True)
+class SweepFolder:
+    """A sweep's results, the dotted paths it varies and its base scenario's SLOs."""
+
+    folder: Path
+    results: pd.DataFrame
+    varied: list[str]
+    slo: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class PlanFolder:
+    """A plan's summary (`plan.json`), every simulation of its search, its frontier and its
+    ranked candidates."""
+
+    folder: Path
+    plan: dict[str, Any]
+    probes: pd.DataFrame
+    pareto: pd.DataFrame
+    candidates: pd.DataFrame | None
+
+
+Loaded = RunFolder | SweepFolder | PlanFolder
+
+
+def load(folder: str | Path) -> Loaded:
+    """What `folder` holds; see the module docstring."""
+    path = Path(folder)
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "no such folder"
+        raise SpecError(what, source=str(path))
+    if any((path / name).exists() for name in RUN_FILES):
+        return _run(path)
+    if (path / SWEEP_FILE).exists():
+        return _sweep(path)
+    if any((path / name).exists() for name in PLAN_FILES):
+        return _plan(path)
+    raise SpecError(
+        "not a run, sweep or plan folder: expected summary.json, requests.csv and steps.csv "
+        "(llmsim run --out), results.csv (llmsim sweep --out), or plan.json and probes.csv "
+        "(llmsim plan --out)",
+        source=str(path),
+    )
+
+
+def _file(folder: Path, name: str) -> Path:
+    path = folder / name
+    if not path.is_file():
+        raise SpecError(f"missing {name} (the folder is incomplete)", source=str(folder))
+    return path
+
+
+def _csv(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        reason = "empty" if isinstance(exc, pd.errors.EmptyDataError) else "not a readable CSV"
+        raise SpecError(reason, source=str(path)) from None
+    try:
+        require(frame, columns, what=path.name)
+    except SpecError as exc:
+        raise SpecError(exc.reason, source=str(path), field=exc.field) from None
+    return frame
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError(f"not valid JSON ({exc})", source=str(path)) from None
+
+
+def _optional(folder: Path, name: str) -> Path | None:
+    path = folder / name
+    return path if path.is_file() else None
+
+
+def _run(folder: Path) -> RunFolder:
+    summary = _json(_file(folder, "summary.json"))
+    requests = _csv(_file(folder, "requests.csv"), REQUEST_COLUMNS)
+    steps = _csv(_file(folder, "steps.csv"), STEP_COLUMNS)
+    itl_path = _optional(folder, "itl.csv")
+    scenario_path = _optional(folder, "scenario.json")
+    memory_path = _optional(folder, "memory.json")
+    scenario = (
+        validate(Scenario, _json(scenario_path), source=str(scenario_path))
+        if scenario_path
+        else None
+    )
+    memory = _json(memory_path) if memory_path else None
+    if memory is not None and not (
+        isinstance(memory, list) and all(isinstance(m, dict) for m in memory)
+    ):
+        raise SpecError("expected a list of memory plans", source=str(memory_path))
+    return RunFolder(
+        folder=folder,
+        summary=summary if isinstance(summary, dict) else {},
+        requests=requests,
+        steps=steps,
+        itl=_csv(itl_path, ("itl_s", "weight")) if itl_path else None,
+        scenario=scenario,
+        memory=memory,
+    )
+
+
+def _sweep(folder: Path) -> SweepFolder:
+    results = _csv(folder / SWEEP_FILE, ("run_id",))
+    columns = list(results.columns)
+    # The varied paths: the sweep file's, else the columns between run_id and status.
+    end = columns.index("status") if "status" in columns else 1
+    varied = columns[1:end]
+    slo = None
+    spec_path = _optional(folder, "sweep.yaml")
+    if spec_path:
+        spec = read_yaml(spec_path)
+        sections = [spec.get(k) or {} for k in ("grid", "zip", "random")]
+        varied = [p for s in sections if isinstance(s, dict) for p in s if p in columns]
+        base = spec.get("base")
+        slo = base.get("slo") if isinstance(base, dict) else None
+    return SweepFolder(
+        folder=folder,
+        results=results,
+        varied=varied,
+        slo=slo if isinstance(slo, dict) else None,
+    )
+
+
+def _plan(folder: Path) -> PlanFolder:
+    plan = _json(_file(folder, "plan.json"))
+    if not isinstance(plan, dict):
+        raise SpecError("expected a JSON object", source=str(folder / "plan.json"))
+    probes_path = _file(folder, "probes.csv")
+    # A plan whose layouts were all pruned ran no simulation: its probes.csv is empty.
+    probes = _csv(probes_path, ("layout", "feasible")) if probes_path.stat().st_size > 1 else None
+    pareto_path = _optional(folder, "pareto.csv")
+    pareto = _csv(pareto_path) if pareto_path and pareto_path.stat().st_size > 1 else None
+    candidates_path = _optional(folder, "candidates.csv")
+    return PlanFolder(
+        folder=folder,
+        plan=plan,
+        probes=probes if probes is not None else pd.DataFrame(),
+        pareto=pareto if pareto is not None else pd.DataFrame(),
+        candidates=_csv(candidates_path) if candidates_path else None,
+    )

@@ -1,0 +1,443 @@
+"""What proposing costs: a speculative config resolved against its target deployment.
+
+The proposer (`method`) is priced with the cost model on the replica's own devices, after the
+target's pass in the same engine step (vLLM runs the drafter inside the step), with no CPU
+overhead of its own beyond its kernel launches (the engine's per-step work is counted once):
+
+- `ngram`: prompt lookup on the CPU: no GPU time (its CPU time is not modelled either).
+- `draft_model`: the draft model's own forward passes at its own tensor parallel size
+  (`draft_tensor_parallel_size`: 1 or the target's, as vLLM allows), at the target's precision:
+  a catch-up pass over the tokens the target just computed (its KV must follow), then k - 1
+  one-token passes of the sequences that sampled. Its weights and KV cache take device memory.
+- `eagle`, `eagle3`, `mtp` (`deepseek_mtp`): a head of one decoder layer of the target's own
+  architecture (its MoE layer for a MoE target, as DeepSeek-V3's MTP module), plus the fc layer
+  that fuses the token embedding with the target's hidden state (2 hidden sizes in; 3 for
+  EAGLE-3's three fused layers; DeepSeek's eh_proj), sharing the target's embedding and LM head
+  (vLLM's EagleProposer shares them); passes as for a draft model, at the target's TP. Its
+  weights and one layer of KV per token take memory.
+- `medusa`: k heads on the target's last hidden states, each a hidden x hidden residual block
+  and its own vocabulary-parallel LM head: one pass of the sequences that sampled.
+
+Not modelled: EAGLE-3's reduced draft vocabulary (the target's LM head is used), the drafter's
+share of vLLM's profiling activations, the rejection sampler's own kernels, speculation with
+pipeline parallelism (refused).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.latency import engine_overhead_rows
+from simulator.costmodel.memory import (
+    MemoryPlan,
+    kv_bytes_per_token_per_device,
+    layer_weight_bytes,
+    weight_bytes_per_device,
+)
+from simulator.costmodel.ops import Op, collective, elementwise, gemm, step_ops
+from simulator.costmodel.roofline import evaluate, total_time
+from simulator.costmodel.step import StepCost, engine_step_time, step_cost
+from simulator.errors import SpecError
+from simulator.serving.speculative import FIELD, SpeculativeSpec
+from simulator.serving.steptime import Chunks, OpList, StepTimer, verify_shape
+from simulator.specs.deployment import Parallelism, Precision
+from simulator.specs.engine import EngineSpec
+from simulator.specs.hardware import HardwareSpec
+from simulator.specs.loader import load_model
+from simulator.specs.model import DTYPE_BYTES, ModelSpec
+
+# Width of the head's input fc layer, in hidden sizes: token embedding + target hidden state
+# (EAGLE's fc, DeepSeek MTP's eh_proj), or three fused target layers (EAGLE-3).
+FC_INPUTS = {"eagle": 2, "eagle3": 3, "mtp": 2}
+
+
+# -- the proposers' forward passes ----------------------------------------------------------------
+@dataclass(frozen=True)
+class HeadOps:
+    """An EAGLE/MTP head's pass: the one-layer model's ops plus the fc fusing `fc_inputs`
+    hidden-size vectors into one (a replicated Linear in vLLM, 16-bit)."""
+
+    fc_inputs: int
+
+    def __call__(
+        self,
+        model: ModelSpec,
+        layout: Parallelism,
+        prec: Precision,
+        batch: BatchShape,
+        *,
+        gpus_per_node: int = 8,
+    ) -> list[Op]:
+        h = model.hidden_size
+        fc = gemm(
+            "draft_fc",
+            m=batch.num_tokens,
+            n=h,
+            k=self.fc_inputs * h,
+            count=1,
+            prec=prec,
+            weight_dtype=prec.activations,
+        )
+        return [fc, *step_ops(model, layout, prec, batch, gpus_per_node=gpus_per_node)]
+
+
+@dataclass(frozen=True)
+class MedusaOps:
+    """`heads` Medusa heads on the sampled rows: a residual block (hidden x hidden, replicated)
+    and a vocabulary-parallel LM head with its sampler each."""
+
+    heads: int
+
+    def __call__(
+        self,
+        model: ModelSpec,
+        layout: Parallelism,
+        prec: Precision,
+        batch: BatchShape,
+        *,
+        gpus_per_node: int = 8,
+    ) -> list[Op]:
+        h, vocab, rows = model.hidden_size, model.vocab_size, batch.sampled
+        a = DTYPE_BYTES[prec.activations]
+        ops = [
+            gemm(
+                name,
+                m=rows,
+                n=n,
+                k=h,
+                count=self.heads,
+                prec=prec,
+                weight_dtype=prec.activations,
+                scales_with="sampled",
+            )
+            for name, n in (("medusa_block", h), ("medusa_lm_head", vocab / layout.tp))
+        ]
+        ops.append(
+            elementwise(
+                "medusa_sampler", bytes_=rows * vocab * 8.0, count=self.heads, scales_with="sampled"
+            )
+        )
+        if layout.tp > 1:
+            ops.append(
+                collective(
+                    "medusa_logits_all_gather",
+                    "all_gather",
+                    msg_bytes=rows * vocab * a,
+                    group=layout.tp,
+                    count=self.heads,
+                    scales_with="sampled",
+                )
+            )
+        return ops
+
+
+def head_model(target: ModelSpec, method: str) -> ModelSpec:
+    """One decoder layer of the target's architecture (its MoE layer if it has any)."""
+    data = target.model_dump()
+    data |= {"id": f"{target.id}:{method}-head", "name": f"{target.name} {method} head"}
+    data["num_layers"] = 1
+    if data.get("moe") is not None:
+        data["moe"] = {**data["moe"], "first_dense_layers": 0}
+    return ModelSpec.model_validate(data)
+
+
+@dataclass(frozen=True)
+class DraftPasses:
+    """A drafter's passes in one engine step, priced by its own step timer: a catch-up pass
+    over the tokens the target computed (if `catch_up`), then one-token passes of the sequences
+    that sampled, each a position further, to `passes` in all."""
+
+    timer: StepTimer
+    passes: int
+    catch_up: bool
+
+    def __call__(self, chunks: Chunks, decode_contexts: Sequence[int]) -> float:
+        seconds = 0.0
+        if self.catch_up:
+            seconds = self.timer.kernel_s(chunks=chunks, decode_contexts=decode_contexts)
+        ends = [off + n for n, off, last in chunks if last]
+        sampling = len(decode_contexts) + len(ends)
+        if not sampling:
+            return seconds
+        mean = (sum(decode_contexts) + sum(ends)) / sampling
+        for j in range(self.passes - self.catch_up):
+            seconds += self.timer.pass_s(num_seqs=sampling, mean_context=mean + 1 + j)
+        return seconds
+
+
+# -- a config resolved against its target deployment --------------------------------------------
+@dataclass(frozen=True)
+class Drafter:
+    """A speculative config on a target deployment: the network that proposes (None for
+    ngram; the target itself for Medusa, whose ops are the heads), its layout and op list,
+    and the passes it runs per engine step."""
+
+    spec: SpeculativeSpec
+    target: ModelSpec
+    hw: HardwareSpec
+    layout: Parallelism
+    prec: Precision
+    engine: EngineSpec
+    network: ModelSpec | None = None
+    network_layout: Parallelism = dataclasses.field(default_factory=Parallelism)
+    ops: OpList = step_ops
+    passes: int = 0
+    catch_up: bool = False
+
+    @property
+    def verify_tokens(self) -> int:
+        return 1 + self.spec.num_speculative_tokens
+
+    def config(self) -> dict[str, object]:
+        """What a result's config records: the speculative config and its mean yield."""
+        return {
+            "speculative_config": self.spec.model_dump(exclude_none=True),
+            "speculative_tokens_per_step": self.spec.expected_tokens,
+        }
+
+    # -- memory ---------------------------------------------------------------------------------
+    def memory(self, plan: MemoryPlan) -> MemoryPlan:
+        """`plan` with the proposer's weights and KV cache added on the busiest device."""
+        weights, kv = 0.0, 0.0
+        net, nl, prec = self.network, self.network_layout, self.prec
+        a = DTYPE_BYTES[prec.activations]
+        match self.spec.kind:
+            case "draft_model":
+                assert net is not None
+                weights = weight_bytes_per_device(net, nl, prec)
+                kv = kv_bytes_per_token_per_device(net, nl, prec)
+            case "eagle" | "eagle3" | "mtp":
+                assert net is not None
+                h = net.hidden_size
+                fc = FC_INPUTS[self.spec.kind] * h * h * a
+                weights = float(layer_weight_bytes(net, nl, prec)[0]) + fc + h * a  # + norm
+                kv = kv_bytes_per_token_per_device(net, nl, prec)
+            case "medusa":
+                h, vocab = self.target.hidden_size, self.target.vocab_size
+                weights = (
+                    self.spec.num_speculative_tokens * a * (h * h + h + vocab / self.layout.tp * h)
+                )
+            case "ngram":
+                pass
+        return dataclasses.replace(
+            plan,
+            weights_bytes=plan.weights_bytes + weights,
+            kv_bytes_per_token=plan.kv_bytes_per_token + kv,
+        )
+
+    # -- the serving simulator's timer ----------------------------------------------------------
+    def step_timer(
+        self,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_context: int,
+        enforce_eager: bool = False,
+    ) -> StepTimer:
+        """The target's step timer verifying k + 1 tokens per decode, plus the draft passes."""
+        sizes: dict[str, Any] = {
+            "hw": self.hw,
+            "prec": self.prec,
+            "engine": self.engine,
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "max_context": max_context,
+            "enforce_eager": enforce_eager,
+        }
+        draft = None
+        if self.network is not None:
+            timer = StepTimer(
+                model=self.network,
+                layout=self.network_layout,
+                verify_tokens=self.verify_tokens if self.catch_up else 1,
+                verify_logits=False,
+                ops=self.ops,
+                **sizes,
+            )
+            draft = DraftPasses(timer=timer, passes=self.passes, catch_up=self.catch_up)
+        return StepTimer(
+            model=self.target,
+            layout=self.layout,
+            verify_tokens=self.verify_tokens,
+            draft=draft,
+            **sizes,
+        )
+
+    # -- `bench latency`, analytically ----------------------------------------------------------
+    def decode_steps(
+        self, *, batch_size: int, input_len: int, output_len: int, enforce_eager: bool = False
+    ) -> tuple[np.ndarray, StepCost, pd.DataFrame]:
+        """A batch's decode steps under speculation, each yielding `expected_tokens` per
+        sequence on average: ceil((output_len - 1) / expected) steps, the context growing by
+        that much each. Returns their times (the target's verification step plus the draft
+        passes, from the cost model), the verification steps' cost and the decode phase's
+        engine and draft breakdown lines (of the middle step)."""
+        q, n = self.verify_tokens, float(batch_size)
+        per_step = self.spec.expected_tokens
+        steps = math.ceil((output_len - 1) / per_step - 1e-9) if output_len > 1 else 0
+        ctx = input_len + 1.0 + per_step * np.arange(steps, dtype=float)
+        shape = verify_shape(model=self.target, num_seqs=n, context=ctx, tokens=q, logits=n * q)
+        cost = step_cost(
+            self.target,
+            self.hw,
+            self.layout,
+            self.prec,
+            shape,
+            attention_factor=self.engine.attention_factor,
+        )
+        target_s = engine_step_time(
+            cost, self.engine, num_tokens=n * q, num_seqs=n, enforce_eager=enforce_eager
+        )
+        draft_s = self._draft_seconds(num_seqs=n, context=ctx, enforce_eager=enforce_eager)
+        times = np.broadcast_to(target_s + draft_s, ctx.shape).astype(float)
+        if not steps:
+            return times, cost, pd.DataFrame()
+        mid = (steps - 1) // 2
+        rows = engine_overhead_rows(
+            cost,
+            self.engine,
+            index=mid,
+            num_tokens=n * q,
+            num_seqs=n,
+            enforce_eager=enforce_eager,
+        )
+        draft_row = {
+            "op": f"draft_{self.spec.kind}",
+            "kind": "draft",
+            "count": float(self.passes),
+            "time_s": float(draft_s[mid]) / max(self.passes, 1),
+            "total_s": float(draft_s[mid]),
+            "flops": 0.0,
+            "bytes": 0.0,
+            "bound": "draft",
+            "hidden_s": 0.0,
+        }
+        return times, cost, pd.concat([rows, pd.DataFrame([draft_row])], ignore_index=True)
+
+    def _draft_seconds(
+        self, *, num_seqs: float, context: np.ndarray, enforce_eager: bool
+    ) -> np.ndarray:
+        """The draft passes of one step per element of `context`, from the cost model."""
+        total = np.zeros(context.shape)
+        if self.network is None:
+            return total
+        q = self.verify_tokens
+        if self.catch_up:
+            shape = verify_shape(
+                model=self.network, num_seqs=num_seqs, context=context, tokens=q, logits=num_seqs
+            )
+            total = total + self._pass_s(shape, num_seqs * q, enforce_eager)
+        for j in range(self.passes - self.catch_up):
+            shape = verify_shape(
+                model=self.network,
+                num_seqs=num_seqs,
+                context=context + 1 + j,
+                tokens=1,
+                logits=num_seqs,
+            )
+            total = total + self._pass_s(shape, num_seqs, enforce_eager)
+        return total
+
+    def _pass_s(self, batch: BatchShape, tokens: float, enforce_eager: bool) -> np.ndarray:
+        """One draft pass: GPU time or kernel launches, the longer (`StepTimer.kernel_s`)."""
+        assert self.network is not None
+        ops = self.ops(
+            self.network,
+            self.network_layout,
+            self.prec,
+            batch,
+            gpus_per_node=self.hw.interconnect.gpus_per_node,
+        )
+        costs = evaluate(ops, self.hw, attention_factor=self.engine.attention_factor)
+        launches = sum((c.op.count * (c.time_s > 0) for c in costs), start=np.zeros(1))
+        ov, eng = self.engine.overhead, self.engine
+        graphed = eng.cuda_graphs and not enforce_eager and tokens <= eng.cuda_graph_max_tokens
+        launch = ov.graph_launch_s if graphed else launches * ov.launch_eager_s
+        return np.maximum(total_time(costs), launch)
+
+
+def resolve_drafter(
+    spec: SpeculativeSpec,
+    *,
+    model: ModelSpec,
+    hw: HardwareSpec,
+    layout: Parallelism,
+    prec: Precision,
+    engine: EngineSpec,
+) -> Drafter:
+    """`spec` on the target deployment; SpecError if it cannot run there."""
+    if layout.pp > 1:
+        raise SpecError(
+            "speculative decoding with pipeline parallelism is not modelled", field=FIELD
+        )
+    base = Drafter(spec=spec, target=model, hw=hw, layout=layout, prec=prec, engine=engine)
+    k, tp = spec.num_speculative_tokens, spec.draft_tensor_parallel_size
+    match spec.kind:
+        case "ngram":
+            return base
+        case "medusa":
+            return dataclasses.replace(
+                base, network=model, network_layout=layout, ops=MedusaOps(heads=k), passes=1
+            )
+        case "eagle" | "eagle3" | "mtp":
+            if tp is not None and tp != layout.tp:
+                raise SpecError(
+                    f"the {spec.method} head runs at the target's tensor parallel size "
+                    f"{layout.tp}, not {tp}",
+                    field=f"{FIELD}.draft_tensor_parallel_size",
+                )
+            return dataclasses.replace(
+                base,
+                network=head_model(model, spec.kind),
+                network_layout=layout,
+                ops=HeadOps(fc_inputs=FC_INPUTS[spec.kind]),
+                passes=k,
+                catch_up=True,
+            )
+        case "draft_model":
+            draft = _draft_model(spec, model)
+            return dataclasses.replace(
+                base,
+                network=draft,
+                network_layout=_draft_layout(spec, draft=draft, hw=hw, layout=layout),
+                passes=k,
+                catch_up=True,
+            )
+
+
+def _draft_model(spec: SpeculativeSpec, target: ModelSpec) -> ModelSpec:
+    assert spec.model is not None
+    try:
+        draft = load_model(spec.model)
+    except SpecError as exc:
+        raise SpecError(exc.reason, source=exc.source, field=f"{FIELD}.model") from None
+    if draft.vocab_size != target.vocab_size:
+        raise SpecError(
+            f"the draft's vocabulary ({draft.vocab_size}) differs from the target's "
+            f"({target.vocab_size}): they must share a tokenizer",
+            source=spec.model,
+            field=f"{FIELD}.model",
+        )
+    return draft
+
+
+def _draft_layout(
+    spec: SpeculativeSpec, *, draft: ModelSpec, hw: HardwareSpec, layout: Parallelism
+) -> Parallelism:
+    tp = layout.tp if spec.draft_tensor_parallel_size is None else spec.draft_tensor_parallel_size
+    if tp not in (1, layout.tp):
+        raise SpecError(
+            f"must be 1 or the target's tensor parallel size {layout.tp} (vLLM), got {tp}",
+            field=f"{FIELD}.draft_tensor_parallel_size",
+        )
+    draft_layout = Parallelism(tp=tp)
+    draft_layout.check(draft, hw, source=f"{FIELD}.model")
+    return draft_layout

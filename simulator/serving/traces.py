@@ -1,0 +1,262 @@
+"""Request traces: the bundled Azure traces and user CSV/JSONL files, read into a `Trace`.
+
+A trace has one request per row: prompt and output token counts, optionally a timestamp, and
+optionally what the request shares with others (for prefix caching):
+
+- `session_column`: rows with the same value are turns of one conversation, each prompt
+  starting with the conversation so far (earlier prompt and output). Rows without a value
+  share nothing this way.
+- `prefix_column` with `prefix_len_column`: rows with the same prefix id start with the same
+  content (a system prompt, a document), the first `prefix_len` tokens of it.
+
+Ids may be numbers or strings; they are only compared for equality. Problems in a file are
+SpecErrors naming the file and the column.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import model_validator
+
+from simulator.errors import SpecError
+from simulator.specs._base import Frozen
+
+TRACE_DIR = Path(__file__).resolve().parent.parent / "data" / "traces"
+BUNDLED_FILES = {
+    "azure-code": "azure_llm_2023_code.csv",
+    "azure-conv": "azure_llm_2023_conv.csv",
+}
+_SUFFIX_FORMATS: dict[str, Literal["csv", "jsonl"]] = {
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+}
+
+
+class TraceDataset(Frozen):
+    """A user trace: one request per row. Column defaults are the Azure traces' names. The
+    timestamp column holds seconds (numbers) or datetime strings; None means there is none.
+    The sharing columns (see the module doc) are optional."""
+
+    name: Literal["trace"] = "trace"
+    path: Path
+    timestamp_column: str | None = "TIMESTAMP"
+    prompt_column: str = "ContextTokens"
+    output_column: str = "GeneratedTokens"
+    session_column: str | None = None
+    prefix_column: str | None = None
+    prefix_len_column: str | None = None
+    format: Literal["csv", "jsonl"] | None = None  # None: from the suffix
+
+    @model_validator(mode="after")
+    def _known_format(self) -> TraceDataset:
+        if self.format is None and self.path.suffix.lower() not in _SUFFIX_FORMATS:
+            raise ValueError(
+                f"cannot tell the format of {self.path.name!r} from its suffix; "
+                "set format to csv or jsonl"
+            )
+        if (self.prefix_column is None) != (self.prefix_len_column is None):
+            raise ValueError("prefix_column and prefix_len_column go together")
+        return self
+
+    @property
+    def file_format(self) -> Literal["csv", "jsonl"]:
+        return self.format or _SUFFIX_FORMATS[self.path.suffix.lower()]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A trace's rows in file order. Ids are small integers (-1: none); None: no such column."""
+
+    timestamps_s: np.ndarray | None  # seconds since the earliest row
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+    session_id: np.ndarray | None = None
+    prefix_id: np.ndarray | None = None
+    prefix_len: np.ndarray | None = None  # tokens, at most the row's prompt
+
+    def __len__(self) -> int:
+        return len(self.prompt_len)
+
+    def rows(self, index: np.ndarray) -> Trace:
+        """The rows at `index` (in that order)."""
+
+        def pick(arr: np.ndarray | None) -> np.ndarray | None:
+            return None if arr is None else arr[index]
+
+        return Trace(
+            pick(self.timestamps_s),
+            self.prompt_len[index],
+            self.output_len[index],
+            pick(self.session_id),
+            pick(self.prefix_id),
+            pick(self.prefix_len),
+        )
+
+
+@functools.cache
+def bundled_trace(name: str) -> Trace:
+    path = TRACE_DIR / BUNDLED_FILES[name]
+    dtypes = {"TIMESTAMP": str, "ContextTokens": np.int64, "GeneratedTokens": np.int64}
+    frame = pd.read_csv(path, dtype=dtypes)
+    cols = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+    return _parse_trace(frame, cols, source=str(path), fields=("", "", ""))
+
+
+def read_trace(ds: TraceDataset, *, with_timestamps: bool) -> Trace:
+    source = str(ds.path)
+    try:
+        frame = pd.read_csv(ds.path) if ds.file_format == "csv" else _read_jsonl(ds.path)
+    except FileNotFoundError:
+        raise SpecError("trace file not found", source=source, field="dataset.path") from None
+    except OSError as exc:
+        raise SpecError(f"cannot read trace file ({exc.strerror})", source=source) from None
+    except ValueError as exc:  # pandas' and json's parser errors are ValueErrors
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SpecError(f"malformed {ds.file_format}: {reason}", source=source) from None
+    ts_col = ds.timestamp_column if with_timestamps else None
+    cols = (ts_col, ds.prompt_column, ds.output_column)
+    fields = ("dataset.timestamp_column", "dataset.prompt_column", "dataset.output_column")
+    trace = _parse_trace(frame, cols, source=source, fields=fields)
+    return _with_sharing(trace, frame, ds, source=source)
+
+
+def _read_jsonl(path: Path) -> pd.DataFrame:
+    """One JSON object per line. Not pd.read_json: pandas 2 turns a numeric column named
+    "timestamp" into dates (epoch milliseconds), and its date-guessing switches are deprecated."""
+    rows = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"line {number}: {exc.msg}") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"line {number}: expected a JSON object")
+                rows.append(row)
+    return pd.DataFrame.from_records(rows)
+
+
+def _require_columns(
+    frame: pd.DataFrame, cols: tuple[str | None, ...], fields: tuple[str, ...], source: str
+) -> None:
+    for col, field in zip(cols, fields, strict=True):
+        if col is not None and col not in frame.columns:
+            known = ", ".join(map(str, frame.columns))
+            raise SpecError(f"no column {col!r} (columns: {known})", source=source, field=field)
+
+
+def _parse_trace(
+    frame: pd.DataFrame,
+    cols: tuple[str | None, str, str],
+    *,
+    source: str,
+    fields: tuple[str, str, str],
+) -> Trace:
+    _require_columns(frame, cols, fields, source)
+    if frame.empty:
+        raise SpecError("the trace has no rows", source=source)
+    ts_col, prompt_col, output_col = cols
+    timestamps = None
+    if ts_col is not None:
+        timestamps = _seconds(frame[ts_col], source=source, field=fields[0])
+    prompt = _token_counts(frame[prompt_col], source=source, field=fields[1])
+    output = _token_counts(frame[output_col], source=source, field=fields[2])
+    for arr in (timestamps, prompt, output):
+        if arr is not None:
+            arr.setflags(write=False)  # the bundled traces are cached: nobody may edit them
+    return Trace(timestamps, prompt, output)
+
+
+def _with_sharing(trace: Trace, frame: pd.DataFrame, ds: TraceDataset, *, source: str) -> Trace:
+    """`trace` with the session and prefix columns `ds` names, if any."""
+    cols = (ds.session_column, ds.prefix_column, ds.prefix_len_column)
+    fields = ("dataset.session_column", "dataset.prefix_column", "dataset.prefix_len_column")
+    _require_columns(frame, cols, fields, source)
+    session = None if ds.session_column is None else _ids(frame[ds.session_column])
+    prefix_id = prefix_len = None
+    if ds.prefix_column is not None and ds.prefix_len_column is not None:
+        prefix_id = _ids(frame[ds.prefix_column])
+        # a row without a prefix id needs no length
+        lengths = frame[ds.prefix_len_column].where(prefix_id >= 0, 0)
+        counts = _token_counts(lengths, source=source, field=fields[2], least=0)
+        prefix_len = np.where(prefix_id >= 0, np.minimum(counts, trace.prompt_len), 0)
+    return Trace(
+        trace.timestamps_s, trace.prompt_len, trace.output_len, session, prefix_id, prefix_len
+    )
+
+
+def _ids(column: pd.Series) -> np.ndarray:
+    """Equal values -> equal small integers, from 0; missing values -> -1."""
+    codes, _ = pd.factorize(column, use_na_sentinel=True)
+    return np.asarray(codes, dtype=np.int64)
+
+
+def _bad_value(
+    column: pd.Series, bad: np.ndarray, what: str, *, source: str, field: str
+) -> SpecError:
+    row = int(np.flatnonzero(bad)[0])
+    return SpecError(
+        f"row {row + 1} of column {column.name!r}: {column.iloc[row]!r} is not {what}",
+        source=source,
+        field=field,
+    )
+
+
+def _token_counts(column: pd.Series, *, source: str, field: str, least: int = 1) -> np.ndarray:
+    """Non-negative numbers, rounded; below `least` becomes `least` (a request yields at least
+    one token)."""
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(values) | (values < 0)
+    if bad.any():
+        raise _bad_value(column, bad, "a token count", source=source, field=field)
+    return np.maximum(np.rint(values), least).astype(np.int64)
+
+
+def _seconds(column: pd.Series, *, source: str, field: str) -> np.ndarray:
+    """Seconds since the earliest row, from numbers (seconds) or datetime strings."""
+    numeric = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64)
+    if np.isfinite(numeric).all():
+        return numeric - numeric.min()
+    stamps = pd.to_datetime(column, format="ISO8601", errors="coerce", utc=True)
+    bad = stamps.isna().to_numpy()
+    if bad.any():
+        raise _bad_value(column, bad, "seconds or a datetime", source=source, field=field)
+    return (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=np.float64)
+
+
+def replay_rows(
+    trace: Trace, *, num_prompts: int | None, time_scale: float
+) -> tuple[np.ndarray, Trace]:
+    """The first num_prompts rows in time order (all: None), and their times since the first,
+    multiplied by `time_scale`."""
+    assert trace.timestamps_s is not None
+    rows = len(trace)
+    n = rows if num_prompts is None else num_prompts
+    if n > rows:
+        raise SpecError(
+            f"{n} requests asked for, but the trace has {rows} rows (a replay cannot be longer)",
+            field="num_prompts",
+        )
+    order = np.argsort(trace.timestamps_s, kind="stable")[:n]
+    start = trace.timestamps_s[order[0]]
+    arrival = (trace.timestamps_s[order] - start) * time_scale
+    return arrival, trace.rows(order)
+
+
+def take_rows(rows: int, num_prompts: int | None, rng: np.random.Generator) -> np.ndarray:
+    """Which of `rows` rows give num_prompts requests (all: None): the first ones in file order,
+    then, past the end, uniform draws with replacement (vLLM's maybe_oversample_requests)."""
+    n = rows if num_prompts is None else num_prompts
+    index = np.arange(min(n, rows))
+    if n > rows:
+        index = np.concatenate([index, rng.integers(0, rows, size=n - rows)])
+    return index

@@ -1,0 +1,95 @@
+"""What `llmsim report DIR` accepts: a run, sweep or plan folder; anything else is a SpecError
+naming the folder or file."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simulator.errors import SpecError
+from simulator.report.load import PlanFolder, RunFolder, SweepFolder, load
+
+
+def test_a_run_folder(run_folder: Path) -> None:
+    run = load(run_folder)
+    assert isinstance(run, RunFolder)
+    assert run.summary["scenario"] == "tiny"
+    assert len(run.requests) == 40
+    assert run.itl is not None and (run.itl["weight"] > 0).all()
+    assert run.scenario is not None and run.scenario.slo is not None
+    assert run.scenario.slo.ttft_ms == 200
+    assert run.memory is not None and run.memory[0]["kv_capacity_blocks"] > 0
+
+
+def test_an_older_run_folder_loads_without_the_extras(run_folder: Path, tmp_path: Path) -> None:
+    for name in ("summary.json", "requests.csv", "steps.csv"):
+        shutil.copy(run_folder / name, tmp_path / name)
+    run = load(tmp_path)
+    assert isinstance(run, RunFolder)
+    assert run.itl is None and run.scenario is None and run.memory is None
+
+
+def test_an_incomplete_run_folder(run_folder: Path, tmp_path: Path) -> None:
+    shutil.copy(run_folder / "summary.json", tmp_path / "summary.json")
+    with pytest.raises(SpecError, match=r"missing requests\.csv"):
+        load(tmp_path)
+
+
+def test_a_csv_without_its_columns(run_folder: Path, tmp_path: Path) -> None:
+    shutil.copytree(run_folder, tmp_path / "run")
+    steps = pd.read_csv(run_folder / "steps.csv").drop(columns="kv_used_blocks")
+    steps.to_csv(tmp_path / "run" / "steps.csv", index=False)
+    with pytest.raises(SpecError) as err:
+        load(tmp_path / "run")
+    assert "steps.csv" in err.value.source and err.value.field == "kv_used_blocks"
+
+
+def test_broken_files_name_themselves(run_folder: Path, tmp_path: Path) -> None:
+    shutil.copytree(run_folder, tmp_path / "run")
+    (tmp_path / "run" / "summary.json").write_text("{not json")
+    with pytest.raises(SpecError, match="not valid JSON") as err:
+        load(tmp_path / "run")
+    assert err.value.source.endswith("summary.json")
+    (tmp_path / "run" / "summary.json").write_text("{}")
+    (tmp_path / "run" / "requests.csv").write_text("")
+    with pytest.raises(SpecError, match="empty"):
+        load(tmp_path / "run")
+
+
+def test_a_sweep_folder(tmp_path: Path) -> None:
+    (tmp_path / "results.csv").write_text(
+        "run_id,workload.request_rate,status,error,p99_ttft_ms\na,1,ok,,10\nb,2,error,boom,\n"
+    )
+    (tmp_path / "sweep.yaml").write_text(
+        "base: {name: q, slo: {ttft_ms: 300}}\ngrid:\n  workload.request_rate: [1, 2]\n"
+    )
+    sweep = load(tmp_path)
+    assert isinstance(sweep, SweepFolder)
+    assert sweep.varied == ["workload.request_rate"]
+    assert sweep.slo == {"ttft_ms": 300}
+    (tmp_path / "sweep.yaml").unlink()
+    sweep = load(tmp_path)  # without the sweep file: the columns before `status`
+    assert isinstance(sweep, SweepFolder)
+    assert sweep.varied == ["workload.request_rate"] and sweep.slo is None
+
+
+def test_a_plan_folder(tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_text('{"name": "p", "pareto_metric": "p99_tpot_ms"}')
+    (tmp_path / "probes.csv").write_text("layout,feasible,p99_tpot_ms\na,True,10\n")
+    plan = load(tmp_path)
+    assert isinstance(plan, PlanFolder)
+    assert plan.plan["name"] == "p" and len(plan.probes) == 1 and plan.pareto.empty
+
+
+def test_what_is_not_a_result_folder(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="no such folder"):
+        load(tmp_path / "nope")
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(SpecError, match="is not a folder"):
+        load(tmp_path / "file.txt")
+    with pytest.raises(SpecError, match="not a run, sweep or plan folder") as err:
+        load(tmp_path)
+    assert err.value.source == str(tmp_path)
