@@ -1,21 +1,19 @@
-"""The flat Python API: the same operations as the CLI, taking ids or spec objects."""
+"""The flat Python API: the same operations as the CLI, taking ids or spec objects. Single
+operators (`gemm_cost`, `attention_cost`, `allreduce_cost`, `op_json`) live in
+`simulator.single_ops` and are re-exported here."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, TypedDict
 
-import numpy as np
-
-from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.latency import LatencyResult, bench_latency
 from simulator.costmodel.memory import MemoryPlan, plan_memory
-from simulator.costmodel.ops import Op, attention_ops, collective, gemm
-from simulator.costmodel.roofline import OpCost, evaluate
 from simulator.errors import SpecError
 from simulator.serving.drafter import resolve_drafter
 from simulator.serving.speculative import SpeculativeSpec, parse_speculative_config
+from simulator.single_ops import EngineOpCost, allreduce_cost, attention_cost, gemm_cost, op_json
 from simulator.specs import (
     EngineSpec,
     HardwareSpec,
@@ -25,12 +23,30 @@ from simulator.specs import (
     load_model,
 )
 from simulator.specs.deployment import Parallelism, Precision, resolve_precision
-from simulator.specs.model import DTYPE_BYTES
 from simulator.specs.offload import ExpertOffloadSpec, OffloadLike, OffloadSpec, resolve_offload
 
+__all__ = [
+    "Deployment",
+    "DeploymentParts",
+    "EngineOpCost",
+    "allreduce_cost",
+    "attention_cost",
+    "deployment",
+    "estimate",
+    "gemm_cost",
+    "op_json",
+]
 
-def _hw(hardware: str | HardwareSpec) -> HardwareSpec:
-    return hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+
+class DeploymentParts(TypedDict):
+    """A deployment as the serving builders take it, by keyword (`cluster.replica_group`,
+    `StepTimer`, `resolve_drafter`, `with_micro_batching`, ...): `builder(**dep.parts, ...)`."""
+
+    model: ModelSpec
+    hw: HardwareSpec
+    layout: Parallelism
+    prec: Precision
+    engine: EngineSpec
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,18 @@ class Deployment:
     layout: Parallelism
     precision: Precision
     offload: OffloadSpec | None = None
+
+    @property
+    def parts(self) -> DeploymentParts:
+        """The model, hardware, layout, precision and engine, as the serving builders'
+        keywords (`model`, `hw`, `layout`, `prec`, `engine`)."""
+        return DeploymentParts(
+            model=self.model,
+            hw=self.hardware,
+            layout=self.layout,
+            prec=self.precision,
+            engine=self.engine,
+        )
 
     def memory(
         self,
@@ -89,7 +117,7 @@ def deployment(
     `expert_parallel_size` = tp x dp > tp is DP attention (`Parallelism`);
     `expert_load_imbalance` is the busiest EP rank's tokens over the mean (1: balanced)."""
     m = model if isinstance(model, ModelSpec) else load_model(model)
-    hw = _hw(hardware)
+    hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
     eng = engine if isinstance(engine, EngineSpec) else load_engine(engine)
     for name, value in (
         ("tensor_parallel_size", tensor_parallel_size),
@@ -184,306 +212,5 @@ def estimate(
         gpu_memory_utilization=gpu_memory_utilization,
         num_iters=num_iters,
         offload=dep.offload,
-        drafter=None
-        if speculative is None
-        else resolve_drafter(
-            speculative,
-            model=dep.model,
-            hw=dep.hardware,
-            layout=dep.layout,
-            prec=dep.precision,
-            engine=dep.engine,
-        ),
+        drafter=None if speculative is None else resolve_drafter(speculative, **dep.parts),
     )
-
-
-# -- single operators -----------------------------------------------------------------------------
-def _positive(**values: int | float) -> None:
-    for name, value in values.items():
-        if value < 1:
-            raise SpecError(f"must be at least 1, got {value}", field=name)
-
-
-def _scalar(x: object) -> float:
-    return float(np.ravel(np.asarray(x, dtype=float))[0])
-
-
-@dataclass(frozen=True)
-class EngineOpCost:
-    """One op as a serving engine runs it: the kernel (`kernel`, timed with the engine's
-    attention factor) plus the CPU time to launch its `launches` kernels.
-
-    Run eagerly, each kernel costs the engine's `launch_eager_s`. Inside a captured CUDA graph
-    (`cuda_graph`: the engine captures graphs, no enforce_eager, and the op's tokens are at
-    most the engine's `cuda_graph_max_tokens`) a kernel has no launch of its own: the replay
-    (`graph_replay_s`, the engine's `graph_launch_s`) is paid once per step by all the kernels
-    of the step. `time_s` adds launch and kernel, as for an op issued on its own; within a
-    step, launches overlap earlier kernels (`bench latency`'s breakdown shows how much)."""
-
-    kernel: OpCost
-    engine: EngineSpec
-    cuda_graph: bool
-    launches: float
-
-    @property
-    def kernel_s(self) -> float:
-        return _scalar(self.kernel.time_s)
-
-    @property
-    def launch_s(self) -> float:
-        return 0.0 if self.cuda_graph else self.launches * self.engine.overhead.launch_eager_s
-
-    @property
-    def graph_replay_s(self) -> float:
-        return self.engine.overhead.graph_launch_s if self.cuda_graph else 0.0
-
-    @property
-    def time_s(self) -> float:
-        return self.kernel_s + self.launch_s
-
-    @property
-    def bound(self) -> str:
-        """The kernel's bound, with the launch counted as a fixed ("latency") cost."""
-        k = self.kernel
-        parts = {
-            "compute": _scalar(k.compute_s),
-            "memory": _scalar(k.memory_s),
-            "latency": _scalar(k.latency_s) + self.launch_s,
-            "network": _scalar(k.network_s),
-        }
-        top = max(parts, key=lambda name: parts[name])
-        return top if parts[top] > 0 else "latency"
-
-
-def _engine(engine: str | EngineSpec | None) -> EngineSpec | None:
-    return engine if engine is None or isinstance(engine, EngineSpec) else load_engine(engine)
-
-
-def _under_engine(
-    cost: OpCost,
-    engine: EngineSpec | None,
-    *,
-    enforce_eager: bool,
-    num_tokens: float | None,
-) -> OpCost | EngineOpCost:
-    """`cost` as `engine` runs it (unchanged without an engine). `num_tokens` decides whether
-    the step holding the op is small enough to be graph-captured; None: no token limit
-    applies (a collective, whose size says nothing about the step's tokens)."""
-    if engine is None:
-        if enforce_eager:
-            raise SpecError("needs an engine (add --engine NAME)", field="enforce_eager")
-        return cost
-    small = num_tokens is None or num_tokens <= engine.cuda_graph_max_tokens
-    op = cost.op
-    if op.kind == "collective":
-        launches = float(_scalar(op.msg_bytes) > 0)
-    else:
-        launches = 1.0 + float(_scalar(op.pre_bytes) > 0)  # W8A8: the activation quantiser too
-    graphed = engine.cuda_graphs and not enforce_eager and small
-    return EngineOpCost(cost, engine, graphed, launches)
-
-
-@overload
-def gemm_cost(
-    *,
-    hardware: str | HardwareSpec,
-    m: int,
-    n: int,
-    k: int,
-    dtype: str = ...,
-    engine: None = ...,
-    enforce_eager: bool = ...,
-) -> OpCost: ...
-@overload
-def gemm_cost(
-    *,
-    hardware: str | HardwareSpec,
-    m: int,
-    n: int,
-    k: int,
-    dtype: str = ...,
-    engine: str | EngineSpec,
-    enforce_eager: bool = ...,
-) -> EngineOpCost: ...
-def gemm_cost(
-    *,
-    hardware: str | HardwareSpec,
-    m: int,
-    n: int,
-    k: int,
-    dtype: str = "bf16",
-    engine: str | EngineSpec | None = None,
-    enforce_eager: bool = False,
-) -> OpCost | EngineOpCost:
-    """One m x k by k x n GEMM. fp8/int8 need the device's matrix unit for that dtype.
-    With an engine, an EngineOpCost: the kernel plus its launch (`m` is the step's tokens)."""
-    _positive(m=m, n=n, k=k)
-    hw = _hw(hardware)
-    if dtype not in ("bf16", "fp16", "fp8", "int8"):
-        raise SpecError(f"unknown dtype {dtype!r} (bf16, fp16, fp8, int8)", field="dtype")
-    if not hw.supports(dtype):
-        raise SpecError(f"{hw.name} has no {dtype} matrix unit", source=hw.id, field="dtype")
-    act = dtype if dtype in ("bf16", "fp16") else "bf16"
-    prec = Precision(weights=dtype, compute=dtype, kv_cache=act, activations=act)
-    op = gemm("gemm", m=float(m), n=float(n), k=float(k), count=1, prec=prec)
-    cost = evaluate([op], hw)[0]
-    return _under_engine(cost, _engine(engine), enforce_eager=enforce_eager, num_tokens=m)
-
-
-@overload
-def attention_cost(
-    *,
-    hardware: str | HardwareSpec,
-    phase: str,
-    batch_size: int,
-    seq_len: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    kv_cache_dtype: str = ...,
-    dtype: str = ...,
-    engine: None = ...,
-    enforce_eager: bool = ...,
-) -> OpCost: ...
-@overload
-def attention_cost(
-    *,
-    hardware: str | HardwareSpec,
-    phase: str,
-    batch_size: int,
-    seq_len: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    kv_cache_dtype: str = ...,
-    dtype: str = ...,
-    engine: str | EngineSpec,
-    enforce_eager: bool = ...,
-) -> EngineOpCost: ...
-def attention_cost(
-    *,
-    hardware: str | HardwareSpec,
-    phase: str,
-    batch_size: int,
-    seq_len: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    kv_cache_dtype: str = "auto",
-    dtype: str = "bf16",
-    engine: str | EngineSpec | None = None,
-    enforce_eager: bool = False,
-) -> OpCost | EngineOpCost:
-    """One attention layer call: prefill of `batch_size` causal prompts of `seq_len` tokens, or
-    a decode step of `batch_size` sequences attending to `seq_len` KV tokens each. With an
-    engine, an EngineOpCost: the kernel at the engine's attention factor plus its launch."""
-    _positive(
-        batch_size=batch_size,
-        seq_len=seq_len,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-    )
-    if num_heads % num_kv_heads:
-        raise SpecError(
-            f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}",
-            field="num_kv_heads",
-        )
-    kv = dtype if kv_cache_dtype == "auto" else kv_cache_dtype
-    kv = "fp8" if kv.startswith("fp8") else kv  # fp8, fp8_e4m3, fp8_e5m2 (vLLM's spellings)
-    if kv not in DTYPE_BYTES:
-        raise SpecError(f"unknown KV cache dtype {kv_cache_dtype!r}", field="kv_cache_dtype")
-    prec = Precision(weights=dtype, compute=dtype, kv_cache=kv, activations=dtype)
-    match phase:
-        case "prefill":
-            batch = BatchShape.prefill(batch_size=batch_size, prompt_len=seq_len)
-            tokens = batch_size * seq_len
-        case "decode":
-            batch = BatchShape.decode(batch_size=batch_size, context_len=seq_len)
-            tokens = batch_size
-        case _:
-            raise SpecError(f"unknown phase {phase!r} (prefill, decode)", field="phase")
-    ops = attention_ops(
-        heads=num_heads, kv_heads=num_kv_heads, head_dim=head_dim, prec=prec, batch=batch, count=1
-    )
-    op = ops[0] if phase == "prefill" else ops[1]
-    eng = _engine(engine)
-    factor = eng.attention_factor if eng else 1.0
-    cost = evaluate([op], _hw(hardware), attention_factor=factor)[0]
-    return _under_engine(cost, eng, enforce_eager=enforce_eager, num_tokens=tokens)
-
-
-@overload
-def allreduce_cost(
-    *,
-    hardware: str | HardwareSpec,
-    num_devices: int,
-    size_bytes: float,
-    engine: None = ...,
-    enforce_eager: bool = ...,
-) -> OpCost: ...
-@overload
-def allreduce_cost(
-    *,
-    hardware: str | HardwareSpec,
-    num_devices: int,
-    size_bytes: float,
-    engine: str | EngineSpec,
-    enforce_eager: bool = ...,
-) -> EngineOpCost: ...
-def allreduce_cost(
-    *,
-    hardware: str | HardwareSpec,
-    num_devices: int,
-    size_bytes: float,
-    engine: str | EngineSpec | None = None,
-    enforce_eager: bool = False,
-) -> OpCost | EngineOpCost:
-    """One ring all-reduce of `size_bytes` among `num_devices` devices of one node. With an
-    engine, an EngineOpCost: graph-captured whenever the engine captures graphs (the message
-    size does not tell the step's tokens)."""
-    _positive(num_devices=num_devices, size_bytes=size_bytes)
-    hw = _hw(hardware)
-    if num_devices > hw.interconnect.gpus_per_node:
-        raise SpecError(
-            f"{num_devices} devices exceed the {hw.interconnect.gpus_per_node} GPUs "
-            f"of one {hw.id} node",
-            field="num_devices",
-        )
-    op: Op = collective(
-        "all_reduce", "all_reduce", msg_bytes=float(size_bytes), group=num_devices, count=1
-    )
-    if num_devices == 1:
-        op = collective("all_reduce", "all_reduce", msg_bytes=0.0, group=1, count=1)
-    cost = evaluate([op], hw)[0]
-    return _under_engine(cost, _engine(engine), enforce_eager=enforce_eager, num_tokens=None)
-
-
-def op_json(cost: OpCost | EngineOpCost) -> dict[str, Any]:
-    """The contract's `llmsim op --json` object for one op. Under an engine, `latency_s` is
-    kernel plus launch, and `kernel_s`, `launch_overhead_s`, `kernel_launches`, `cuda_graph`,
-    `graph_replay_s` (per step, not in `latency_s`) and `engine` are added."""
-    if isinstance(cost, EngineOpCost):
-        return {
-            **op_json(cost.kernel),
-            "latency_s": cost.time_s,
-            "bound": cost.bound,
-            "kernel_s": cost.kernel_s,
-            "launch_overhead_s": cost.launch_s,
-            "kernel_launches": cost.launches,
-            "cuda_graph": cost.cuda_graph,
-            "graph_replay_s": cost.graph_replay_s,
-            "engine": cost.engine.id,
-        }
-    op = cost.op
-    moved = op.msg_bytes if op.kind == "collective" else op.bytes
-    return {
-        "latency_s": _scalar(cost.time_s),
-        "bound": str(np.ravel(cost.bound)[0]),
-        "flops": _scalar(op.flops),
-        "bytes": _scalar(moved),
-        "compute_s": _scalar(cost.compute_s),
-        "memory_s": _scalar(cost.memory_s),
-        "network_s": _scalar(cost.network_s),
-        "fixed_latency_s": _scalar(cost.latency_s),
-    }

@@ -361,6 +361,29 @@ PreemptOpt = Annotated[
     typer.Option("--preemption-mode", help="on KV exhaustion: recompute, or swap to host"),
 ]
 SwapOpt = Annotated[float, typer.Option("--swap-space", help="host swap space per GPU, GiB")]
+
+
+class OffloadingBackend(str, Enum):
+    native = "native"
+    lmcache = "lmcache"
+
+
+KvOffloadSizeOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--kv-offloading-size",
+        help="GiB of host memory per replica for KV blocks evicted from the GPU (vLLM's flag; "
+        "needs --enable-prefix-caching)",
+    ),
+]
+KvOffloadBackendOpt = Annotated[
+    OffloadingBackend | None,
+    typer.Option(
+        "--kv-offloading-backend",
+        help="native: a hit loads between steps, the request waits (default); lmcache: before "
+        "the step, the batch waits",
+    ),
+]
 EpOpt = Annotated[
     bool,
     typer.Option(
@@ -658,6 +681,8 @@ def bench_throughput_cmd(
     preemption_mode: PreemptOpt = None,
     swap_space: SwapOpt = 4.0,
     enable_prefix_caching: PrefixCachingOpt = False,
+    kv_offloading_size: KvOffloadSizeOpt = None,
+    kv_offloading_backend: KvOffloadBackendOpt = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     speculative_config: SpecOpt = None,
     cpu_offload_gb: CpuOffloadOpt = 0.0,
@@ -691,6 +716,8 @@ def bench_throughput_cmd(
         preemption_mode=preemption_mode.value if preemption_mode else None,
         swap_space=swap_space,
         enable_prefix_caching=enable_prefix_caching,
+        kv_offloading_size=kv_offloading_size,
+        kv_offloading_backend=kv_offloading_backend.value if kv_offloading_backend else None,
         seed=seed,
         speculative_config=speculative_config,
         cpu_offload_gb=cpu_offload_gb,
@@ -750,6 +777,8 @@ def bench_serve_cmd(
     preemption_mode: PreemptOpt = None,
     swap_space: SwapOpt = 4.0,
     enable_prefix_caching: PrefixCachingOpt = False,
+    kv_offloading_size: KvOffloadSizeOpt = None,
+    kv_offloading_backend: KvOffloadBackendOpt = None,
     speculative_config: SpecOpt = None,
     cpu_offload_gb: CpuOffloadOpt = 0.0,
     offload_config: OffloadConfigOpt = None,
@@ -803,6 +832,8 @@ def bench_serve_cmd(
         preemption_mode=preemption_mode.value if preemption_mode else None,
         swap_space=swap_space,
         enable_prefix_caching=enable_prefix_caching,
+        kv_offloading_size=kv_offloading_size,
+        kv_offloading_backend=kv_offloading_backend.value if kv_offloading_backend else None,
         max_concurrency=max_concurrency,
         goodput=parse_goodput(goodput) if goodput else None,
         router=router,

@@ -16,7 +16,8 @@ import pandas as pd
 
 from simulator.api import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
-from simulator.metrics.summary import serve_summary, throughput_summary
+from simulator.errors import SpecError
+from simulator.metrics.summary import kv_tier_summary, serve_summary, throughput_summary
 from simulator.power import energy_summary, with_power_cap
 from simulator.scenario import ReplicaGroupSpec, Scenario, load_scenario
 from simulator.serving.cluster import (
@@ -106,6 +107,7 @@ def _group(
         enable_prefix_caching=spec.enable_prefix_caching,
         speculative=spec.speculative,
         offload=dep.offload,
+        kv_offload=spec.kv_offload,
     )
     return engine_loop(group, spec=spec, dep=dep), plan, dep
 
@@ -139,6 +141,8 @@ def run(scenario: Scenario | str | Path) -> RunResult:
     )
     if scenario.disaggregated:
         summary.update(pool_summary(scenario, sim))
+    if sim.kv_tiers is not None:
+        summary.update(kv_tier_summary(sim.kv_tiers))
     result = RunResult(
         scenario, sim, summary, [plan for _, plan, _ in built], [dep for _, _, dep in built]
     )
@@ -148,8 +152,9 @@ def run(scenario: Scenario | str | Path) -> RunResult:
 def save_run(result: RunResult, out: str | Path) -> Path:
     """Write summary.json, requests.csv, steps.csv, itl.csv (the ITL sample: `itl_s`, and
     `weight`, the tokens that came that long after their previous one), scenario.json (the
-    resolved scenario) and memory.json (each replica group's memory plan) under `out`; returns
-    the folder. `llmsim report` reads it back."""
+    resolved scenario), memory.json (each replica group's memory plan) and, with KV tiers,
+    kv_tiers.csv (their samples) under `out`; returns the folder. `llmsim report` reads it
+    back."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "summary.json").write_text(json.dumps(result.as_json(), indent=2, default=str))
@@ -157,6 +162,8 @@ def save_run(result: RunResult, out: str | Path) -> Path:
     result.sim.steps.to_csv(folder / "steps.csv", index=False)
     itl = {"itl_s": result.sim.itl_s, "weight": result.sim.itl_weight}
     pd.DataFrame(itl).to_csv(folder / "itl.csv", index=False)
+    if result.sim.kv_tiers is not None:
+        result.sim.kv_tiers.to_csv(folder / "kv_tiers.csv", index=False)
     scenario = result.scenario.model_dump(mode="json")
     (folder / "scenario.json").write_text(json.dumps(scenario, indent=2) + "\n")
     memory = [plan.as_dict() for plan in result.memory]
@@ -194,13 +201,27 @@ def bench_scenario(
     offload_config: OffloadLike = None,
     enable_expert_parallel: bool = False,
     pipeline_micro_batching: bool = False,
+    kv_offloading_size: float | None = None,
+    kv_offloading_backend: str | None = None,
 ) -> Scenario:
     """The scenario `llmsim bench serve|throughput` flags describe (`speculative_config`:
     vLLM's --speculative-config, JSON text or a mapping; `cpu_offload_gb`, vLLM's flag, and
     `offload_config`, the rest of `simulator.specs.offload.OffloadSpec` as JSON or a mapping).
     With `enable_expert_parallel`, data_parallel_size > 1 is one replica of that many DP
-    attention ranks (EP = tp x dp, as vLLM runs a MoE model); without, independent replicas."""
+    attention ranks (EP = tp x dp, as vLLM runs a MoE model); without, independent replicas.
+    `kv_offloading_size` (GiB per replica) and `kv_offloading_backend`: vLLM's KV offloading
+    flags, a CPU tier below HBM (`serving.kv_tiers`; needs prefix caching)."""
     dp_attention = enable_expert_parallel and data_parallel_size > 1
+    if kv_offloading_backend is not None and kv_offloading_size is None:
+        raise SpecError("needs --kv-offloading-size", field="kv_offloading_backend")
+    if kv_offloading_size is not None and not enable_prefix_caching:
+        raise SpecError(
+            "needs --enable-prefix-caching (offloaded blocks are found by their prefix-cache keys)",
+            field="kv_offloading_size",
+        )
+    kv_offload = None
+    if kv_offloading_size is not None:
+        kv_offload = {"cpu_gib": kv_offloading_size, "backend": kv_offloading_backend or "native"}
     speculative = parse_speculative_config(speculative_config, source="--speculative-config")
     offload = parse_offload(offload_config, source="--offload-config")
     group: dict[str, Any] = {
@@ -229,6 +250,7 @@ def bench_scenario(
         "speculative": speculative.model_dump(exclude_none=True) if speculative else None,
         "cpu_offload_gb": cpu_offload_gb,
         "offload": offload.model_dump(exclude_defaults=True) or None,
+        "kv_offload": kv_offload,
     }
     data = {
         "name": "bench",

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from simulator.serving.disagg import is_disaggregated, role_problem
+from simulator.serving.kv_tiers import KVOffloadSpec, kv_offload_problem
 from simulator.serving.kv_transfer import KVTransferSpec
 from simulator.serving.router import RouterSpec
 from simulator.serving.speculative import SpeculativeSpec
@@ -74,6 +75,11 @@ class ReplicaGroupSpec(Frozen):
     enable_prefix_caching: bool = Field(
         default=False, description="vLLM's automatic prefix caching (--enable-prefix-caching)"
     )
+    kv_offload: KVOffloadSpec | None = Field(
+        default=None,
+        description="KV-cache tiers below HBM (host DRAM, NVMe): backend, cpu_gib, nvme_gib, "
+        "bandwidths (vLLM's --kv-offloading-size/--kv-offloading-backend; serving.kv_tiers)",
+    )
     cpu_offload_gb: float = Field(
         default=0.0, ge=0, description="GiB of weights per GPU streamed from host memory (vLLM)"
     )
@@ -94,6 +100,20 @@ class ReplicaGroupSpec(Frozen):
     speculative: SpeculativeSpec | None = Field(
         default=None, description="speculative decoding: vLLM's --speculative-config keys"
     )
+
+    @model_validator(mode="after")
+    def _kv_offload_applies(self) -> ReplicaGroupSpec:
+        if self.kv_offload is not None:
+            problem = kv_offload_problem(
+                prefix_caching=self.enable_prefix_caching,
+                role=self.role,
+                data_parallel_size=self.data_parallel_size,
+                micro_batching=self.pipeline_micro_batching,
+                preemption_mode=self.scheduler.preemption_mode,
+            )
+            if problem:
+                raise ValueError(problem)
+        return self
 
     @property
     def num_replicas(self) -> int:

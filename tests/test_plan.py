@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 from clitools import run_cli
+from factories import plan_data, request_latencies, write_yaml
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -38,35 +38,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # -- factories ----------------------------------------------------------------------------------
-def plan_data(**overrides: Any) -> dict[str, Any]:
-    """A small plan: Llama-3.1-8B, short prompts, two single-GPU layouts, a quick search."""
-    data: dict[str, Any] = {
-        "name": "tiny",
-        "model": "llama-3.1-8b",
-        "workload": {
-            "dataset": {"name": "random", "input_len": 512, "output_len": 64, "range_ratio": 0.5},
-            "request_rate": 12,
-        },
-        "slo": {"ttft_ms": {"p": 99, "max": 1500}, "tpot_ms": 60},
-        "candidates": {"hardware": ["h100_sxm", "l40s"]},
-        "search": {
-            "duration_s": 4,
-            "min_prompts": 40,
-            "max_prompts": 80,
-            "max_probes": 5,
-            "tolerance": 0.15,
-        },
-    }
-    data.update(overrides)
-    return data
-
-
-def write_plan(tmp_path: Path, data: dict[str, Any]) -> Path:
-    path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 def option(key: str, rate: float, usd: float, *, hw: str = "", gpus: int = 1) -> FleetOption:
     return FleetOption(key, hw or key, gpus, rate, usd)
 
@@ -264,14 +235,7 @@ def test_floors_bound_every_simulated_request(hardware: str, q: str | None, tp: 
     margin = spec.search.prescreen_margin
     for rate in (0.05, p.ceiling / 2, p.ceiling):
         run = scenario(spec, [p.layout.replica_group(spec)], flow.at(p.num_prompts, rate), name="t")
-        rows = runner.run(run).sim.requests.sort_values("request_id")
-        ttft = (rows["first_token_s"] - rows["arrival_s"]).to_numpy()
-        out = rows["output_tokens"].to_numpy()
-        tpot = np.where(
-            out > 1,
-            (rows["finish_s"] - rows["first_token_s"]).to_numpy() / np.maximum(out - 1, 1),
-            0.0,
-        )
+        ttft, tpot = request_latencies(runner.run(run).sim.requests)
         assert np.all(ttft >= p.floors.ttft_s * (1 - margin)), rate
         assert np.all(tpot >= p.floors.tpot_s * (1 - margin)), rate
 
@@ -353,14 +317,14 @@ def test_malformed_plans_name_the_field(
     tmp_path: Path, change: dict[str, Any], field: str, words: str
 ) -> None:
     with pytest.raises(SpecError) as err:
-        load_plan(write_plan(tmp_path, plan_data(**change)))
+        load_plan(write_yaml(tmp_path / "plan.yaml", plan_data(**change)))
     assert err.value.field.startswith(field) and words in err.value.reason
 
 
 def test_unknown_ids_are_errors_naming_the_plan_field(tmp_path: Path) -> None:
     bad = plan_data(candidates={"hardware": ["h100_sxm", "h999"]})
     with pytest.raises(SpecError) as err:
-        load_plan(write_plan(tmp_path, bad))
+        load_plan(write_yaml(tmp_path / "plan.yaml", bad))
     assert (
         err.value.field == "candidates.hardware.1.id" and "unknown hardware id" in err.value.reason
     )
@@ -458,7 +422,7 @@ def test_pareto_keeps_only_unbeaten_points() -> None:
 def test_cli_plan_prints_writes_and_reports_json(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    path = write_plan(tmp_path, plan_data(candidates={"hardware": ["h100_sxm"]}))
+    path = write_yaml(tmp_path / "plan.yaml", plan_data(candidates={"hardware": ["h100_sxm"]}))
     code, out, err = run_cli(capsys, "plan", str(path), "--out", str(tmp_path / "o"), "--json")
     assert (code, err) == (0, "")
     doc = json.loads(out)
@@ -483,7 +447,8 @@ def test_cli_plan_prints_writes_and_reports_json(
 def test_cli_plan_bad_input_exits_2_with_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, change: dict[str, Any], words: str
 ) -> None:
-    code, out, err = run_cli(capsys, "plan", str(write_plan(tmp_path, plan_data(**change))))
+    path = write_yaml(tmp_path / "plan.yaml", plan_data(**change))
+    code, out, err = run_cli(capsys, "plan", str(path))
     assert code == 2 and out == ""
     assert len(err.splitlines()) == 1 and "Traceback" not in err and words in err
 

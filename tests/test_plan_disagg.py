@@ -11,11 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 from clitools import run_cli
-from test_plan import plan_data, write_plan
+from factories import plan_data, request_latencies, write_yaml
 
 from simulator import runner
 from simulator.plan import plan
-from simulator.planning.bounds import capacity_ceiling
 from simulator.planning.fleet import FleetOption, cheapest_fleet, single_layout_fleet
 from simulator.planning.layouts import Layout, Prepared, measure, scenario, traffic
 from simulator.planning.spec import PlanSpec, load_plan
@@ -66,19 +65,7 @@ def test_units_pair_layouts_in_lowest_terms_with_their_costs_and_ceilings() -> N
     ]
     flow = traffic(spec)
     wide = flow.requests(flow.clamp(spec.search.max_prompts))
-
-    def cap(phase: str) -> float:
-        return capacity_ceiling(
-            h100.deployment,
-            h100.timer,
-            h100.memory,
-            prompt_len=wide.prompt_len,
-            output_len=wide.output_len,
-            scheduler=h100.scheduler,
-            phase=phase,  # type: ignore[arg-type]
-        )
-
-    prefill, decode = cap("prefill"), cap("decode")
+    prefill, decode = (h100.pool_ceiling(wide, phase=p) for p in ("prefill", "decode"))
     # the colocated ceiling is at most either pool's alone
     assert h100.ceiling <= min(prefill, decode) + 1e-9
     price = h100.usd_per_gpu_hour  # $3.78 (the spec's on-demand price)
@@ -104,14 +91,7 @@ def test_unit_floors_and_ceiling_bound_the_simulation() -> None:
     margin = spec.search.prescreen_margin
     for rate in (0.05, unit.ceiling / 2):
         run = scenario(spec, unit.groups(spec), flow.at(unit.num_prompts, rate), name="t")
-        rows = runner.run(run).sim.requests.sort_values("request_id")
-        ttft = (rows["first_token_s"] - rows["arrival_s"]).to_numpy()
-        out = rows["output_tokens"].to_numpy()
-        tpot = np.where(
-            out > 1,
-            (rows["finish_s"] - rows["first_token_s"]).to_numpy() / np.maximum(out - 1, 1),
-            0.0,
-        )
+        ttft, tpot = request_latencies(runner.run(run).sim.requests)
         assert np.all(ttft >= unit.floors.ttft_s * (1 - margin)), rate
         assert np.all(tpot >= unit.floors.tpot_s * (1 - margin)), rate
     burst = flow.at(unit.num_prompts, 1.0).model_copy(update={"request_rate": math.inf})
@@ -163,7 +143,7 @@ def test_mode_any_ranks_both_kinds_and_keeps_fleets_apart(
         candidates={"hardware": ["h100_sxm"]},
         disaggregated={"prefill_replicas": 1, "decode_replicas": 1},
     )
-    path = write_plan(tmp_path, data)
+    path = write_yaml(tmp_path / "plan.yaml", data)
     code, out, err = run_cli(capsys, "plan", str(path), "--json")
     assert code == 0, err
     doc = json.loads(out)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from factories import scenario_data
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,16 +64,14 @@ def account(dep: Deployment, *, count: int = 1, usd: float = 2.0) -> GroupAccoun
 
 
 def small_scenario(**group: object) -> Scenario:
-    data = {
-        "name": "t",
-        "model": "llama-3.1-8b",
-        "replicas": [{"hardware": "h100_sxm", **group}],
-        "workload": {
-            "dataset": {"name": "random", "input_len": 512, "output_len": 64},
-            "num_prompts": 40,
-            "request_rate": 8,
-        },
-    }
+    data = scenario_data(
+        name="t",
+        group={"hardware": "h100_sxm", **group},
+        input_len=512,
+        output_len=64,
+        num_prompts=40,
+        request_rate=8,
+    )
     return Scenario.model_validate(data)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from clitools import run_cli
+from factories import scenario_data, write_yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,14 +27,9 @@ GEMM_FLAGS = {"hardware": "h100_sxm", "m": 1024, "n": 1024, "k": 1024}
 GEMM = {"name": "gemm", "op": "gemm", "flags": GEMM_FLAGS}
 
 
-def write(path: Path, data: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return path
-
-
 def recorded(tmp_path: Path, *cases: dict[str, Any], **top: Any) -> Path:
     """A golden file of `cases` whose values `--update` has just recorded."""
-    path = write(tmp_path / "regress.yaml", {**top, "cases": list(cases)})
+    path = write_yaml(tmp_path / "regress.yaml", {**top, "cases": list(cases)})
     regress.update(path)
     return path
 
@@ -48,7 +44,7 @@ def perturb(path: Path, case: int, metric: str, factor: float) -> float:
         entry[metric]["value"] = new
     else:
         entry[metric] = new
-    write(path, data)
+    write_yaml(path, data)
     return float(new)
 
 
@@ -113,14 +109,16 @@ def test_metric_shorthands_and_band_inheritance(tmp_path: Path) -> None:
         "atol": 1.0,
         "metrics": {"a": 0.5, "b": {"value": 2.0, "rtol": 0.5}, "c": None, "d": {"atol": 0}},
     }
-    golden = load_golden(write(tmp_path / "g.yaml", {"rtol": 0.02, "cases": [case]}))
+    golden = load_golden(write_yaml(tmp_path / "g.yaml", {"rtol": 0.02, "cases": [case]}))
     c = golden.cases[0]
     assert {k: m.value for k, m in c.metrics.items()} == {"a": 0.5, "b": 2.0, "c": None, "d": None}
     bands = {k: band_of(m, c, golden) for k, m in c.metrics.items()}
     assert bands["a"] == regress.Band(rtol=0.02, atol=1.0)  # file rtol, case atol
     assert bands["b"] == regress.Band(rtol=0.5, atol=1.0)  # its own rtol
     assert bands["d"] == regress.Band(rtol=0.02, atol=0.0)  # its own atol
-    listed = load_golden(write(tmp_path / "l.yaml", {"cases": [{**GEMM, "metrics": ["x", "y"]}]}))
+    listed = load_golden(
+        write_yaml(tmp_path / "l.yaml", {"cases": [{**GEMM, "metrics": ["x", "y"]}]})
+    )
     assert list(listed.cases[0].metrics) == ["x", "y"]
     assert band_of(listed.cases[0].metrics["x"], listed.cases[0], listed) == regress.Band(
         rtol=0.01, atol=0.0
@@ -146,7 +144,7 @@ BAD_GOLDENS = [
 def test_bad_golden_exits_2_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], data: dict[str, Any], reason: str
 ) -> None:
-    path = write(tmp_path / "regress.yaml", data)
+    path = write_yaml(tmp_path / "regress.yaml", data)
     for extra in ([], ["--update"]):
         code, out, err = run_cli(capsys, "regress", str(path), *extra)
         assert code == 2, err
@@ -195,7 +193,7 @@ def test_change_within_the_band_passes(tmp_path: Path) -> None:
 
 def test_update_round_trips_and_keeps_bands(tmp_path: Path) -> None:
     case = {**GEMM, "atol": 1e-9, "metrics": {"latency_s": {"rtol": 0.5}, "flops": None}}
-    path = write(tmp_path / "regress.yaml", {"rtol": 0.02, "cases": [case]})
+    path = write_yaml(tmp_path / "regress.yaml", {"rtol": 0.02, "cases": [case]})
     before = regress.check(path)
     assert [r.status for r in before.rows] == ["new", "new"] and not before.ok
     report = regress.update(path)
@@ -213,7 +211,7 @@ def test_update_round_trips_and_keeps_bands(tmp_path: Path) -> None:
 
 
 def test_a_case_without_metrics_fails_until_updated(tmp_path: Path) -> None:
-    path = write(tmp_path / "regress.yaml", {"cases": [GEMM]})
+    path = write_yaml(tmp_path / "regress.yaml", {"cases": [GEMM]})
     assert [(r.metric, r.status) for r in regress.check(path).rows] == [("(no metrics)", "new")]
     regress.update(path)
     assert regress.check(path).ok
@@ -238,7 +236,7 @@ def test_update_gives_a_new_case_its_default_metrics(tmp_path: Path) -> None:
 def test_a_metric_the_output_lacks_fails_and_update_refuses(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = write(tmp_path / "regress.yaml", {"cases": [{**GEMM, "metrics": {"nope": 1.0}}]})
+    path = write_yaml(tmp_path / "regress.yaml", {"cases": [{**GEMM, "metrics": {"nope": 1.0}}]})
     assert regress.check(path).rows[0].status == "missing"
     assert run_cli(capsys, "regress", str(path))[0] == 1
     code, _, err = run_cli(capsys, "regress", str(path), "--update")
@@ -257,18 +255,9 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_scenario_case_is_relative_to_the_golden_file(tmp_path: Path) -> None:
-    scenario = {
-        "name": "tiny",
-        "model": "llama-3.1-8b",
-        "replicas": [{"hardware": "h100_sxm"}],
-        "workload": {
-            "dataset": {"name": "random", "input_len": 256, "output_len": 16},
-            "num_prompts": 20,
-            "request_rate": 4,
-        },
-    }
+    scenario = scenario_data(input_len=256, output_len=16, num_prompts=20, request_rate=4)
     (tmp_path / "sub").mkdir()
-    write(tmp_path / "sub" / "tiny.yaml", scenario)
+    write_yaml(tmp_path / "sub" / "tiny.yaml", scenario)
     path = recorded(tmp_path, {"name": "tiny", "scenario": "sub/tiny.yaml"})
     golden = load_golden(path)
     assert golden.cases[0].metrics["request_throughput"].value == pytest.approx(4, rel=0.5)
@@ -288,7 +277,7 @@ def test_flags_become_the_command_line() -> None:
 
 def test_default_golden_is_the_current_directorys_then_the_projects(tmp_path: Path) -> None:
     assert regress.default_golden(tmp_path) == regress.PROJECT_GOLDEN
-    write(tmp_path / "regress.yaml", {"cases": [GEMM]})
+    write_yaml(tmp_path / "regress.yaml", {"cases": [GEMM]})
     assert regress.default_golden(tmp_path) == tmp_path / "regress.yaml"
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 import pytest
-import yaml
 from clitools import run_cli
+from factories import scenario_data, write_yaml
 
 from simulator import runner
 from simulator.errors import SpecError
@@ -20,26 +20,14 @@ from simulator.sweep import SweepSpec, execute_sweep, expand, load_sweep, run_sw
 
 REPO = Path(__file__).resolve().parents[1]
 
-BASE: dict[str, Any] = {
-    "name": "tiny",
-    "model": "llama-3.1-8b",
-    "replicas": [{"hardware": "h100_sxm"}],
-    "workload": {
-        "dataset": {"name": "random", "input_len": 128, "output_len": 16},
-        "num_prompts": 20,
-        "request_rate": 10,
-    },
-}
+BASE = scenario_data(input_len=128, output_len=16, num_prompts=20, request_rate=10)
 
 
 def make_sweep(folder: Path, *, base: dict[str, Any] | None = None, **sections: Any) -> Path:
     """A base scenario file and a sweep file naming it, in `folder`; returns the sweep file."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "base.yaml").write_text(yaml.safe_dump(base or BASE), encoding="utf-8")
-    path = folder / "sweep.yaml"
-    text = yaml.safe_dump({"base": "base.yaml", **sections}, sort_keys=False)
-    path.write_text(text, encoding="utf-8")
-    return path
+    write_yaml(folder / "base.yaml", base or BASE)
+    return write_yaml(folder / "sweep.yaml", {"base": "base.yaml", **sections})
 
 
 def count_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:

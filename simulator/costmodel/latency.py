@@ -208,6 +208,14 @@ def _wave(
         num_seqs=stacked.prefill_seqs,
         enforce_eager=enforce_eager,
     )
+    pre_rows = engine_overhead_rows(
+        pre_cost,
+        engine,
+        index=0,
+        num_tokens=float(sum(t for t, _, _ in schedule[0])),
+        num_seqs=float(len(schedule[0])),
+        enforce_eager=enforce_eager,
+    ).assign(phase="prefill")
     if drafter is not None:  # speculative decoding: fewer decode steps, each verifying k + 1
         decode, dec_cost, dec_rows = drafter.decode_steps(
             batch_size=batch_size,
@@ -215,17 +223,7 @@ def _wave(
             output_len=output_len,
             enforce_eager=enforce_eager,
         )
-        pre_rows = engine_overhead_rows(
-            pre_cost,
-            engine,
-            index=0,
-            num_tokens=float(sum(t for t, _, _ in schedule[0])),
-            num_seqs=float(len(schedule[0])),
-            enforce_eager=enforce_eager,
-        )
-        rows = pd.concat(
-            [pre_rows.assign(phase="prefill"), dec_rows.assign(phase="decode")], ignore_index=True
-        )
+        rows = pd.concat([pre_rows, dec_rows.assign(phase="decode")], ignore_index=True)
         return prefill, decode, pre_cost, dec_cost, rows
     context = input_len + np.arange(1, output_len, dtype=float)
     dec = BatchShape.decode(
@@ -241,16 +239,7 @@ def _wave(
         num_seqs=float(batch_size),
         enforce_eager=enforce_eager,
     )
-    lines = [
-        engine_overhead_rows(
-            pre_cost,
-            engine,
-            index=0,
-            num_tokens=float(sum(t for t, _, _ in schedule[0])),
-            num_seqs=float(len(schedule[0])),
-            enforce_eager=enforce_eager,
-        ).assign(phase="prefill")
-    ]
+    lines = [pre_rows]
     if output_len > 1:
         lines.append(
             engine_overhead_rows(

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -252,23 +254,14 @@ def plan_memory(
         kv_bytes_per_token=kv_bytes_per_token_per_device(model, layout, prec),
         block_size=sched.block_size,
     )
+    offloaded = partial(with_offload, base, model, hw, layout, prec, max_tokens=max_tokens)
     plan = base
     if offload is not None and offload.active:
-        plan = with_offload(
-            base,
-            model,
-            hw,
-            layout,
-            prec,
-            offload,
-            max_tokens=max_tokens,
-            host_reserved_bytes=host_reserved_bytes,
-        )
+        plan = offloaded(offload, host_reserved_bytes=host_reserved_bytes)
     if plan.fits or (offload is not None and offload.resident_layers is not None):
         return plan
-    least = least_cpu_offload_gib(
-        base, model, hw, layout, prec, offload or OffloadSpec(), max_tokens=max_tokens
-    )
+    every_layer_gib = math.ceil(float(layer_weight_bytes(model, layout, prec).sum()) / GiB)
+    least = least_cpu_offload_gib(offloaded, offload or OffloadSpec(), most_gib=every_layer_gib)
     return dataclasses.replace(plan, min_cpu_offload_gib=least)
 
 
@@ -306,26 +299,20 @@ def with_offload(
 
 
 def least_cpu_offload_gib(
-    plan: MemoryPlan,
-    model: ModelSpec,
-    hw: HardwareSpec,
-    layout: Parallelism,
-    prec: Precision,
-    offload: OffloadSpec,
-    *,
-    max_tokens: int,
+    offloaded: Callable[[OffloadSpec], MemoryPlan], offload: OffloadSpec, *, most_gib: int
 ) -> int | None:
-    """The smallest whole `cpu_offload_gb` with which `plan` (made without offload) fits, on
-    top of `offload`'s other settings and whatever host memory it takes (at least 1, as the
-    plan does not fit without); None if streaming every layer would not do."""
+    """The smallest whole `cpu_offload_gb` with which the plan fits (`offloaded`: the plan,
+    made without offload, under an offload spec), on top of `offload`'s other settings and
+    whatever host memory it takes (at least 1, as the plan does not fit without); None if
+    `most_gib` (streaming every layer) would not do."""
 
     def fits(gib: float) -> bool:
         spec = offload.model_copy(update={"cpu_offload_gb": gib, "host_memory_bytes": math.inf})
-        return with_offload(plan, model, hw, layout, prec, spec, max_tokens=max_tokens).fits
+        return offloaded(spec).fits
 
     # Freed memory never falls as more streams: streamed bytes less staging is
     # g (1 - buffers / S) with S, the streamed layers, growing with g. So bisect.
-    lo, hi = 0, math.ceil(float(layer_weight_bytes(model, layout, prec).sum()) / GiB)
+    lo, hi = 0, most_gib
     if not fits(float(hi)):
         return None
     while hi - lo > 1:

@@ -274,3 +274,8 @@ def evaluate(ops: list[Op], hw: HardwareSpec, *, attention_factor: float = 1.0) 
 def total_time(costs: list[OpCost]) -> np.ndarray:
     """Sum of count x time over all ops."""
     return sum((c.total_s for c in costs), start=np.zeros(1))
+
+
+def total_launches(costs: list[OpCost]) -> np.ndarray:
+    """Kernels launched: the repeat count of every op with work."""
+    return sum((c.op.count * (c.time_s > 0) for c in costs), start=np.zeros(1))

@@ -14,7 +14,7 @@ import pandas as pd
 from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.offload import ExtraCost, OffloadPlan
 from simulator.costmodel.ops import step_ops
-from simulator.costmodel.roofline import OpCost, evaluate, total_time
+from simulator.costmodel.roofline import OpCost, evaluate, total_launches, total_time
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
@@ -106,7 +106,7 @@ def step_cost(
 
 def kernel_launches(step: StepCost) -> np.ndarray:
     """Kernels launched in the step (ops with work, times their repeat count)."""
-    return sum((c.op.count * (c.time_s > 0) for c in step.costs), start=np.zeros(1))
+    return total_launches(step.costs)
 
 
 def engine_step_time(
@@ -137,16 +137,27 @@ def engine_time(
     num_seqs: np.ndarray | float,
     enforce_eager: bool = False,
 ) -> np.ndarray:
-    """Wall time of a step of `gpu_s` GPU time and `kernels` kernel launches: the CPU launches
-    kernels asynchronously, so GPU time and launch time overlap and the longer one counts; the
-    scheduler's per-step and per-sequence CPU work does not overlap (vLLM runs it between
-    steps).
+    """Wall time of a step of `gpu_s` GPU time and `kernels` kernel launches (`launch_time`):
+    the CPU launches kernels asynchronously, so GPU time and launch time overlap and the longer
+    one counts; the scheduler's per-step and per-sequence CPU work does not overlap (vLLM runs
+    it between steps)."""
+    ov = engine.overhead
+    launch = launch_time(kernels, engine, num_tokens=num_tokens, enforce_eager=enforce_eager)
+    return np.maximum(gpu_s, launch) + ov.step_s + ov.per_seq_s * np.asarray(num_seqs)
 
-    A step is replayed from a CUDA graph when the engine captures graphs, `enforce_eager` is
-    off and the step has at most `cuda_graph_max_tokens` tokens."""
+
+def launch_time(
+    kernels: np.ndarray | float,
+    engine: EngineSpec,
+    *,
+    num_tokens: np.ndarray | float,
+    enforce_eager: bool = False,
+) -> np.ndarray:
+    """CPU seconds to launch a step's `kernels`: one CUDA-graph replay when the engine captures
+    graphs, `enforce_eager` is off and the step has at most `cuda_graph_max_tokens` tokens;
+    otherwise every kernel's eager launch."""
     ov = engine.overhead
     graphed = (engine.cuda_graphs and not enforce_eager) & (
         np.asarray(num_tokens) <= engine.cuda_graph_max_tokens
     )
-    launch = np.where(graphed, ov.graph_launch_s, np.asarray(kernels) * ov.launch_eager_s)
-    return np.maximum(gpu_s, launch) + ov.step_s + ov.per_seq_s * np.asarray(num_seqs)
+    return np.where(graphed, ov.graph_launch_s, np.asarray(kernels) * ov.launch_eager_s)

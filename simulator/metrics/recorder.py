@@ -1,9 +1,11 @@
 """Rows the serving simulation records as it runs (no I/O): engine steps and inter-token
-latencies, appended to flat buffers and turned into arrays once at the end."""
+latencies, appended to flat buffers and turned into arrays once at the end; with KV tiers, a
+sample of their state after every step with prefill work (`TIER_COLUMNS`)."""
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,6 +42,28 @@ REQUEST_COLUMNS = (
 
 RUN_FIELDS = 7  # start, num_seqs, prefill_tokens, decode_tokens, kv_before, kv_after, steps
 
+# KV tiers (serving/kv_tiers.py), per replica: blocks held in HBM, CPU and NVMe and the tiers'
+# capacities; bytes written to and read from each tier so far (over the replica's GPUs); prefix
+# tokens found in each tier so far; seconds of loads so far.
+TIER_COLUMNS = (
+    "replica",
+    "time_s",
+    "gpu_blocks",
+    "cpu_blocks",
+    "nvme_blocks",
+    "cpu_capacity_blocks",
+    "nvme_capacity_blocks",
+    "cpu_bytes_written",
+    "cpu_bytes_read",
+    "nvme_bytes_written",
+    "nvme_bytes_read",
+    "hit_tokens_gpu",
+    "hit_tokens_cpu",
+    "hit_tokens_nvme",
+    "load_s",
+)
+Runs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # runs, step ends, steps, replica
+
 
 class Recorder:
     """Flat buffers of doubles (8 bytes a value, no Python object per row): a day of traffic
@@ -53,8 +77,11 @@ class Recorder:
         self._gaps = array("d")  # inter-token gaps of one token each
         self._weighted = array("d")  # (gap, tokens) pairs
         self._requests = array("d")  # finished requests, REQUEST_COLUMNS in order
+        self._tiers = array("d")  # KV tier samples, TIER_COLUMNS in order
+        self._built: Runs | None = None  # the steps' arrays, built once the run is over
 
     def _buffers(self, replica: int) -> tuple[array[float], array[float]]:
+        self._built = None  # a step is recorded: the arrays, if built, are out of date
         if replica not in self._runs:
             self._runs[replica], self._ends[replica] = array("d"), array("d")
         return self._runs[replica], self._ends[replica]
@@ -95,6 +122,20 @@ class Recorder:
         runs.extend((start_s, num_seqs, 0, num_seqs, kv_before, kv_after, len(end_s)))
         ends.extend(end_s.tolist())
 
+    def kv_tiers(self, *, replica: int, time_s: float, row: Sequence[float]) -> None:
+        """A sample of a replica's KV tiers: `row` is TIER_COLUMNS after replica and time."""
+        self._tiers.extend((replica, time_s, *row))
+
+    def kv_tier_frame(self) -> pd.DataFrame | None:
+        """The KV tier samples by replica, then time (None when nothing has tiers)."""
+        if not self._tiers:
+            return None
+        data = np.frombuffer(self._tiers, dtype=float).reshape(-1, len(TIER_COLUMNS))
+        df = pd.DataFrame(data, columns=list(TIER_COLUMNS))
+        df = df.sort_values(["replica", "time_s"], kind="stable", ignore_index=True)
+        ints = [c for c in TIER_COLUMNS if c.endswith(("blocks", "replica")) or "tokens" in c]
+        return df.astype({c: np.int64 for c in ints})
+
     def itl(self, gaps: list[float]) -> None:
         """Inter-token gaps, one token each."""
         self._gaps.extend(gaps)
@@ -128,8 +169,14 @@ class Recorder:
         ints = ("request_id", "replica", "prompt_tokens", "output_tokens", "preemptions")
         return df.astype({c: np.int64 for c in (*ints, "cached_tokens", "priority")})
 
-    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """All replicas' runs (rows of RUN_FIELDS), step ends, steps per run, replica per run."""
+    def _arrays(self) -> Runs:
+        """All replicas' runs (rows of RUN_FIELDS), step ends, steps per run, replica per run;
+        concatenated once for `step_frame` and `itl_sample` both."""
+        if self._built is None:
+            self._built = self._concatenate()
+        return self._built
+
+    def _concatenate(self) -> Runs:
         replicas = sorted(self._runs)
         per = [np.frombuffer(self._runs[r], dtype=float).reshape(-1, RUN_FIELDS) for r in replicas]
         runs = np.concatenate(per) if per else np.empty((0, RUN_FIELDS))

@@ -121,6 +121,27 @@ def serve_summary(
     return out
 
 
+def kv_tier_summary(tiers: pd.DataFrame) -> Summary:
+    """Totals of a run's KV tier samples (`metrics.recorder.TIER_COLUMNS`), over all replicas:
+    `kv_offload_cpu_bytes_written` / `_read` (bytes over the host link, all GPUs),
+    `kv_offload_cpu_peak_fraction` (of the tier's capacity, the fullest replica),
+    `prefix_cache_hit_tokens_gpu` / `_cpu` (prefix tokens found in each tier, every admission,
+    readmissions included), `kv_offload_load_s` (seconds of loads: the batch's wait with
+    lmcache, the loading requests' with native); the same `nvme` keys with an NVMe tier."""
+    last = tiers.groupby("replica").tail(1)  # cumulative counters: each replica's final sample
+    tiers_present = ["cpu"] + (["nvme"] if int(last["nvme_capacity_blocks"].sum()) else [])
+    out: Summary = {}
+    for tier in tiers_present:
+        out[f"kv_offload_{tier}_bytes_written"] = float(last[f"{tier}_bytes_written"].sum())
+        out[f"kv_offload_{tier}_bytes_read"] = float(last[f"{tier}_bytes_read"].sum())
+        fill = tiers[f"{tier}_blocks"] / tiers[f"{tier}_capacity_blocks"].clip(lower=1)
+        out[f"kv_offload_{tier}_peak_fraction"] = float(fill.max())
+    for tier in ["gpu", *tiers_present]:
+        out[f"prefix_cache_hit_tokens_{tier}"] = int(last[f"hit_tokens_{tier}"].sum())
+    out["kv_offload_load_s"] = float(last["load_s"].sum())
+    return out
+
+
 def throughput_summary(requests: pd.DataFrame, *, duration_s: float | None = None) -> Summary:
     """`vllm bench throughput --output-json` keys: `elapsed_time` (s), `num_requests`,
     `total_num_tokens` (prompt + output tokens), `requests_per_second`, `tokens_per_second`,
@@ -195,6 +216,7 @@ def format_serve_summary(summary: Mapping[str, float | int | None]) -> str:
         hit_pct = 100 * _num(s["prefix_cache_hit_rate"])
         lines.append(_row("Prefix cache hit rate (%):", hit_pct, ".2f"))
         lines.append(_row("Prefill tokens saved by the cache:", s["prefix_cache_saved_tokens"]))
+    lines += _tier_section(s)
     lines.append("=" * WIDTH)
     return "\n".join(lines)
 
@@ -293,6 +315,27 @@ def _require_columns(requests: pd.DataFrame) -> None:
     missing = [c for c in REQUEST_COLUMNS if c not in requests.columns]
     if missing:
         raise ValueError(f"requests table lacks columns {missing}")
+
+
+def _tier_section(summary: Mapping[str, float | int | None]) -> list[str]:
+    """The KV tiers' lines, when the run had tiers."""
+    if "kv_offload_load_s" not in summary:
+        return []
+    lines = ["{s:{c}^{n}}".format(s="KV offload tiers", n=WIDTH, c="-")]
+    for tier, name in (("gpu", "GPU"), ("cpu", "CPU"), ("nvme", "NVMe")):
+        if f"prefix_cache_hit_tokens_{tier}" in summary:
+            hits = summary[f"prefix_cache_hit_tokens_{tier}"]
+            lines.append(_row(f"Prefix tokens found in {name}:", hits))
+    for tier, name in (("cpu", "CPU"), ("nvme", "NVMe")):
+        if f"kv_offload_{tier}_bytes_written" in summary:
+            written = _num(summary[f"kv_offload_{tier}_bytes_written"]) / 1e9
+            read = _num(summary[f"kv_offload_{tier}_bytes_read"]) / 1e9
+            peak = 100 * _num(summary[f"kv_offload_{tier}_peak_fraction"])
+            lines.append(_row(f"{name} tier written (GB):", written, ".2f"))
+            lines.append(_row(f"{name} tier read (GB):", read, ".2f"))
+            lines.append(_row(f"{name} tier peak occupancy (%):", peak, ".2f"))
+    lines.append(_row("KV load time (s):", summary["kv_offload_load_s"], ".2f"))
+    return lines
 
 
 def _latency_section(

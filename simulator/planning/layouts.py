@@ -7,17 +7,18 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from simulator.api import Deployment, deployment
+from simulator.api import Deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.errors import SpecError
 from simulator.planning.bounds import LatencyFloors, capacity_ceiling, hopeless, latency_floors
 from simulator.planning.fleet import FleetOption
 from simulator.planning.search import SearchOutcome, Verdict
 from simulator.planning.spec import HardwareCandidate, PlanSpec, PlanWorkload, Quantization
+from simulator.runner import group_deployment
 from simulator.scenario import ReplicaGroupSpec, Scenario, SLOSpec
 from simulator.serving.cluster import ReplicaGroup, default_scheduler, replica_group
 from simulator.serving.scheduler import SchedulerSpec
@@ -200,17 +201,27 @@ class Prepared:
         """The scenario's replica groups for `count` replicas."""
         return [self.layout.replica_group(spec, count=count)]
 
+    def pool_ceiling(self, requests: RequestTable, *, phase: Literal["prefill", "decode"]) -> float:
+        """Requests/s one replica cannot exceed doing only `phase` of `requests` (a replica of
+        a disaggregated pool; `bounds.capacity_ceiling`)."""
+        return capacity_ceiling(
+            self.deployment,
+            self.timer,
+            self.memory,
+            prompt_len=requests.prompt_len,
+            output_len=requests.output_len,
+            scheduler=self.scheduler,
+            phase=phase,
+        )
+
 
 def _group(
     spec: PlanSpec, dep: Deployment, sched: SchedulerSpec, requests: RequestTable
 ) -> tuple[ReplicaGroup, MemoryPlan]:
+    """One replica of `dep` sized for `requests`, under the plan's engine settings."""
     c = spec.candidates
     return replica_group(
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
+        **dep.parts,
         requests=requests,
         scheduler=sched,
         enforce_eager=c.enforce_eager,
@@ -233,16 +244,7 @@ def measure(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) 
     fit, or is not a valid layout for this model or engine)."""
     c, search = spec.candidates, spec.search
     try:
-        dep = deployment(
-            model=model,
-            hardware=layout.hardware,
-            engine=layout.engine,
-            tensor_parallel_size=layout.tp,
-            pipeline_parallel_size=layout.pp,
-            dtype=c.dtype,
-            quantization=layout.quantization,
-            kv_cache_dtype=layout.kv_cache_dtype,
-        )
+        dep = group_deployment(model, layout.replica_group(spec))
         sched = default_scheduler(dep.engine, **c.scheduler.model_dump())
         wide = flow.requests(flow.clamp(search.max_prompts))
         group, memory = _group(spec, dep, sched, wide)

@@ -28,7 +28,6 @@ import numpy as np
 from simulator.planning.bounds import (
     FLOOR_CONTEXT_POINTS,
     LatencyFloors,
-    capacity_ceiling,
     decode_floor,
     hopeless,
     prefill_chunks,
@@ -162,20 +161,8 @@ def build_units(
     search = spec.search
     wide = flow.requests(flow.clamp(search.max_prompts))
     top = float(np.max(wide.prompt_len + wide.output_len))
-
-    def ceiling(p: Prepared, phase: str) -> float:
-        return capacity_ceiling(
-            p.deployment,
-            p.timer,
-            p.memory,
-            prompt_len=wide.prompt_len,
-            output_len=wide.output_len,
-            scheduler=p.scheduler,
-            phase=phase,  # type: ignore[arg-type]
-        )
-
-    prefill_cap = {p.key: ceiling(p, "prefill") for p in layouts}
-    decode_cap = {p.key: ceiling(p, "decode") for p in layouts}
+    prefill_cap = {p.key: p.pool_ceiling(wide, phase="prefill") for p in layouts}
+    decode_cap = {p.key: p.pool_ceiling(wide, phase="decode") for p in layouts}
     options = [
         (a, b, n_p, n_d, min(n_p * prefill_cap[a.key], n_d * decode_cap[b.key]))
         for a in layouts

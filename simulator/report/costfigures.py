@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from simulator.report.figures import COLORS, SLO_LINE, metric_title, require, style
+from simulator.report.figures import COLORS, add_frontier, add_slo, metric_title, require, style
 from simulator.specs.hardware import HardwareSpec
 
 PHASE_SYMBOLS = {"prefill": "circle", "decode": "diamond"}
@@ -135,18 +135,8 @@ def cost_frontier(
     _probe_traces(fig, probes, metric=metric, cost=cost)
     if pareto is not None and not pareto.empty:
         require(pareto, (metric, cost), what="the plan's frontier")
-        front = pareto.sort_values(metric)
-        fig.add_trace(
-            go.Scatter(
-                x=front[metric],
-                y=front[cost],
-                mode="lines",
-                name="frontier",
-                line={"color": "black", "shape": "hv", "width": 1.5},
-            )
-        )
-    if slo_ms is not None:
-        fig.add_vline(x=slo_ms, line=SLO_LINE, annotation_text=f"SLO {slo_ms:g} ms")
+        add_frontier(fig, pareto, x=metric, y=cost, name="frontier")
+    add_slo(fig, slo_ms)
     fig.update_xaxes(title_text=metric_title(metric))
     fig.update_yaxes(title_text="$ per million output tokens")
     return style(fig, title="Cost against latency (llmsim plan)", height=480)

@@ -343,21 +343,24 @@ def throughput_latency_pareto(
             )
         )
     keep = pareto_mask(ok[throughput].to_numpy(float), ok[latency].to_numpy(float))
-    front = ok[keep].sort_values(latency)
-    fig.add_trace(
-        go.Scatter(
-            x=front[latency],
-            y=front[throughput],
-            mode="lines",
-            name="Pareto frontier",
-            line={"color": "black", "shape": "hv", "width": 1.5},
-        )
-    )
-    if slo_ms is not None:
-        fig.add_vline(x=slo_ms, line=SLO_LINE, annotation_text=f"SLO {slo_ms:g} ms")
+    add_frontier(fig, ok[keep], x=latency, y=throughput, name="Pareto frontier")
+    add_slo(fig, slo_ms)
     fig.update_xaxes(title_text=metric_title(latency))
     fig.update_yaxes(title_text=metric_title(throughput))
     return style(fig, title="Throughput against latency")
+
+
+def add_frontier(fig: go.Figure, front: pd.DataFrame, *, x: str, y: str, name: str) -> None:
+    """The frontier through the rows of `front` (sorted by `x`) as a black step line."""
+    front = front.sort_values(x)
+    line = {"color": "black", "shape": "hv", "width": 1.5}
+    fig.add_trace(go.Scatter(x=front[x], y=front[y], mode="lines", name=name, line=line))
+
+
+def add_slo(fig: go.Figure, slo_ms: float | None) -> None:
+    """The SLO on the x axis (`slo_ms`; None: none) as a vertical line."""
+    if slo_ms is not None:
+        fig.add_vline(x=slo_ms, line=SLO_LINE, annotation_text=f"SLO {slo_ms:g} ms")
 
 
 METRIC_UNITS = {

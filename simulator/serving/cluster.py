@@ -25,7 +25,13 @@ from simulator.metrics.phases import with_phases
 from simulator.metrics.recorder import Recorder
 from simulator.serving.dp_group import DPAttention, with_dp_attention
 from simulator.serving.drafter import resolve_drafter
-from simulator.serving.kv_cache import BlockManager, PrefixCachingBlockManager
+from simulator.serving.kv_tiers import (
+    KVOffloadSpec,
+    KVTiers,
+    TieredBlockManager,
+    block_manager,
+    plan_tiers,
+)
 from simulator.serving.pipeline import MicroBatching
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
@@ -44,7 +50,8 @@ from simulator.specs.offload import OffloadSpec
 @dataclass(frozen=True)
 class SimResult:
     """What a serving run produced: one row per request and per engine step, the weighted
-    inter-token-latency sample, and each replica's memory plan and KV peak."""
+    inter-token-latency sample, and each replica's memory plan and KV peak; with KV tiers,
+    samples of their state (`metrics.recorder.TIER_COLUMNS`)."""
 
     requests: pd.DataFrame
     steps: pd.DataFrame
@@ -54,6 +61,7 @@ class SimResult:
     kv_peak_fraction: float
     num_replicas: int
     wall_s: float
+    kv_tiers: pd.DataFrame | None = None
 
 
 def default_scheduler(engine: EngineSpec, **overrides: Any) -> SchedulerSpec:
@@ -108,11 +116,13 @@ def replica_group(
     speculative: SpeculativeSpec | None = None,
     enable_prefix_caching: bool = False,
     offload: OffloadSpec | None = None,
+    kv_offload: KVOffloadSpec | None = None,
 ) -> tuple[ReplicaGroup, MemoryPlan]:
     """`layout.dp` replicas of a deployment, sized for `requests`: the memory plan (must fit),
     the KV cache in blocks, and the step timer. Requests the replicas could never serve are a
     SpecError. `speculative`: speculative decoding (its drafter's memory and passes);
-    `offload`: weights streamed from host memory (`costmodel.offload`), every step pays it."""
+    `offload`: weights streamed from host memory (`costmodel.offload`), every step pays it;
+    `kv_offload`: KV-cache tiers below HBM behind prefix caching (`serving.kv_tiers`)."""
     layout.check(model, hw)
     spec = scheduler or default_scheduler(engine)
     drafter = None
@@ -180,6 +190,11 @@ def replica_group(
         swap_s_per_block=block_bytes / host_link,
         speculative=speculative,
         enable_prefix_caching=enable_prefix_caching,
+        kv_tiers=None
+        if kv_offload is None
+        else plan_tiers(
+            kv_offload, hw=hw, plan=plan, gpus=layout.tp * layout.pp, swap_space_gib=swap_space_gib
+        ),
     )
     return group, plan
 
@@ -247,6 +262,7 @@ class ReplicaGroup:
     swap_s_per_block: float = 0.0  # time to copy one block between host and GPU
     speculative: SpeculativeSpec | None = None  # its acceptance rates; the timer has the rest
     enable_prefix_caching: bool = False  # vLLM's --enable-prefix-caching
+    kv_tiers: KVTiers | None = None  # tiers below HBM (prefix caching on: serving.kv_tiers)
     # How each replica is built when not a plain Replica: DP-attention ranks in lockstep
     # (serving.dp_group) or pipeline micro-batches in flight (serving.pipeline).
     loop: DPAttention | MicroBatching | None = None
@@ -295,6 +311,9 @@ def serve(
     env.run()
     if client.outstanding:
         raise RuntimeError(f"{client.outstanding} requests never finished")
+    for replica in replicas:  # the tiers' final state
+        if isinstance(replica.kv, TieredBlockManager):
+            recorder.kv_tiers(replica=replica.index, time_s=env.now, row=replica.kv.tier_row())
     itl_s, itl_weight = recorder.itl_sample()
     return SimResult(
         requests=with_phases(recorder.request_frame()),
@@ -305,6 +324,7 @@ def serve(
         kv_peak_fraction=max(r.kv.peak_used / r.kv.num_blocks for r in replicas),
         num_replicas=len(replicas),
         wall_s=time.perf_counter() - wall,
+        kv_tiers=recorder.kv_tier_frame(),
     )
 
 
@@ -321,12 +341,13 @@ def build_replica(
 ) -> Replica:
     """One replica of `group` with its own KV cache, numbered `index`; with speculative
     decoding, its own acceptance draws from a generator seeded by (`seed`, `index`)."""
-    manager = PrefixCachingBlockManager if group.enable_prefix_caching else BlockManager
-    kv = manager(
+    kv = block_manager(
         num_blocks=group.num_blocks,
         block_size=group.block_size,
         watermark=group.scheduler.watermark,
         host_blocks=group.host_blocks,
+        prefix_caching=group.enable_prefix_caching,
+        tiers=group.kv_tiers,
     )
     return Replica(
         env,

@@ -40,14 +40,13 @@ from simulator.costmodel.ops import (
     expert_ffn_ops,
     expert_imbalance_from_skew,
 )
-from simulator.costmodel.roofline import evaluate
+from simulator.costmodel.roofline import evaluate, total_launches, total_time
 from simulator.errors import SpecError
 from simulator.metrics.recorder import Recorder
-from simulator.serving.kv_cache import BlockManager
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 from simulator.serving.scheduler import StepPlan, schedule
-from simulator.serving.stepping import Chunk, SteppedReplica, batch_of, check_plain_steps, new_kv
+from simulator.serving.stepping import Chunk, SteppedReplica, batch_of, check_plain_steps
 from simulator.serving.steptime import StepTimer
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
@@ -96,11 +95,8 @@ class EPGroupTimes:
 
 def _totals(ops: list[Op], hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
     """(GPU seconds, kernel launches) of `ops`, summed over the ops, per batch element."""
-    gpu, kernels = np.zeros(1), np.zeros(1)
-    for c in evaluate(ops, hw):
-        gpu = gpu + c.total_s
-        kernels = kernels + c.op.count * (c.time_s > 0)
-    return np.atleast_1d(gpu), np.atleast_1d(kernels)
+    costs = evaluate(ops, hw)
+    return total_time(costs), total_launches(costs)
 
 
 class LockstepTimer:
@@ -144,24 +140,15 @@ class DPRank(SteppedReplica):
         self,
         env: simpy.Environment,
         *,
-        group: DPGroup,
+        dp: DPGroup,
         index: int,
-        kv: BlockManager,
         recorder: Recorder,
         on_finish: Callable[[Request], None],
     ) -> None:
-        spec = group.replica_group
         super().__init__(
-            env,
-            index=index,
-            scheduler=spec.scheduler,
-            kv=kv,
-            timer=spec.timer,
-            recorder=recorder,
-            on_finish=on_finish,
-            swap_s_per_block=spec.swap_s_per_block,
+            env, group=dp.replica_group, index=index, recorder=recorder, on_finish=on_finish
         )
-        self.group = group
+        self.dp = dp
 
     def run(self) -> Generator[simpy.Event, Any, None]:
         """No loop of its own: the group steps every rank."""
@@ -169,7 +156,7 @@ class DPRank(SteppedReplica):
 
     def submit(self, req: Request) -> None:
         super().submit(req)
-        self.group.wake()
+        self.dp.wake()
 
 
 class DPGroup:
@@ -191,14 +178,7 @@ class DPGroup:
         self.timer = timer
         self._wakeup = env.event()
         self.ranks = [
-            DPRank(
-                env,
-                group=self,
-                index=first_index + i,
-                kv=new_kv(group),
-                recorder=recorder,
-                on_finish=on_finish,
-            )
+            DPRank(env, dp=self, index=first_index + i, recorder=recorder, on_finish=on_finish)
             for i in range(size)
         ]
         self.process = env.process(self.run())

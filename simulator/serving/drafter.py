@@ -42,10 +42,11 @@ from simulator.costmodel.memory import (
     layer_weight_bytes,
     weight_bytes_per_device,
 )
-from simulator.costmodel.ops import Op, collective, elementwise, gemm, step_ops
-from simulator.costmodel.roofline import evaluate, total_time
-from simulator.costmodel.step import StepCost, engine_step_time, step_cost
+from simulator.costmodel.ops import step_ops
+from simulator.costmodel.roofline import evaluate, total_launches, total_time
+from simulator.costmodel.step import StepCost, engine_step_time, launch_time, step_cost
 from simulator.errors import SpecError
+from simulator.serving.draft_ops import FC_INPUTS, HeadOps, MedusaOps, head_model
 from simulator.serving.speculative import FIELD, SpeculativeSpec
 from simulator.serving.steptime import Chunks, OpList, StepTimer, verify_shape
 from simulator.specs.deployment import Parallelism, Precision
@@ -54,101 +55,8 @@ from simulator.specs.hardware import HardwareSpec
 from simulator.specs.loader import load_model
 from simulator.specs.model import DTYPE_BYTES, ModelSpec
 
-# Width of the head's input fc layer, in hidden sizes: token embedding + target hidden state
-# (EAGLE's fc, DeepSeek MTP's eh_proj), or three fused target layers (EAGLE-3).
-FC_INPUTS = {"eagle": 2, "eagle3": 3, "mtp": 2}
 
-
-# -- the proposers' forward passes ----------------------------------------------------------------
-@dataclass(frozen=True)
-class HeadOps:
-    """An EAGLE/MTP head's pass: the one-layer model's ops plus the fc fusing `fc_inputs`
-    hidden-size vectors into one (a replicated Linear in vLLM, 16-bit)."""
-
-    fc_inputs: int
-
-    def __call__(
-        self,
-        model: ModelSpec,
-        layout: Parallelism,
-        prec: Precision,
-        batch: BatchShape,
-        *,
-        gpus_per_node: int = 8,
-    ) -> list[Op]:
-        h = model.hidden_size
-        fc = gemm(
-            "draft_fc",
-            m=batch.num_tokens,
-            n=h,
-            k=self.fc_inputs * h,
-            count=1,
-            prec=prec,
-            weight_dtype=prec.activations,
-        )
-        return [fc, *step_ops(model, layout, prec, batch, gpus_per_node=gpus_per_node)]
-
-
-@dataclass(frozen=True)
-class MedusaOps:
-    """`heads` Medusa heads on the sampled rows: a residual block (hidden x hidden, replicated)
-    and a vocabulary-parallel LM head with its sampler each."""
-
-    heads: int
-
-    def __call__(
-        self,
-        model: ModelSpec,
-        layout: Parallelism,
-        prec: Precision,
-        batch: BatchShape,
-        *,
-        gpus_per_node: int = 8,
-    ) -> list[Op]:
-        h, vocab, rows = model.hidden_size, model.vocab_size, batch.sampled
-        a = DTYPE_BYTES[prec.activations]
-        ops = [
-            gemm(
-                name,
-                m=rows,
-                n=n,
-                k=h,
-                count=self.heads,
-                prec=prec,
-                weight_dtype=prec.activations,
-                scales_with="sampled",
-            )
-            for name, n in (("medusa_block", h), ("medusa_lm_head", vocab / layout.tp))
-        ]
-        ops.append(
-            elementwise(
-                "medusa_sampler", bytes_=rows * vocab * 8.0, count=self.heads, scales_with="sampled"
-            )
-        )
-        if layout.tp > 1:
-            ops.append(
-                collective(
-                    "medusa_logits_all_gather",
-                    "all_gather",
-                    msg_bytes=rows * vocab * a,
-                    group=layout.tp,
-                    count=self.heads,
-                    scales_with="sampled",
-                )
-            )
-        return ops
-
-
-def head_model(target: ModelSpec, method: str) -> ModelSpec:
-    """One decoder layer of the target's architecture (its MoE layer if it has any)."""
-    data = target.model_dump()
-    data |= {"id": f"{target.id}:{method}-head", "name": f"{target.name} {method} head"}
-    data["num_layers"] = 1
-    if data.get("moe") is not None:
-        data["moe"] = {**data["moe"], "first_dense_layers": 0}
-    return ModelSpec.model_validate(data)
-
-
+# -- the proposers' passes in an engine step ------------------------------------------------------
 @dataclass(frozen=True)
 class DraftPasses:
     """A drafter's passes in one engine step, priced by its own step timer: a catch-up pass
@@ -357,10 +265,9 @@ class Drafter:
             gpus_per_node=self.hw.interconnect.gpus_per_node,
         )
         costs = evaluate(ops, self.hw, attention_factor=self.engine.attention_factor)
-        launches = sum((c.op.count * (c.time_s > 0) for c in costs), start=np.zeros(1))
-        ov, eng = self.engine.overhead, self.engine
-        graphed = eng.cuda_graphs and not enforce_eager and tokens <= eng.cuda_graph_max_tokens
-        launch = ov.graph_launch_s if graphed else launches * ov.launch_eager_s
+        launch = launch_time(
+            total_launches(costs), self.engine, num_tokens=tokens, enforce_eager=enforce_eager
+        )
         return np.maximum(total_time(costs), launch)
 
 

@@ -8,7 +8,8 @@ free when admitting a new request, so running requests can grow.
 Swap space (`host_blocks`) holds the blocks of requests preempted by swapping.
 
 `PrefixCachingBlockManager` (below) adds vLLM's automatic prefix caching; without it no block
-is shared and `allocate` / `extend` stay the lean loops of `BlockManager`.
+is shared and `allocate` / `extend` stay the lean loops of `BlockManager`. Tiers below HBM (host
+DRAM, NVMe) extend it in `serving/kv_tiers.py`.
 
 Not modelled: block-table fragmentation.
 """
@@ -22,6 +23,7 @@ from simulator.serving.request import BlockKey, Request
 
 class BlockManager:
     prefix_caching = False  # a PrefixCachingBlockManager looks up cached prefixes
+    async_loads = False  # KV tiers whose loads run between steps (serving/kv_tiers.py)
 
     def __init__(
         self, *, num_blocks: int, block_size: int, watermark: float = 0.01, host_blocks: int = 0
@@ -59,9 +61,12 @@ class BlockManager:
         """Tokens of a waiting `req` the prefix cache holds: none without prefix caching."""
         return 0
 
-    def take_prefix(self, req: Request, hit: int) -> None:
+    def take_prefix(self, req: Request, hit: int) -> float:
+        """Start a waiting `req` from its `hit` cached tokens; returns the seconds loading
+        them from a tier below HBM takes (0 here: nothing is cached)."""
         if hit:
             raise ValueError("no prefix cache to take tokens from")
+        return 0.0
 
     def allocate(self, req: Request, num_new_tokens: int) -> bool:
         """Take the blocks for `num_new_tokens` more tokens of `req`, or change nothing.
@@ -144,7 +149,8 @@ class PrefixCachingBlockManager(BlockManager):
     blocks that can be shared.
 
     Not modelled: hash collisions (keys are exact), sliding-window or hybrid-allocator caching
-    rules, cache salts and LoRA / multimodal extra keys, a CPU tier for evicted blocks.
+    rules, cache salts and LoRA / multimodal extra keys (tiers for evicted blocks:
+    `kv_tiers.TieredBlockManager`).
     """
 
     prefix_caching = True
@@ -225,8 +231,9 @@ class PrefixCachingBlockManager(BlockManager):
         need = self.blocks_for(tokens) - req.blocks - len(keys) + unheld
         return need <= self.free - self.watermark_blocks
 
-    def take_prefix(self, req: Request, hit: int) -> None:
-        """Start `req` from its `hit` cached tokens: hold those blocks, count them computed."""
+    def take_prefix(self, req: Request, hit: int) -> float:
+        """Start `req` from its `hit` cached tokens: hold those blocks, count them computed
+        (all in HBM: no load, 0 seconds)."""
         keys, unheld, run = self._lookup(req)
         if (len(keys) + run) * self.block_size != hit or req.blocks:
             raise ValueError(f"{req}: cannot take {hit} cached tokens")
@@ -251,6 +258,7 @@ class PrefixCachingBlockManager(BlockManager):
         if not req.preemptions:  # vLLM's num_cached_tokens: the first admission's hit
             req.cached_tokens = hit
         self._version += 1
+        return 0.0
 
     # -- the block accounting -----------------------------------------------------------------
     # A keyed block costs a few dict operations over its life (register, release, evict);

@@ -60,22 +60,8 @@ def engine_loop(group: ReplicaGroup, *, spec: ReplicaGroupSpec, dep: Deployment)
             "pipeline micro-batching with DP attention is not modelled",
             field="pipeline_micro_batching",
         )
-    model, hw, layout, prec, engine = (
-        dep.model,
-        dep.hardware,
-        dep.layout,
-        dep.precision,
-        dep.engine,
-    )
     if dp:
         return with_dp_attention(
-            group,
-            model=model,
-            hw=hw,
-            layout=layout,
-            prec=prec,
-            engine=engine,
-            count=spec.count,
-            enforce_eager=spec.enforce_eager,
+            group, **dep.parts, count=spec.count, enforce_eager=spec.enforce_eager
         )
-    return with_micro_batching(group, model=model, hw=hw, layout=layout, prec=prec, engine=engine)
+    return with_micro_batching(group, **dep.parts)

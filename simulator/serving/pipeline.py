@@ -47,14 +47,13 @@ import simpy
 
 from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.ops import stage_boundaries, step_ops
-from simulator.costmodel.roofline import evaluate
+from simulator.costmodel.roofline import evaluate, total_time
 from simulator.errors import SpecError
 from simulator.metrics.recorder import Recorder
-from simulator.serving.kv_cache import BlockManager
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 from simulator.serving.scheduler import SchedulerSpec, StepPlan, schedule
-from simulator.serving.stepping import Chunk, SteppedReplica, batch_of, check_plain_steps, new_kv
+from simulator.serving.stepping import Chunk, SteppedReplica, batch_of, check_plain_steps
 from simulator.serving.steptime import StepTimer
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
@@ -118,9 +117,7 @@ class StageClock:
             for op in step_ops(model, layout, prec, sampled, gpus_per_node=gpn)
             if op.scales_with == "sampled"
         ]
-        tail = np.zeros(max_seqs + 1)
-        for c in evaluate(tail_ops, hw):
-            tail = tail + c.total_s
+        tail = np.zeros(max_seqs + 1) + total_time(evaluate(tail_ops, hw))
         self._tail = tail.tolist()
         self._step_s, self._per_seq_s = engine.overhead.step_s, engine.overhead.per_seq_s
 
@@ -149,31 +146,20 @@ class InFlight:
 
 
 class PipelineReplica(SteppedReplica):
-    """A replica of `clock.stages` stages keeping up to that many batches in flight."""
+    """A replica of `group` with `clock.stages` stages, keeping up to that many batches in
+    flight."""
 
     def __init__(
         self,
         env: simpy.Environment,
         *,
         clock: Clock,
+        group: ReplicaGroup,
         index: int,
-        scheduler: SchedulerSpec,
-        kv: BlockManager,
-        timer: StepTimer,
         recorder: Recorder,
         on_finish: Callable[[Request], None],
-        swap_s_per_block: float = 0.0,
     ) -> None:
-        super().__init__(
-            env,
-            index=index,
-            scheduler=scheduler,
-            kv=kv,
-            timer=timer,
-            recorder=recorder,
-            on_finish=on_finish,
-            swap_s_per_block=swap_s_per_block,
-        )
+        super().__init__(env, group=group, index=index, recorder=recorder, on_finish=on_finish)
         self.clock = clock
         self.inflight: deque[InFlight] = deque()
         self._busy: set[Request] = set()  # requests in a batch in flight
@@ -257,17 +243,13 @@ class MicroBatching:
         recorder: Recorder,
         on_finish: Callable[[Request], None],
     ) -> list[Replica]:
-        kv = new_kv(group)
         replica = PipelineReplica(
             env,
             clock=self.clock,
+            group=group,
             index=index,
-            scheduler=group.scheduler,
-            kv=kv,
-            timer=group.timer,
             recorder=recorder,
             on_finish=on_finish,
-            swap_s_per_block=group.swap_s_per_block,
         )
         return [replica]
 

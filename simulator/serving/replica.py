@@ -6,7 +6,10 @@ waiting request could be admitted) are advanced analytically as one segment: the
 come from the step timer in one vectorised call; an arrival that could be admitted cuts the
 segment at the end of the step in progress (engine steps are atomic). With speculative
 decoding (a `speculator`) a step yields a varying number of tokens per request, so every step
-goes through the scheduler (`_accepted` is the hook).
+goes through the scheduler (`_accepted` is the hook). With KV tiers below HBM
+(`serving.kv_tiers`) a step first waits for the loads its plan carries (`load_s`), or requests
+wait out of the batch while their blocks load over the host link (`loads`, one at a time) and
+rejoin the queue's front when they are in.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import simpy
 
 from simulator.metrics.recorder import Recorder
 from simulator.serving.kv_cache import BlockManager
+from simulator.serving.kv_tiers import TieredBlockManager
 from simulator.serving.request import Request
 from simulator.serving.scheduler import SchedulerSpec, StepPlan, enqueue, schedule
 from simulator.serving.speculative import Acceptance
@@ -71,12 +75,16 @@ class Replica:
         self._verify = 1 + scheduler.num_speculative_tokens
         self._segments = speculator is None
         self._last_end = math.nan  # when the last step ended
+        # KV tiers loading between steps: requests whose blocks are on the way, and when the
+        # host link is next free (loads queue on it)
+        self._loading = 0
+        self._link_free = 0.0
         self.process = env.process(self.run())
 
     # -- the router's view ----------------------------------------------------------------------
     @property
     def outstanding(self) -> int:
-        return len(self.running) + len(self.waiting) + self.incoming
+        return len(self.running) + len(self.waiting) + self.incoming + self._loading
 
     def wake(self) -> None:
         """Let an idle loop look again (blocks were freed from outside it)."""
@@ -107,6 +115,15 @@ class Replica:
                     yield from self._decode_segment(list(self.running), steps)
                     continue
             plan = schedule(self.spec, running=self.running, waiting=self.waiting, kv=self.kv)
+            if plan.loads:
+                self._start_loads(plan.loads)
+            if not plan.entries and (self._loading or (plan.preempted and self.kv.async_loads)):
+                # KV tiers loading between steps: wait for a load; or the queue holds loaded
+                # blocks, which the next pass frees if the preempted request needs them
+                if not plan.preempted:
+                    self._wakeup = self.env.event()
+                    yield self._wakeup
+                continue
             if not plan.entries and self.kv.used and (self.on_prefilled or self.between_steps):
                 if not plan.preempted:  # the blocks are held by KV transfers in flight
                     self._wakeup = self.env.event()
@@ -143,7 +160,7 @@ class Replica:
                 decodes.append(computed + 1)
             else:
                 chunks.append((n, computed, computed + n >= req.known))
-        swaps = (plan.swapped_out + plan.swapped_in) * self.swap_s_per_block
+        swaps = (plan.swapped_out + plan.swapped_in) * self.swap_s_per_block + plan.load_s
         yield self.env.timeout(swaps + self.timer.mixed(chunks=chunks, decode_contexts=decodes))
         end = self.env.now
         gaps: list[float] = []
@@ -166,6 +183,22 @@ class Replica:
             decode_tokens=len(decodes) * self._verify,
             kv_used_blocks=self.kv.used,
         )
+        if isinstance(self.kv, TieredBlockManager):
+            self.recorder.kv_tiers(replica=self.index, time_s=end, row=self.kv.tier_row())
+
+    def _start_loads(self, loads: tuple[tuple[Request, float], ...]) -> None:
+        """KV tiers loading between steps: each request's blocks come over the host link,
+        one load after another; it rejoins the queue's front when they are in."""
+        for req, seconds in loads:
+            self._link_free = max(self._link_free, self.env.now) + seconds
+            self._loading += 1
+            self.env.process(self._loaded(req, self._link_free))
+
+    def _loaded(self, req: Request, at: float) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(at - self.env.now)
+        self._loading -= 1
+        enqueue(req, self.waiting, self.spec, front=True)
+        self.wake()
 
     def _record_gaps(self, previous: list[float], now: float) -> None:
         """Inter-token gaps of tokens sampled at `now` whose previous tokens came at
@@ -218,7 +251,7 @@ class Replica:
         start = self.env.now
         ends = start + np.cumsum(durations)
         last = float(ends[-1])
-        if self.waiting:  # head blocked: arrivals cannot change the batch
+        if self.waiting and not self._loading:  # head blocked: arrivals cannot change it
             yield self.env.timeout(last - start)
             done = steps
         else:

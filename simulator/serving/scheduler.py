@@ -30,7 +30,10 @@ tokens (its last sampled token and k proposals), within the token budget.
 With prefix caching (a PrefixCachingBlockManager) a request admitted with nothing computed
 (new, or readmitted after a preemption by recompute) starts from its longest cached prefix:
 those tokens count as computed and the rest is scheduled as usual (`continuous` and
-`prefill_first`; `static` batches do not look up the cache).
+`prefill_first`; `static` batches do not look up the cache). With KV tiers below HBM
+(serving/kv_tiers.py) part of the prefix may need loading: the step waits for it (`load_s`),
+or, when the tiers load between steps, the request leaves the queue until its blocks are in
+(`loads`; the replica puts it back at the front).
 
 Not modelled: the V1 scheduler's per-step encoder budget, running requests preempted in
 favour of more urgent waiting ones.
@@ -71,6 +74,8 @@ class StepPlan:
     preempted: list[Request] = field(default_factory=list)
     swapped_out: int = 0  # KV blocks copied to host memory before the step
     swapped_in: int = 0  # KV blocks copied back
+    load_s: float = 0.0  # KV tiers: loads the step waits for (serving/kv_tiers.py)
+    loads: tuple[tuple[Request, float], ...] = ()  # requests waiting out of the batch for theirs
 
     @property
     def num_tokens(self) -> int:
@@ -175,9 +180,16 @@ def _admit(
             break
         n = min(remaining, budget)
         if not kv.can_admit(req, n, hit=hit):
+            if not running and kv.async_loads and _drop_loaded(waiting, kv):
+                continue
             break
         if hit:
-            kv.take_prefix(req, hit)
+            load_s = kv.take_prefix(req, hit)
+            if load_s and kv.async_loads:  # vLLM's offloading connector: loads between steps
+                waiting.popleft()
+                plan.loads += ((req, load_s),)
+                continue
+            plan.load_s += load_s
         kv.allocate(req, n)
         if req.swapped_blocks:
             plan.swapped_in += kv.swap_in(req)
@@ -186,6 +198,20 @@ def _admit(
         plan.entries.append((req, n))
         budget -= n
     return budget
+
+
+def _drop_loaded(waiting: deque[Request], kv: BlockManager) -> bool:
+    """Nothing runs and the head does not fit: free the blocks of the last waiting request
+    holding any (KV tiers: its loaded blocks, back to the cache, looked up again on admission)
+    so that the head can start. False if no waiting request but the head holds blocks."""
+    for req in reversed(waiting):
+        if req is waiting[0]:
+            return False
+        if req.blocks:
+            kv.release(req)
+            req.num_computed = 0
+            return True
+    return False
 
 
 def schedule(

@@ -9,11 +9,16 @@ several ranks in lockstep. Not modelled here: speculative decoding and disaggreg
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import simpy
+
 from simulator.errors import SpecError
+from simulator.metrics.recorder import Recorder
 from simulator.serving.kv_cache import BlockManager, PrefixCachingBlockManager
 from simulator.serving.replica import Replica
+from simulator.serving.request import Request
 from simulator.serving.scheduler import StepPlan
 
 if TYPE_CHECKING:
@@ -55,7 +60,28 @@ def batch_of(plan: StepPlan) -> tuple[list[Chunk], list[int]]:
 
 
 class SteppedReplica(Replica):
-    """A replica whose batches another loop times; `apply` records one that ran."""
+    """A replica of `group` (its scheduler, step timer, swap cost and an empty KV cache of its
+    own) whose batches another loop times; `apply` records one that ran."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        *,
+        group: ReplicaGroup,
+        index: int,
+        recorder: Recorder,
+        on_finish: Callable[[Request], None],
+    ) -> None:
+        super().__init__(
+            env,
+            index=index,
+            scheduler=group.scheduler,
+            kv=new_kv(group),
+            timer=group.timer,
+            recorder=recorder,
+            on_finish=on_finish,
+            swap_s_per_block=group.swap_s_per_block,
+        )
 
     def apply(
         self,

@@ -34,7 +34,7 @@ import numpy as np
 from simulator.costmodel.batch import BatchShape, Num, attended_pairs
 from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.ops import Op, step_ops
-from simulator.costmodel.roofline import evaluate
+from simulator.costmodel.roofline import evaluate, total_launches, total_time
 from simulator.costmodel.step import engine_time
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
@@ -233,10 +233,7 @@ class StepTimer:
         ]
         costs = evaluate(ops, hw, attention_factor=self._engine.attention_factor)
         size = np.broadcast_shapes(*(np.shape(getattr(batch, f)) for f in BatchShape.__slots__))
-        gpu, kernels = np.zeros(size), np.zeros(size)
-        for c in costs:
-            gpu = gpu + c.total_s
-            kernels = kernels + c.op.count * (c.time_s > 0)
+        gpu, kernels = np.zeros(size) + total_time(costs), np.zeros(size) + total_launches(costs)
         if self._offload is not None and scales_with == "tokens":
             gpu = gpu + self._offload.expert_extra_s(model, costs, batch.num_tokens)
         return gpu, kernels

@@ -22,11 +22,11 @@ from simulator.validate.power import POWER, POWER_FIT, power_suite
 
 # Every name `--suite` accepts, in output order; a union names the suites it is made of.
 UNIONS: dict[str, tuple[str, ...]] = {"iteration": (PREFILL, DECODE)}
-SUITE_NAMES = ("ops", "layers", "iteration", PREFILL, DECODE, ENGINE_FIT)
-# Whole benchmarks against published results (held out), accepted and reported after the above.
-E2E_SUITES = (THROUGHPUT, SERVING)
-# Suites of board power (fractions of TDP, not time), accepted and reported after the above.
-POWER_SUITES = (POWER, POWER_FIT)
+SUITE_NAMES = (
+    "ops", "layers", "iteration", PREFILL, DECODE, ENGINE_FIT,  # kernels, layers, engine steps
+    THROUGHPUT, SERVING,  # whole benchmarks against published results (held out)
+    POWER, POWER_FIT,  # board power (fractions of TDP, not time)
+)  # fmt: skip
 STAT_KEYS = ("mape_pct", "median_ape_pct", "p90_ape_pct", "worst_ape_pct")
 
 
@@ -66,8 +66,8 @@ def summarize(df: pd.DataFrame, names: list[str] | None = None) -> dict[str, Any
     union only when all its parts have rows)."""
     present = set(df["suite"].unique())
     if names is None:
-        names = [n for n in SUITE_NAMES + E2E_SUITES + POWER_SUITES if set(members(n)) <= present]
-        names += sorted(present - set(SUITE_NAMES + E2E_SUITES + POWER_SUITES))
+        names = [n for n in SUITE_NAMES if set(members(n)) <= present]
+        names += sorted(present - set(SUITE_NAMES))
     suites = {}
     for name in names:
         rows = df[df["suite"].isin(members(name))]
@@ -79,14 +79,13 @@ def summarize(df: pd.DataFrame, names: list[str] | None = None) -> dict[str, Any
 def resolve_suites(suites: list[str] | None) -> list[str]:
     """The suite names to report, in output order; a union brings its parts.
     Raises SpecError (field "suite") for an unknown name."""
-    known = SUITE_NAMES + E2E_SUITES + POWER_SUITES
     if not suites:
-        return list(known)
+        return list(SUITE_NAMES)
     for name in suites:
-        if name not in known:
-            raise SpecError(f"unknown suite {name!r} ({', '.join(known)})", field="suite")
+        if name not in SUITE_NAMES:
+            raise SpecError(f"unknown suite {name!r} ({', '.join(SUITE_NAMES)})", field="suite")
     wanted = {part for name in suites for part in (name, *UNIONS.get(name, ()))}
-    return [n for n in known if n in wanted]
+    return [n for n in SUITE_NAMES if n in wanted]
 
 
 def run_suites(names: list[str]) -> pd.DataFrame:
@@ -106,7 +105,7 @@ def run_suites(names: list[str]) -> pd.DataFrame:
         frames.append(e2e_throughput_suite())
     if SERVING in needed:
         frames.append(e2e_serving_suite())
-    if needed & set(POWER_SUITES):
+    if needed & {POWER, POWER_FIT}:
         pw = power_suite()
         skipped += list(pw.attrs.get("skipped", []))
         frames.append(pw[pw["suite"].isin(needed)])

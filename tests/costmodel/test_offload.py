@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from clitools import run_cli
+from factories import cost_model_step_s
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -417,38 +418,16 @@ def test_expert_offload_frees_gpu_memory_and_costs_fetches() -> None:
     ],
 )
 def test_the_step_timer_matches_the_cost_model_with_offload(knobs: dict[str, Any]) -> None:
-    from simulator.costmodel.step import engine_step_time
     from simulator.serving.steptime import StepTimer
 
     dep = make_deployment(**knobs)
     plan = dep.memory(max_num_batched_tokens=2048, max_num_seqs=64).offload
     timer = StepTimer(
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-        max_num_seqs=64,
-        max_num_batched_tokens=2048,
-        max_context=4096,
-        offload=plan,
+        **dep.parts, max_num_seqs=64, max_num_batched_tokens=2048, max_context=4096, offload=plan
     )
     for chunks, decodes in [([], [700] * 8), ([(512, 0, True)], [300] * 20), ([], [2000])]:
         batch = BatchShape.mixed(chunks=chunks, decode_context_lens=decodes)
-        cost = step_cost(
-            dep.model,
-            dep.hardware,
-            dep.layout,
-            dep.precision,
-            batch,
-            attention_factor=dep.engine.attention_factor,
-            offload=plan,
-        )
-        want = float(
-            engine_step_time(
-                cost, dep.engine, num_tokens=batch.num_tokens, num_seqs=len(chunks) + len(decodes)
-            )[0]
-        )
+        want = cost_model_step_s(dep, batch, num_seqs=len(chunks) + len(decodes), offload=plan)
         got = timer.mixed(chunks=chunks, decode_contexts=decodes)
         assert got == pytest.approx(want, rel=0.02)
 

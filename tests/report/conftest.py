@@ -5,29 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
+from factories import scenario_data, write_yaml
 
 from simulator import runner
 
-TINY_SCENARIO = {
-    "name": "tiny",
-    "model": "llama-3.1-8b",
-    "replicas": [{"hardware": "h100_sxm", "engine": "vllm"}],
-    "workload": {
-        "dataset": {"name": "random", "input_len": 256, "output_len": 32, "range_ratio": 0.5},
-        "num_prompts": 40,
-        "request_rate": 20,
-    },
-    "slo": {"ttft_ms": 200, "tpot_ms": 30},
-    "seed": 0,
-}
+TINY_SCENARIO = scenario_data(
+    input_len=256,
+    output_len=32,
+    range_ratio=0.5,
+    num_prompts=40,
+    request_rate=20,
+    slo={"ttft_ms": 200, "tpot_ms": 30},
+    seed=0,
+)
 
 
 @pytest.fixture(scope="session")
 def tiny_scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("scenario") / "tiny.yaml"
-    path.write_text(yaml.safe_dump(TINY_SCENARIO))
-    return path
+    return write_yaml(tmp_path_factory.mktemp("scenario") / "tiny.yaml", TINY_SCENARIO)
 
 
 @pytest.fixture(scope="session")

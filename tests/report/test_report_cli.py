@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 from clitools import run_cli
+from factories import scenario_data, write_yaml
 
 from simulator.report.html import PLOT_CONFIG
 
@@ -51,21 +51,17 @@ def test_report_of_a_run_folder(
 
 
 def test_report_of_a_sweep(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    base = {
-        "name": "s",
-        "model": "llama-3.1-8b",
-        "replicas": [{"hardware": "h100_sxm"}],
-        "workload": {
-            "dataset": {"name": "random", "input_len": 128, "output_len": 16},
-            "num_prompts": 12,
-            "request_rate": 4,
-        },
-        "slo": {"ttft_ms": 300, "tpot_ms": 40},
-    }
+    base = scenario_data(
+        name="s",
+        input_len=128,
+        output_len=16,
+        num_prompts=12,
+        request_rate=4,
+        slo={"ttft_ms": 300, "tpot_ms": 40},
+    )
     # the unknown engine makes three error rows
     spec = {"base": base, "grid": {"workload.request_rate": [2, 8, 1000], "engine": ["vllm", "x"]}}
-    path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump(spec))
+    path = write_yaml(tmp_path / "sweep.yaml", spec)
     out = tmp_path / "out"
     code, stdout, stderr = run_cli(
         capsys, "sweep", str(path), "--out", str(out), "--workers", "1", "--report"

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from factories import cost_model_step_s, gpu_step
 
 from simulator.api import Deployment, deployment
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.step import engine_step_time, step_cost
 from simulator.report import run_op_costs, step_op_costs
 from simulator.report.load import RunFolder, load
 from simulator.report.ops import representative_shapes
@@ -34,15 +34,7 @@ def test_prefill_ops_are_the_cost_model_ops(dep: Deployment) -> None:
     assert qkv["intensity_flop_per_byte"] == pytest.approx(qkv["flops"] / qkv["bytes"])
     assert qkv["achieved_flops_per_s"] == pytest.approx(qkv["flops"] / qkv["total_s"])
     gpu = costs[costs["kind"] != "engine"]["total_s"].sum()
-    batch = BatchShape.prefill(batch_size=1, prompt_len=512)
-    exact = step_cost(
-        m,
-        dep.hardware,
-        dep.layout,
-        dep.precision,
-        batch,
-        attention_factor=dep.engine.attention_factor,
-    )
+    exact = gpu_step(dep, BatchShape.prefill(batch_size=1, prompt_len=512))
     assert gpu == pytest.approx(exact.seconds)
 
 
@@ -53,18 +45,8 @@ def test_each_phase_adds_up_to_the_engine_step_time(dep: Deployment, enforce_eag
     )
     wall = (costs["total_s"] - costs["hidden_s"]).groupby(costs["phase"]).sum()
     batch = BatchShape.decode(batch_size=16, context_len=700)
-    step = step_cost(
-        dep.model,
-        dep.hardware,
-        dep.layout,
-        dep.precision,
-        batch,
-        attention_factor=dep.engine.attention_factor,
-    )
-    expected = engine_step_time(
-        step, dep.engine, num_tokens=16.0, num_seqs=16.0, enforce_eager=enforce_eager
-    )
-    assert wall["decode"] == pytest.approx(float(np.ravel(expected)[0]))
+    expected = cost_model_step_s(dep, batch, num_seqs=16, enforce_eager=enforce_eager)
+    assert wall["decode"] == pytest.approx(expected)
     engine = costs[(costs["kind"] == "engine") & (costs["phase"] == "decode")]
     launch = "launch_eager" if enforce_eager else "launch_graph"
     assert set(engine["op"]) == {"cpu_step", "cpu_per_seq", launch}

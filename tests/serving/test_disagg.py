@@ -10,9 +10,16 @@ import numpy as np
 import pandas as pd
 import pytest
 from clitools import run_cli as cli
+from factories import (
+    MS,
+    fixed_group,
+    make_requests,
+    make_scheduler,
+    scenario_data,
+    times_ms,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_engine import MS, FixedTimer, make_requests, make_scheduler, times_ms
 
 from simulator import runner
 from simulator.api import deployment
@@ -44,13 +51,7 @@ def link(*, ms_per_100_tokens: float, latency_ms: float = 0.0, layers: int = 10,
 
 
 def group(num_blocks: int = 1000, count: int = 1, **sched: object) -> ReplicaGroup:
-    return ReplicaGroup(
-        scheduler=make_scheduler(**sched),
-        timer=FixedTimer(),  # type: ignore[arg-type]
-        num_blocks=num_blocks,
-        block_size=16,
-        count=count,
-    )
+    return fixed_group(scheduler=make_scheduler(**sched), num_blocks=num_blocks, count=count)
 
 
 def run_pair(
@@ -261,19 +262,13 @@ def test_nvlink_between_different_gpus_is_an_error() -> None:
 
 # -- scenarios ------------------------------------------------------------------------------------
 def scenario(**over: object) -> dict[str, object]:
-    base: dict[str, object] = {
-        "name": "pd",
-        "model": "llama-3.1-8b",
-        "replicas": [
-            {"hardware": "h100_sxm", "role": "prefill"},
-            {"hardware": "h100_sxm", "role": "decode", "count": 2},
-        ],
-        "workload": {
-            "dataset": {"name": "random", "input_len": 512, "output_len": 64},
-            "num_prompts": 60,
-            "request_rate": 10,
-        },
-    }
+    pools = [
+        {"hardware": "h100_sxm", "role": "prefill"},
+        {"hardware": "h100_sxm", "role": "decode", "count": 2},
+    ]
+    base = scenario_data(
+        name="pd", input_len=512, output_len=64, num_prompts=60, request_rate=10, replicas=pools
+    )
     return base | over
 
 

@@ -9,16 +9,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 from clitools import run_cli
-from test_engine import FixedTimer, make_requests, make_scheduler, times_ms
+from factories import (
+    MS,
+    cost_model_step_s,
+    fixed_group,
+    make_requests,
+    make_scheduler,
+    scenario_data,
+    times_ms,
+)
 
 import simulator as sim
 from simulator import runner
 from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.ops import expert_imbalance_from_skew
-from simulator.costmodel.step import engine_time, step_cost
 from simulator.errors import SpecError
 from simulator.scenario import Scenario, load_scenario
-from simulator.serving.cluster import ReplicaGroup, SimResult, replica_group, serve
+from simulator.serving.cluster import SimResult, replica_group, serve
 from simulator.serving.dp_group import (
     DPAttention,
     EPGroupTimes,
@@ -30,7 +37,6 @@ from simulator.serving.stepping import Chunk
 from simulator.serving.workload import RequestTable
 from simulator.specs import load_model
 
-MS = 1e-3
 SCENARIO = Path(__file__).parents[2] / "scenarios" / "deepseek_v3_ep_h100.yaml"
 
 
@@ -43,13 +49,7 @@ class HandLockstep:
 
 
 def run_ranks(requests: RequestTable, *, ranks: int = 2) -> SimResult:
-    group = ReplicaGroup(
-        scheduler=make_scheduler(),
-        timer=FixedTimer(),  # type: ignore[arg-type]
-        num_blocks=1000,
-        block_size=16,
-        loop=DPAttention(ranks=ranks, timer=HandLockstep()),  # type: ignore[arg-type]
-    )
+    group = fixed_group(loop=DPAttention(ranks=ranks, timer=HandLockstep()))  # type: ignore[arg-type]
     return serve(requests, groups=[group], router=RouterSpec(kind="round_robin"))
 
 
@@ -97,51 +97,26 @@ def deepseek() -> tuple[sim.Deployment, LockstepTimer]:
         expert_parallel_size=16,
     )
     group, _ = replica_group(
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
+        **dep.parts,
         requests=make_requests((0.0, 4000, 100)),
         scheduler=make_scheduler(max_num_seqs=64, max_num_batched_tokens=2048),
     )
-    wide = with_dp_attention(
-        group,
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-        count=1,
-    )
+    wide = with_dp_attention(group, **dep.parts, count=1)
     assert isinstance(wide.loop, DPAttention) and wide.count == 1
     return dep, wide.loop.timer
-
-
-def cost_model_step(dep: sim.Deployment, batch: BatchShape, *, seqs: int) -> float:
-    """The cost model's step of the wide-EP layout: every rank holds `batch`."""
-    cost = step_cost(
-        dep.model,
-        dep.hardware,
-        dep.layout,
-        dep.precision,
-        batch,
-        attention_factor=dep.engine.attention_factor,
-    )
-    tokens = float(np.ravel(batch.num_tokens)[0])
-    return float(engine_time(cost.time_s, 0.0, dep.engine, num_tokens=tokens, num_seqs=seqs)[0])
 
 
 def test_equal_ranks_match_the_cost_models_step(
     deepseek: tuple[sim.Deployment, LockstepTimer],
 ) -> None:
     dep, timer = deepseek
-    decode = timer.step([([], [1000] * 32)] * 16)
-    expected = cost_model_step(dep, BatchShape.decode(batch_size=32, context_len=1000), seqs=32)
-    assert decode == pytest.approx(expected, rel=0.01)
-    prefill = timer.step([([(1024, 0, True)], [])] * 16)
-    expected = cost_model_step(dep, BatchShape.prefill(batch_size=1, prompt_len=1024), seqs=1)
-    assert prefill == pytest.approx(expected, rel=0.01)
+    # the cost model's step of the wide-EP layout has every rank hold the same batch
+    decode = BatchShape.decode(batch_size=32, context_len=1000)
+    expected = cost_model_step_s(dep, decode, num_seqs=32)
+    assert timer.step([([], [1000] * 32)] * 16) == pytest.approx(expected, rel=0.01)
+    prefill = BatchShape.prefill(batch_size=1, prompt_len=1024)
+    expected = cost_model_step_s(dep, prefill, num_seqs=1)
+    assert timer.step([([(1024, 0, True)], [])] * 16) == pytest.approx(expected, rel=0.01)
 
 
 def test_the_largest_rank_sets_the_step(deepseek: tuple[sim.Deployment, LockstepTimer]) -> None:
@@ -197,15 +172,14 @@ def test_the_scenario_numbers_each_rank_as_a_replica() -> None:
 
 
 def group_spec(**fields: object) -> Scenario:
-    data = {
-        "name": "t",
-        "model": "deepseek-v3",
-        "replicas": [{"hardware": "h100_sxm", **fields}],
-        "workload": {
-            "dataset": {"name": "random", "input_len": 64, "output_len": 4},
-            "num_prompts": 4,
-        },
-    }
+    data = scenario_data(
+        name="t",
+        model="deepseek-v3",
+        group={"hardware": "h100_sxm", **fields},
+        input_len=64,
+        output_len=4,
+        num_prompts=4,
+    )
     return Scenario.model_validate(data)
 
 
@@ -267,14 +241,6 @@ def test_simulate_runs_a_wide_ep_layout_as_one_dp_group() -> None:
     dep = sim.deployment(
         model="deepseek-v3", hardware="h100_sxm", data_parallel_size=16, expert_parallel_size=16
     )
-    requests = make_requests(*[(0.0, 500, 8)] * 32)
-    result = sim.simulate(
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-        requests=requests,
-    )
+    result = sim.simulate(**dep.parts, requests=make_requests(*[(0.0, 500, 8)] * 32))
     assert result.num_replicas == 16
     assert (result.steps.groupby("end_s").start_s.nunique() == 1).all()

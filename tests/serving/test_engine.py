@@ -12,45 +12,14 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import pytest
+from factories import MS, FixedTimer, fixed_group, make_requests, make_scheduler, times_ms
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.serving.cluster import ReplicaGroup, SimResult, serve
+from simulator.serving.cluster import SimResult, serve
 from simulator.serving.router import RouterSpec
 from simulator.serving.scheduler import SchedulerSpec
 from simulator.serving.workload import RequestTable
-
-MS = 1e-3
-
-
-class FixedTimer:
-    """Step times of the narrative: 10 ms + 10 us per prefill token, or 5 ms per decode."""
-
-    def decode_run(self, *, num_seqs: int, total_context: float, steps: int) -> np.ndarray:
-        return np.full(steps, 5 * MS)
-
-    def mixed(
-        self, *, chunks: Sequence[tuple[int, int, bool]], decode_contexts: Sequence[int]
-    ) -> float:
-        return 10 * MS + 0.01 * MS * sum(c[0] for c in chunks)
-
-
-def make_requests(*rows: tuple[float, int, int]) -> RequestTable:
-    """(arrival s, prompt tokens, output tokens) per request."""
-    arrival, prompt, output = zip(*rows, strict=True)
-    return RequestTable(
-        arrival_s=np.array(arrival), prompt_len=np.array(prompt), output_len=np.array(output)
-    )
-
-
-def make_scheduler(**overrides: object) -> SchedulerSpec:
-    values: dict[str, object] = {
-        "max_num_seqs": 8,
-        "max_num_batched_tokens": 2048,
-        "watermark": 0.0,
-    }
-    values.update(overrides)
-    return SchedulerSpec(**values)  # type: ignore[arg-type]
 
 
 def run(
@@ -62,18 +31,10 @@ def run(
     scheduler: SchedulerSpec | None = None,
     **kwargs: object,
 ) -> SimResult:
-    group = ReplicaGroup(
-        scheduler=scheduler or make_scheduler(),
-        timer=FixedTimer(),  # type: ignore[arg-type]
-        num_blocks=num_blocks,
-        block_size=block_size,
-        count=num_replicas,
+    group = fixed_group(
+        scheduler=scheduler, num_blocks=num_blocks, block_size=block_size, count=num_replicas
     )
     return serve(requests, groups=[group], **kwargs)  # type: ignore[arg-type]
-
-
-def times_ms(df: pd.DataFrame, column: str) -> list[float]:
-    return [round(x / MS, 6) for x in df.sort_values("request_id")[column]]
 
 
 def test_one_request() -> None:
@@ -182,20 +143,7 @@ def test_replica_groups_can_differ() -> None:
         ) -> float:
             return 2 * super().mixed(chunks=chunks, decode_contexts=decode_contexts)
 
-    groups = [
-        ReplicaGroup(
-            scheduler=make_scheduler(),
-            timer=FixedTimer(),  # type: ignore[arg-type]
-            num_blocks=100,
-            block_size=16,
-        ),
-        ReplicaGroup(
-            scheduler=make_scheduler(),
-            timer=SlowTimer(),  # type: ignore[arg-type]
-            num_blocks=100,
-            block_size=16,
-        ),
-    ]
+    groups = [fixed_group(num_blocks=100), fixed_group(timer=SlowTimer(), num_blocks=100)]
     result = serve(make_requests((0.0, 100, 3), (0.0, 100, 3)), groups=groups)
     assert times_ms(result.requests, "finish_s") == [21.0, 42.0]
 
@@ -256,13 +204,8 @@ def test_the_same_inputs_give_identical_results() -> None:
 
 
 def run_with_swap(requests: RequestTable, scheduler: SchedulerSpec) -> SimResult:
-    group = ReplicaGroup(
-        scheduler=scheduler,
-        timer=FixedTimer(),  # type: ignore[arg-type]
-        num_blocks=10,
-        block_size=16,
-        host_blocks=100,
-        swap_s_per_block=1 * MS,
+    group = fixed_group(
+        scheduler=scheduler, num_blocks=10, host_blocks=100, swap_s_per_block=1 * MS
     )
     return serve(requests, groups=[group])
 
@@ -286,11 +229,9 @@ def test_swap_preemption_keeps_the_kv_and_charges_the_copies() -> None:
 
 
 def test_swap_falls_back_to_recompute_without_swap_space() -> None:
-    group = ReplicaGroup(
+    group = fixed_group(
         scheduler=make_scheduler(preemption_mode="swap"),
-        timer=FixedTimer(),  # type: ignore[arg-type]
         num_blocks=10,
-        block_size=16,
         host_blocks=4,  # r1's 5 blocks do not fit
         swap_s_per_block=1 * MS,
     )

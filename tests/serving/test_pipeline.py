@@ -8,11 +8,17 @@ import json
 import numpy as np
 import pytest
 from clitools import run_cli
-from test_engine import FixedTimer, make_requests, make_scheduler, times_ms
+from factories import (
+    MS,
+    cost_model_step_s,
+    fixed_group,
+    make_requests,
+    make_scheduler,
+    times_ms,
+)
 
 import simulator as sim
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.step import engine_time, step_cost
 from simulator.errors import SpecError
 from simulator.serving.cluster import ReplicaGroup, SimResult, replica_group, serve
 from simulator.serving.pipeline import BatchTimes, MicroBatching, StageClock, with_micro_batching
@@ -20,8 +26,6 @@ from simulator.serving.scheduler import SchedulerSpec
 from simulator.serving.stepping import Chunk
 from simulator.serving.workload import RequestTable
 from simulator.specs import load_hardware
-
-MS = 1e-3
 
 
 class HandClock:
@@ -36,13 +40,7 @@ class HandClock:
 
 
 def run_pipeline(requests: RequestTable, scheduler: SchedulerSpec) -> SimResult:
-    group = ReplicaGroup(
-        scheduler=scheduler,
-        timer=FixedTimer(),  # type: ignore[arg-type]
-        num_blocks=1000,
-        block_size=16,
-        loop=MicroBatching(clock=HandClock()),  # type: ignore[arg-type]
-    )
+    group = fixed_group(scheduler=scheduler, loop=MicroBatching(clock=HandClock()))
     return serve(requests, groups=[group])
 
 
@@ -109,32 +107,25 @@ def llama_405b_pp2() -> sim.Deployment:
     )
 
 
-def pipeline_group(dep: sim.Deployment, requests: RequestTable) -> tuple[ReplicaGroup, StageClock]:
-    group, _ = replica_group(
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-        requests=requests,
-    )
-    piped = with_micro_batching(
-        group,
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-    )
+def pipeline_groups(
+    dep: sim.Deployment, requests: RequestTable
+) -> tuple[ReplicaGroup, ReplicaGroup]:
+    """`dep`'s replica group for `requests` without, then with micro-batching."""
+    group, _ = replica_group(**dep.parts, requests=requests)
+    return group, with_micro_batching(group, **dep.parts)
+
+
+def stage_clock(dep: sim.Deployment, requests: RequestTable) -> StageClock:
+    _, piped = pipeline_groups(dep, requests)
     assert isinstance(piped.loop, MicroBatching)
-    return group, piped.loop.clock
+    return piped.loop.clock
 
 
 def test_stage_split_of_llama_405b_over_two_nodes() -> None:
     # tp=8 fills a node, so the boundary crosses nodes: 64 decodes hand over 64 x 16384 x 2 =
     # 2,097,152 bytes at 50 GB/s x busbw 0.8 = 52.4288 us, plus 5 us scale-out latency.
     dep = llama_405b_pp2()
-    _, clock = pipeline_group(dep, make_requests((0.0, 2000, 100)))
+    clock = stage_clock(dep, make_requests((0.0, 2000, 100)))
     decodes = [1500] * 64
     times = clock.times(chunks=[], decodes=decodes)
     assert times.send_s == pytest.approx((5e-6 + 2_097_152 / 40e9,), rel=1e-9)
@@ -147,31 +138,15 @@ def test_stage_split_of_llama_405b_over_two_nodes() -> None:
     ov = dep.engine.overhead
     assert times.cpu_s == pytest.approx(ov.step_s + 64 * ov.per_seq_s)
     # and the whole agrees with the cost model's step (the timer's tables interpolate)
-    exact = step_cost(
-        dep.model,
-        dep.hardware,
-        dep.layout,
-        dep.precision,
-        BatchShape.decode(batch_size=64, context_len=1500),
-        attention_factor=dep.engine.attention_factor,
-    )
-    step = engine_time(exact.time_s, 0.0, dep.engine, num_tokens=64, num_seqs=64)
-    assert whole + times.cpu_s == pytest.approx(float(step[0]), rel=0.01)
+    step = cost_model_step_s(dep, BatchShape.decode(batch_size=64, context_len=1500), num_seqs=64)
+    assert whole + times.cpu_s == pytest.approx(step, rel=0.01)
 
 
 def test_a_lone_request_sees_no_pipelining() -> None:
     # One request: every batch is alone in the pipeline, so micro-batching changes nothing.
     dep = llama_405b_pp2()
     requests = make_requests((0.0, 3000, 40))
-    plain, _ = pipeline_group(dep, requests)
-    piped = with_micro_batching(
-        plain,
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-    )
+    plain, piped = pipeline_groups(dep, requests)
     a = serve(requests, groups=[plain]).requests
     b = serve(requests, groups=[piped]).requests
     for column in ("first_token_s", "finish_s"):
@@ -181,15 +156,7 @@ def test_a_lone_request_sees_no_pipelining() -> None:
 def test_micro_batches_raise_offline_throughput() -> None:
     dep = llama_405b_pp2()
     requests = make_requests(*[(0.0, 1024, 16)] * 64)
-    plain, _ = pipeline_group(dep, requests)
-    piped = with_micro_batching(
-        plain,
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-    )
+    plain, piped = pipeline_groups(dep, requests)
     t_plain = float(serve(requests, groups=[plain]).requests["finish_s"].max())
     t_piped = float(serve(requests, groups=[piped]).requests["finish_s"].max())
     assert t_piped < 0.75 * t_plain  # two stages busy at once most of the time
@@ -197,23 +164,8 @@ def test_micro_batches_raise_offline_throughput() -> None:
 
 def test_micro_batching_needs_a_pipeline() -> None:
     dep = sim.deployment(model="llama-3.1-8b", hardware="h100_sxm")
-    group, _ = replica_group(
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-        requests=make_requests((0.0, 10, 2)),
-    )
     with pytest.raises(SpecError, match="pipeline_parallel_size > 1"):
-        with_micro_batching(
-            group,
-            model=dep.model,
-            hw=dep.hardware,
-            layout=dep.layout,
-            prec=dep.precision,
-            engine=dep.engine,
-        )
+        pipeline_groups(dep, make_requests((0.0, 10, 2)))
 
 
 def test_bench_throughput_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,52 +8,20 @@ The engine cases run on the fixed step-time model of test_engine.py (numbers on 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import pytest
 from clitools import run_cli
+from factories import FixedTimer, fixed_group, make_requests, make_scheduler, times_ms
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator import runner
-from simulator.serving.cluster import ReplicaGroup, SimResult, serve
+from simulator.serving.cluster import SimResult, serve
 from simulator.serving.kv_cache import RUN, BlockManager, PrefixCachingBlockManager
 from simulator.serving.request import Request
-from simulator.serving.scheduler import SchedulerSpec
 from simulator.serving.workload import RequestTable
-
-MS = 1e-3
-
-
-class FixedTimer:
-    """10 ms + 10 us per prefill token for a step with chunks, 5 ms for a decode-only step;
-    remembers every chunk (tokens, cached offset, last) it priced."""
-
-    def __init__(self) -> None:
-        self.chunks: list[tuple[int, int, bool]] = []
-
-    def decode_run(self, *, num_seqs: int, total_context: float, steps: int) -> np.ndarray:
-        return np.full(steps, 5 * MS)
-
-    def mixed(
-        self, *, chunks: Sequence[tuple[int, int, bool]], decode_contexts: Sequence[int]
-    ) -> float:
-        self.chunks += chunks
-        return 10 * MS + 0.01 * MS * sum(c[0] for c in chunks)
-
-
-def table(*rows: tuple[float, int, int], **columns: Sequence[float]) -> RequestTable:
-    """(arrival s, prompt tokens, output tokens) per request, and optional sharing columns."""
-    arrival, prompt, output = zip(*rows, strict=True)
-    arrays = {name: np.asarray(values) for name, values in columns.items()}
-    return RequestTable(
-        arrival_s=np.array(arrival),
-        prompt_len=np.array(prompt),
-        output_len=np.array(output),
-        **arrays,
-    )
 
 
 def run(
@@ -64,21 +32,14 @@ def run(
     timer: FixedTimer | None = None,
     **scheduler: object,
 ) -> SimResult:
-    knobs: dict[str, object] = {"max_num_seqs": 8, "max_num_batched_tokens": 2048}
-    spec = SchedulerSpec(**{**knobs, "watermark": 0.0, **scheduler})  # type: ignore[arg-type]
-    group = ReplicaGroup(
-        scheduler=spec,
-        timer=timer or FixedTimer(),  # type: ignore[arg-type]
+    group = fixed_group(
+        scheduler=make_scheduler(**scheduler),
+        timer=timer,
         num_blocks=num_blocks,
-        block_size=16,
         host_blocks=1000,
         enable_prefix_caching=caching,
     )
     return serve(requests, groups=[group])
-
-
-def ms(df: pd.DataFrame, column: str) -> list[float]:
-    return [round(x / MS, 6) for x in df.sort_values("request_id")[column]]
 
 
 def request(
@@ -273,15 +234,15 @@ def test_a_later_request_skips_the_cached_shared_prefix() -> None:
     # full blocks) come from the cache, so it prefills 28 tokens at offset 32: 10.28 ms.
     timer = FixedTimer()
     rows = ((0.0, 60, 2), (0.1, 60, 2))
-    result = run(table(*rows, prefix_id=[0, 0], prefix_len=[40, 40]), timer=timer)
+    result = run(make_requests(*rows, prefix_id=[0, 0], prefix_len=[40, 40]), timer=timer)
     df = result.requests
-    assert ms(df, "first_token_s") == [10.6, 110.28]
-    assert ms(df, "finish_s") == [15.6, 115.28]
+    assert times_ms(df, "first_token_s") == [10.6, 110.28]
+    assert times_ms(df, "finish_s") == [15.6, 115.28]
     assert df["cached_tokens"].tolist() == [0, 32]
     assert result.steps["prefill_tokens"].tolist() == [60, 0, 28, 0]
     assert timer.chunks == [(60, 0, True), (28, 32, True)]  # priced at the cached offset
-    off = run(table(*rows, prefix_id=[0, 0], prefix_len=[40, 40]), caching=False)
-    assert ms(off.requests, "first_token_s") == [10.6, 110.6]
+    off = run(make_requests(*rows, prefix_id=[0, 0], prefix_len=[40, 40]), caching=False)
+    assert times_ms(off.requests, "first_token_s") == [10.6, 110.6]
     assert off.requests["cached_tokens"].tolist() == [0, 0]
 
 
@@ -292,12 +253,12 @@ def test_a_preempted_request_recomputes_only_what_was_evicted() -> None:
     # A decodes 10 more steps, finishes at 110.8 ms; B comes back: 49 tokens known, 48 cached,
     # so its first step is a 5 ms decode, then 20 more: 110.8 + 21 * 5 = 215.8 ms.
     # Without the cache B re-prefills 49 tokens (10.49 ms) and then decodes 20 steps.
-    requests = table((0.0, 40, 20), (0.0, 40, 30))
+    requests = make_requests((0.0, 40, 20), (0.0, 40, 30))
     on, off = run(requests, num_blocks=7), run(requests, num_blocks=7, caching=False)
     assert on.requests["preemptions"].tolist() == [0, 1]
     assert off.requests["preemptions"].tolist() == [0, 1]
-    assert ms(on.requests, "finish_s") == [110.8, 215.8]
-    assert ms(off.requests, "finish_s") == [110.8, 221.29]
+    assert times_ms(on.requests, "finish_s") == [110.8, 215.8]
+    assert times_ms(off.requests, "finish_s") == [110.8, 221.29]
     assert on.steps["prefill_tokens"].sum() == 80
     assert off.steps["prefill_tokens"].sum() == 80 + 49
     assert on.requests["cached_tokens"].tolist() == [0, 0]
@@ -307,22 +268,22 @@ def test_a_conversation_turn_reuses_the_previous_turn() -> None:
     # Turn 1: prompt 40, 10 out: prefill 10.4 ms + 9 decode steps -> finishes at 55.4 ms,
     # having computed 49 tokens (3 full blocks). Turn 2 is sent 50 ms later (105.4 ms) with
     # prompt 40 + 10 + 20 = 70 tokens: 48 cached, 22 prefilled (10.22 ms), one decode step.
-    conversation = table(
+    conversation = make_requests(
         (0.0, 40, 10), (0.0, 70, 2), session_id=[3, 3], follows=[-1, 0], think_s=[0.0, 0.05]
     )
     result = run(conversation)
     df = result.requests
-    assert ms(df, "arrival_s") == [0.0, 105.4]  # the second turn's clock starts when sent
-    assert ms(df, "first_token_s") == [10.4, 115.62]
-    assert ms(df, "finish_s") == [55.4, 120.62]
+    assert times_ms(df, "arrival_s") == [0.0, 105.4]  # the second turn's clock starts when sent
+    assert times_ms(df, "first_token_s") == [10.4, 115.62]
+    assert times_ms(df, "finish_s") == [55.4, 120.62]
     assert df["cached_tokens"].tolist() == [0, 48]
     off = run(conversation, caching=False)
-    assert ms(off.requests, "finish_s") == [55.4, 121.1]
+    assert times_ms(off.requests, "finish_s") == [55.4, 121.1]
 
 
 def test_turns_wait_for_a_slot_under_max_concurrency() -> None:
     # Two conversations of two turns, one request at a time: every turn is sent, none overlap.
-    conversations = table(
+    conversations = make_requests(
         (0.0, 40, 3),
         (0.0, 60, 3),
         (0.0, 40, 3),
@@ -331,13 +292,7 @@ def test_turns_wait_for_a_slot_under_max_concurrency() -> None:
         follows=[-1, 0, -1, 2],
         think_s=[0.0, 0.0, 0.0, 0.0],
     )
-    group = ReplicaGroup(
-        scheduler=SchedulerSpec(max_num_seqs=8, max_num_batched_tokens=2048, watermark=0.0),
-        timer=FixedTimer(),  # type: ignore[arg-type]
-        num_blocks=100,
-        block_size=16,
-        enable_prefix_caching=True,
-    )
+    group = fixed_group(num_blocks=100, enable_prefix_caching=True)
     df = serve(conversations, groups=[group], max_concurrency=1).requests.sort_values("arrival_s")
     assert sorted(df["request_id"]) == [0, 1, 2, 3]
     assert (df["arrival_s"].to_numpy()[1:] >= df["finish_s"].to_numpy()[:-1]).all()
@@ -355,7 +310,7 @@ workloads = st.lists(
 
 def unshared(rows: list[tuple[float, int, int]]) -> RequestTable:
     rows.sort()
-    return table(*rows)
+    return make_requests(*rows)
 
 
 @settings(max_examples=40, deadline=None)
@@ -400,7 +355,7 @@ def test_shared_prefixes_finish_every_request_within_the_cache(
     rows.sort()
     carry = np.array(shared[: len(rows)])
     prompt = np.array([r[1] for r in rows]) + np.where(carry, prefix, 0)
-    requests = table(
+    requests = make_requests(
         *[(a, int(p), o) for (a, _, o), p in zip(rows, prompt, strict=True)],
         prefix_id=np.where(carry, 0, -1),
         prefix_len=np.where(carry, prefix, 0),

@@ -15,24 +15,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 from clitools import run_cli
+from factories import MS, cost_model_step_s, make_requests, make_scheduler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator import api, runner
-from simulator.api import deployment
+from simulator.api import Deployment, deployment
 from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.latency import LatencyResult
-from simulator.costmodel.memory import plan_memory
-from simulator.costmodel.step import engine_step_time, step_cost
 from simulator.errors import SpecError
 from simulator.serving.cluster import ReplicaGroup, SimResult, replica_group, serve
 from simulator.serving.drafter import resolve_drafter
-from simulator.serving.scheduler import SchedulerSpec
 from simulator.serving.speculative import Acceptance, SpeculativeSpec, parse_speculative_config
 from simulator.serving.steptime import verify_shape
 from simulator.serving.workload import RequestTable
-
-MS = 1e-3
 
 
 def eagle(k: int = 3, rate: float = 0.7) -> SpeculativeSpec:
@@ -136,21 +132,12 @@ def test_verify_shape_by_hand() -> None:
     assert float(mla.decode_kv_tokens) == 101 + 102
 
 
-def exact_verify_step(dep, contexts: Sequence[int], q: int) -> float:  # type: ignore[no-untyped-def]
+def exact_verify_step(dep: Deployment, contexts: Sequence[int], q: int) -> float:
     """A verification step from the cost model itself: every sequence's shape summed."""
     parts = [verify_shape(model=dep.model, num_seqs=1, context=c, tokens=q) for c in contexts]
     fields = {f: sum(float(getattr(p, f)) for p in parts) for f in BatchShape.__slots__}
     batch = BatchShape(**(fields | {"sampled": float(q * len(contexts))}))
-    cost = step_cost(
-        dep.model,
-        dep.hardware,
-        dep.layout,
-        dep.precision,
-        batch,
-        attention_factor=dep.engine.attention_factor,
-    )
-    time = engine_step_time(cost, dep.engine, num_tokens=q * len(contexts), num_seqs=len(contexts))
-    return float(np.ravel(time)[0])
+    return cost_model_step_s(dep, batch, num_seqs=len(contexts))
 
 
 @pytest.mark.parametrize(
@@ -164,14 +151,7 @@ def exact_verify_step(dep, contexts: Sequence[int], q: int) -> float:  # type: i
 def test_the_verification_table_is_within_a_percent(model: str, hardware: str, tp: int) -> None:
     dep = deployment(model=model, hardware=hardware, tensor_parallel_size=tp)
     spec = SpeculativeSpec(method="ngram", num_speculative_tokens=3, acceptance_rate=0.5)
-    drafter = resolve_drafter(
-        spec,
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-    )
+    drafter = resolve_drafter(spec, **dep.parts)
     timer = drafter.step_timer(max_num_seqs=128, max_num_batched_tokens=4096, max_context=16384)
     rng = np.random.default_rng(1)
     for _ in range(40):
@@ -206,11 +186,8 @@ def simulate(
     seed: int = 0,
 ) -> SimResult:
     k = spec.num_speculative_tokens if spec else 0
-    scheduler = SchedulerSpec(
-        max_num_seqs=8,
-        max_num_batched_tokens=max_num_batched_tokens,
-        watermark=0.0,
-        num_speculative_tokens=k,
+    scheduler = make_scheduler(
+        max_num_batched_tokens=max_num_batched_tokens, num_speculative_tokens=k
     )
     group = ReplicaGroup(
         scheduler=scheduler,
@@ -222,18 +199,12 @@ def simulate(
     return serve(requests, groups=[group], seed=seed)
 
 
-def one_request(prompt: int, output: int) -> RequestTable:
-    return RequestTable(
-        arrival_s=np.zeros(1), prompt_len=np.array([prompt]), output_len=np.array([output])
-    )
-
-
 def test_every_proposal_accepted() -> None:
     # k = 3, all accepted: prefill of 90 tokens (5.9 ms) samples token 1; each decode step
     # verifies 4 tokens (5.04 ms) and yields 4: tokens 5, 9, then 10 (capped at the output).
     # KV (16-token blocks, 4 lookahead slots): 90 -> 6 blocks; step 1 holds 94 -> 6, keeps
     # 94 computed; step 2 holds 98 -> 7; step 3 holds 102 -> 7, then finishes (0 held).
-    result = simulate(one_request(90, 10), spec=eagle(k=3, rate=1.0))
+    result = simulate(make_requests((0.0, 90, 10)), spec=eagle(k=3, rate=1.0))
     steps = result.steps
     assert steps["decode_tokens"].tolist() == [0, 4, 4, 4]
     assert steps["kv_used_blocks"].tolist() == [6, 6, 7, 0]
@@ -253,7 +224,7 @@ def test_no_proposal_accepted() -> None:
     # decode steps for tokens 2..10. Slots for computed + 4 tokens: the 7th block is taken
     # when 97 slots are needed (decode 4: 93 computed + 4), three steps before plain decoding
     # would (decode 7: 96 computed + 1).
-    result = simulate(one_request(90, 10), spec=eagle(k=3, rate=0.0))
+    result = simulate(make_requests((0.0, 90, 10)), spec=eagle(k=3, rate=0.0))
     steps = result.steps
     assert steps["decode_tokens"].tolist() == [0] + [4] * 9
     assert steps["kv_used_blocks"].tolist() == [6, 6, 6, 6, 7, 7, 7, 7, 7, 0]
@@ -266,16 +237,8 @@ def test_the_real_cost_model_prices_the_steps() -> None:
     # 2-4, 5-7, 8-10) at KV lengths (as plain decodes) 201, 204, 207.
     dep = deployment(model="llama-3.1-8b", hardware="h100_sxm")
     spec = SpeculativeSpec(method="ngram", num_speculative_tokens=2, acceptance_rate=1.0)
-    requests = one_request(200, 10)
-    group, _ = replica_group(
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-        requests=requests,
-        speculative=spec,
-    )
+    requests = make_requests((0.0, 200, 10))
+    group, _ = replica_group(**dep.parts, requests=requests, speculative=spec)
     steps = serve(requests, groups=[group]).steps
     durations = (steps["end_s"] - steps["start_s"]).tolist()
     assert steps["decode_tokens"].tolist() == [0, 3, 3, 3]
@@ -316,7 +279,7 @@ def test_zero_acceptance_with_a_free_draft_is_plain_decoding(
 @given(prompt=st.integers(1, 300), output=st.integers(1, 60), k=st.integers(1, 5))
 def test_full_acceptance_yields_k_plus_one_per_step(prompt: int, output: int, k: int) -> None:
     spec = SpeculativeSpec(method="ngram", num_speculative_tokens=k, acceptance_rate=1.0)
-    steps = simulate(one_request(prompt, output), spec=spec).steps
+    steps = simulate(make_requests((0.0, prompt, output)), spec=spec).steps
     decodes = int((steps["decode_tokens"] > 0).sum())
     assert decodes == math.ceil((output - 1) / (k + 1))
 
@@ -337,16 +300,8 @@ def test_runs_repeat_with_the_seed() -> None:
 # -- the drafter: memory and cost -----------------------------------------------------------------
 def test_an_eagle_head_costs_one_layer_of_memory() -> None:
     dep = deployment(model="llama-3.1-8b", hardware="h100_sxm")
-    plan = plan_memory(dep.model, dep.hardware, dep.layout, dep.precision, dep.engine)
-    drafter = resolve_drafter(
-        eagle(),
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-    )
-    with_head = drafter.memory(plan)
+    plan = dep.memory()
+    with_head = resolve_drafter(eagle(), **dep.parts).memory(plan)
     # one layer's KV: 8 KV heads x 128 x (K, V) x 2 bytes = 4 KiB a token (32 layers: 128 KiB)
     assert with_head.kv_bytes_per_token - plan.kv_bytes_per_token == 4096
     # one decoder layer (attention 4096 x 6144 + 4096 x 4096, MLP 3 x 4096 x 14336, two
@@ -365,28 +320,13 @@ def test_a_draft_model_brings_its_weights_and_kv() -> None:
         acceptance_rate=0.7,
         draft_tensor_parallel_size=1,
     )
-    drafter = resolve_drafter(
-        spec,
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-    )
-    plan = plan_memory(dep.model, dep.hardware, dep.layout, dep.precision, dep.engine)
-    more = drafter.memory(plan)
+    plan = dep.memory()
+    more = resolve_drafter(spec, **dep.parts).memory(plan)
     assert more.weights_bytes - plan.weights_bytes > 15e9  # the whole 8B draft on one GPU
     assert more.kv_capacity_tokens < plan.kv_capacity_tokens
     bad = spec.model_copy(update={"draft_tensor_parallel_size": 2})
     with pytest.raises(SpecError, match="1 or the target's"):
-        resolve_drafter(
-            bad,
-            model=dep.model,
-            hw=dep.hardware,
-            layout=dep.layout,
-            prec=dep.precision,
-            engine=dep.engine,
-        )
+        resolve_drafter(bad, **dep.parts)
 
 
 # -- bench latency ------------------------------------------------------------------------------

@@ -5,34 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from factories import cost_model_step_s
 
 from simulator import runner
-from simulator.api import deployment
+from simulator.api import Deployment, deployment
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.step import engine_step_time, step_cost
+from simulator.serving.stepping import Chunk
 from simulator.serving.steptime import StepTimer
 from simulator.serving.workload import RandomDataset, WorkloadSpec
 
 
-def exact(dep, chunks, decodes) -> float:  # type: ignore[no-untyped-def]
-    batch = BatchShape.mixed(
-        chunks=chunks, decode_context_lens=decodes, window=dep.model.attention.sliding_window
-    )
-    cost = step_cost(
-        dep.model,
-        dep.hardware,
-        dep.layout,
-        dep.precision,
-        batch,
-        attention_factor=dep.engine.attention_factor,
-    )
-    time = engine_step_time(
-        cost,
-        dep.engine,
-        num_tokens=batch.num_tokens,
-        num_seqs=len(chunks) + len(decodes),
-    )
-    return float(np.ravel(time)[0])
+def exact(dep: Deployment, chunks: list[Chunk], decodes: list[int]) -> float:
+    window = dep.model.attention.sliding_window
+    batch = BatchShape.mixed(chunks=chunks, decode_context_lens=decodes, window=window)
+    return cost_model_step_s(dep, batch, num_seqs=len(chunks) + len(decodes))
 
 
 @pytest.mark.parametrize(
@@ -48,16 +34,7 @@ def test_the_timer_is_within_a_percent_of_the_cost_model(
     model: str, hardware: str, tp: int
 ) -> None:
     dep = deployment(model=model, hardware=hardware, tensor_parallel_size=tp)
-    timer = StepTimer(
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-        max_num_seqs=128,
-        max_num_batched_tokens=4096,
-        max_context=16384,
-    )
+    timer = StepTimer(**dep.parts, max_num_seqs=128, max_num_batched_tokens=4096, max_context=16384)
     rng = np.random.default_rng(0)
     errors = []
     for _ in range(150):
@@ -81,16 +58,7 @@ def test_the_timer_is_within_a_percent_of_the_cost_model(
 )
 def test_decode_runs_match_single_steps(model: str, context: int) -> None:
     dep = deployment(model=model, hardware="h100_sxm")
-    timer = StepTimer(
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
-        max_num_seqs=64,
-        max_num_batched_tokens=2048,
-        max_context=16384,
-    )
+    timer = StepTimer(**dep.parts, max_num_seqs=64, max_num_batched_tokens=2048, max_context=16384)
     run = timer.decode_run(num_seqs=8, total_context=8.0 * context, steps=5)
     for i, t in enumerate(run):
         step = exact(dep, [], [context + i] * 8)

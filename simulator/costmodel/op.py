@@ -1,0 +1,140 @@
+"""One operator of a step's op list (`costmodel.ops`): the `Op` record, a kernel's FLOPs and
+DRAM bytes per instance with its repeat count, and its three constructors: a GEMM on a stored
+weight, a memory-bound elementwise kernel and a collective. No device or time appears here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from simulator.costmodel.batch import Num
+from simulator.specs.deployment import Precision
+from simulator.specs.model import DTYPE_BYTES
+
+OpKind = Literal["gemm", "attention_prefill", "attention_decode", "memory", "collective"]
+Collective = Literal["", "all_reduce", "all_gather", "all_to_all", "send_recv"]
+# What an op's cost depends on: the step's token count alone, the number of sequences sampled
+# alone, or the batch's full shape (attention). The serving simulator tabulates the first two.
+# `ep_group`: the tokens of the whole expert-parallel group under DP attention (the expert FFNs
+# and the all-to-alls of wide EP), which `serving.dp_group` prices once for all its ranks.
+ScalesWith = Literal["tokens", "sampled", "batch", "ep_group"]
+
+INT4_GROUP_SIZE = 128  # AWQ/GPTQ: one fp16 scale per 128 weights
+
+
+def weight_bytes_per_param(dtype: str) -> float:
+    """Storage bytes per weight including quantisation scales."""
+    if dtype == "int4":
+        return 0.5 + 2.0 / INT4_GROUP_SIZE
+    return DTYPE_BYTES[dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One kernel, `count` times per step. flops/bytes are per instance; for GEMMs m, n, k are
+    the shape and `groups` the number of independent GEMMs fused in one launch (MoE experts,
+    per-head batched GEMMs). For attention, `seq_len` is the mean query (prefill) or KV
+    (decode) length, `batch` the sequences, `heads` / `kv_heads` the query and KV heads per
+    device, `kv_dtype` the KV cache's dtype and `kv_bytes` the part of `bytes` that reads the
+    KV cache. `pre_bytes` is the traffic of a memory-bound kernel that must run first
+    (activation quantisation of a W8A8 GEMM). Collectives move `msg_bytes` among
+    `group_size` devices. `scales_with` says which batch quantities the cost depends on."""
+
+    name: str
+    kind: OpKind
+    count: float
+    flops: Num
+    bytes: Num
+    dtype: str = "bf16"
+    m: Num = 0.0
+    n: Num = 0.0
+    k: Num = 0.0
+    groups: Num = 1.0
+    seq_len: Num = 0.0
+    batch: Num = 0.0
+    heads: float = 0.0
+    kv_heads: float = 0.0
+    kv_dtype: str = ""
+    kv_bytes: Num = 0.0
+    pre_bytes: Num = 0.0
+    collective: Collective = ""
+    group_size: int = 1
+    msg_bytes: Num = 0.0
+    scale_out: bool = False
+    scales_with: ScalesWith = "tokens"
+
+
+def safe_div(a: Num, b: Num) -> Num:
+    """a / b, elementwise, and 0 where b is not positive."""
+    return np.divide(a, b, out=np.zeros_like(np.asarray(a, dtype=float)), where=np.asarray(b) > 0)
+
+
+def gemm(
+    name: str,
+    *,
+    m: Num,
+    n: Num,
+    k: Num,
+    count: float,
+    prec: Precision,
+    weight_dtype: str | None = None,
+    groups: Num = 1.0,
+    scales_with: ScalesWith = "tokens",
+) -> Op:
+    """A (groups x) m-by-k times k-by-n GEMM whose k-by-n operand is a stored weight. A W8A8
+    GEMM (8-bit compute, 16-bit activations) reads activations quantised by a kernel before it
+    (`pre_bytes`: read 16-bit, write 8-bit)."""
+    a = DTYPE_BYTES[prec.activations]
+    wb = weight_bytes_per_param(weight_dtype or prec.weights)
+    dtype = prec.compute if (weight_dtype or prec.weights) == prec.weights else prec.activations
+    quantised = dtype in ("fp8", "int8") and a > 1
+    a_in = DTYPE_BYTES[dtype] if quantised else a
+    g = np.asarray(groups, dtype=float)
+    flops = 2.0 * m * n * k * g
+    bytes_ = g * (n * k * wb + m * k * a_in + m * n * a)
+    pre = g * m * k * (a + a_in) if quantised else 0.0
+    active = np.asarray(m, dtype=float) > 0
+    return Op(
+        name,
+        "gemm",
+        count,
+        np.where(active, flops, 0.0),
+        np.where(active, bytes_, 0.0),
+        dtype=dtype,
+        m=m,
+        n=n,
+        k=k,
+        groups=g,
+        pre_bytes=np.where(active, pre, 0.0),
+        scales_with=scales_with,
+    )
+
+
+def elementwise(name: str, *, bytes_: Num, count: float, scales_with: ScalesWith = "tokens") -> Op:
+    return Op(name, "memory", count, 0.0, bytes_, scales_with=scales_with)
+
+
+def collective(
+    name: str,
+    kind: Collective,
+    *,
+    msg_bytes: Num,
+    group: int,
+    count: float,
+    scale_out: bool = False,
+    scales_with: ScalesWith = "tokens",
+) -> Op:
+    return Op(
+        name,
+        "collective",
+        count,
+        0.0,
+        0.0,
+        collective=kind,
+        group_size=group,
+        msg_bytes=msg_bytes,
+        scale_out=scale_out,
+        scales_with=scales_with,
+    )
