@@ -154,16 +154,19 @@ class Replica:
     def _step(self, plan: StepPlan) -> Generator[simpy.Event, Any, None]:
         start = self.env.now
         chunks, decodes = [], []
+        verify = self._verify  # tokens a decode computes: 1, or 1 + k when speculating
         for req, n in plan.entries:
             computed = req.num_computed
-            if n == self._verify and req.num_output > 0 and computed + 1 == req.known:
+            known = req.prompt_len + req.num_output  # req.known, inlined: every request
+            if n == verify and computed + 1 == known and req.num_output > 0:
                 decodes.append(computed + 1)
             else:
-                chunks.append((n, computed, computed + n >= req.known))
+                chunks.append((n, computed, computed + n >= known))
         swaps = (plan.swapped_out + plan.swapped_in) * self.swap_s_per_block + plan.load_s
         yield self.env.timeout(swaps + self.timer.mixed(chunks=chunks, decode_contexts=decodes))
         end = self.env.now
         gaps: list[float] = []
+        speculating = self.speculator is not None  # (the loop runs for every request)
         for req, n in plan.entries:
             if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time on the GPU
                 req.first_scheduled_s = start
@@ -172,7 +175,10 @@ class Replica:
             if proposals >= 0:  # a token to sample, after verifying `proposals` speculated
                 if req.num_output > 0:
                     gaps.append(req.last_token_s)
-                self._sampled(req, end, tokens=1 + self._accepted(req, proposals))
+                if speculating and proposals:
+                    self._sampled(req, end, tokens=1 + self._accepted(req, proposals))
+                else:
+                    self._sampled(req, end)
         self._record_gaps(gaps, end)
         self.recorder.step(
             replica=self.index,
@@ -222,7 +228,8 @@ class Replica:
 
     def _sampled(self, req: Request, now: float, *, tokens: int = 1) -> None:
         """`tokens` more sampled at `now` (as one streamed chunk), capped at the output length."""
-        req.num_output = min(req.num_output + tokens, req.output_len)
+        num_output = req.num_output + tokens
+        req.num_output = num_output if num_output < req.output_len else req.output_len
         req.last_token_s = now
         if req.num_output == 1:
             req.first_token_s = now

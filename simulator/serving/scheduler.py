@@ -139,13 +139,15 @@ def _schedule_running(
     plan: StepPlan,
 ) -> int:
     entries = plan.entries
+    speculated = spec.num_speculative_tokens
     i = 0
     while i < len(running) and budget > 0:
         req = running[i]
         n = req.prompt_len + req.num_output - req.num_computed  # req.remaining
-        if n == 1 and req.num_output:  # decoding: verify the speculated tokens with it
-            n += spec.num_speculative_tokens
-        n = min(n, budget)
+        if speculated and n == 1 and req.num_output:  # decoding: verify the proposals with it
+            n += speculated
+        if n > budget:
+            n = budget
         while not kv.allocate(req, n):
             victim, at = _victim(running, spec)
             if at < i:  # scheduled earlier in this step: unschedule it
