@@ -52,12 +52,18 @@ _US = 1e-6
 @dataclass(frozen=True)
 class Param:
     """One fitted number at a dotted path into the efficiency section. A curve's knots are
-    fitted as steps: `path.stepN` is log(y[N+1] / y[N]), and the last knot is 1."""
+    fitted as steps: `path.stepN` is log(y[N+1] / y[N]), and the last knot is 1. `splits`
+    names the decode split-KV choices (`attention.decode_split`) the number exists for; on a
+    device with another choice it is not fitted and keeps its hand-written value."""
 
     path: str
     initial: float
     lower: float
     upper: float
+    splits: tuple[str, ...] = ()
+
+    def applies(self, hw: HardwareSpec) -> bool:
+        return not self.splits or hw.efficiency.attention.decode_split in self.splits
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,8 @@ FAMILIES = (
             Param("attention.decode_fraction", 0.8, 0.2, 1.0),
             Param("attention.decode_fixed_s", 10 * _US, 1 * _US, 50 * _US),
             Param("attention.decode_wave_s", 1 * _US, 0.0, 50 * _US),
+            Param("attention.decode_block_bytes_per_s", 20e9, 1e9, 200e9),
+            Param("attention.decode_gqa_copy_s", 5 * _US, 0.0, 20 * _US, splits=("fa2",)),
             *_knots("attention.decode_len_curve", SEQ_KNOTS, elasticity=0.5),
             *_knots("attention.decode_parallel_curve", WORK_KNOTS, elasticity=0.5),
             *_knots("attention.decode_group_curve", GROUP_KNOTS, elasticity=0.0),
@@ -259,10 +267,11 @@ def fit_family(hw: HardwareSpec, device: str, family: Family) -> tuple[HardwareS
     eff = hw.efficiency.model_dump()
     _with_curves(eff, family)
     measured = np.concatenate([g.measured_s for g in groups])
+    params = [p for p in family.params if p.applies(hw)]
 
     def spec_for(x: np.ndarray) -> HardwareSpec:
         steps: dict[str, dict[int, float]] = {}
-        for p, v in zip(family.params, x, strict=True):
+        for p, v in zip(params, x, strict=True):
             head, _, leaf = p.path.rpartition(".")
             if leaf.startswith("step"):
                 steps.setdefault(head, {})[int(leaf[4:])] = float(v)
@@ -277,9 +286,9 @@ def fit_family(hw: HardwareSpec, device: str, family: Family) -> tuple[HardwareS
     def residuals(x: np.ndarray) -> np.ndarray:
         return np.log(_predict(groups, spec_for(x)) / measured)
 
-    x0 = np.array([p.initial for p in family.params])
-    lo = np.array([p.lower for p in family.params])
-    hi = np.array([p.upper for p in family.params])
+    x0 = np.array([p.initial for p in params])
+    lo = np.array([p.lower for p in params])
+    hi = np.array([p.upper for p in params])
     fit = least_squares(
         residuals,
         np.clip(x0, lo, hi),
@@ -389,6 +398,8 @@ FITTED_KEYS = {
         "decode_len_curve",
         "decode_parallel_curve",
         "decode_group_curve",
+        "decode_block_bytes_per_s",
+        "decode_gqa_copy_s",
         "fp8_kv_factor",
     ),
     "collective": ("busbw_fraction", "latency_s", "size_curve", "latency_group_curve"),

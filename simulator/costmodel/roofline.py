@@ -94,7 +94,14 @@ def gemm_efficiency(hw: HardwareSpec, op: Op) -> np.ndarray:
 
 
 PREFILL_TILE = 128.0  # query rows per thread block in flash-attention prefill
-DECODE_SPLIT = 256.0  # KV tokens per split in split-KV decode kernels
+DECODE_SPLIT = 256.0  # KV tokens per unit of decode work (the size measure of the curves)
+# Decode kernels of FlashAttention 2 and 3 at head_dim <= 128 on a paged cache: 128 KV tokens
+# per tile (kBlockN; a split holds at least one), 64 packed query rows per block (kBlockM).
+# vllm-project/flash-attention csrc/flash_attn/flash_api.cpp (set_params_splitkv) and
+# hopper/tile_size.h (tile_size_fwd_sm90, paged_kv_non_TMA).
+DECODE_TILE_N = 128.0
+DECODE_TILE_M = 64.0
+DECODE_BOUND_POWER = 4.0  # p of the p-norm joining the bandwidth and per-block decode times
 
 
 def attention_work(op: Op, *, tile: float) -> np.ndarray:
@@ -112,6 +119,74 @@ def attention_work(op: Op, *, tile: float) -> np.ndarray:
 
 def _group(op: Op) -> float:
     return max(op.heads, 1.0) / max(op.kv_heads, 1.0)
+
+
+def decode_blocks(hw: HardwareSpec, op: Op) -> np.ndarray:
+    """Thread blocks a paged decode kernel launches under the device's `decode_split`:
+    sequences x KV heads x packed query tiles (FlashAttention packs a GQA group's query heads
+    into one block's rows) x KV splits. A split kernel gives each block at least one 128-token
+    KV tile and otherwise splits until the blocks fill its target: `fa2` (vLLM's FA2 paged
+    path, flash_api.cpp mha_varlen_fwd: num_splits_heuristic over 2 x SMs) two blocks per SM;
+    `fa3` (hopper/flash_prepare_scheduler.cu, dynamic split with a 10% margin) SMs / 1.1; no
+    split once sequences x heads alone reach it.
+
+    Continuous in the KV length and the batch, and never falling as either grows: the real
+    heuristics pick integer splits (eligibility rules, wave rounding) whose jumps would make
+    a longer context faster, so the split count is the smooth fill, not the chosen integer.
+    Not modelled: per-sequence splits of a batch with mixed lengths (`seq_len` is the mean);
+    that vLLM 0.14's FA2 path splits only GQA layers (an MHA block streams its sequence's
+    whole KV): the A100 spec also serves vLLM 0.2, whose PagedAttention V2 splits MHA too, and
+    the split is the device's choice here, not the engine's.
+    """
+    seqs = np.maximum(np.asarray(op.batch, dtype=float), 1.0)
+    tiles = np.maximum(np.asarray(op.seq_len, dtype=float) / DECODE_TILE_N, 1.0)
+    rows = np.ceil(_group(op) / DECODE_TILE_M)
+    unsplit = seqs * max(op.kv_heads, 1.0) * rows
+    units = float(hw.compute.units)
+    match hw.efficiency.attention.decode_split:
+        case "none":
+            return unsplit
+        case "fa2":
+            fill = 2.0 * units
+        case "fa3":
+            fill = units / 1.1
+    return np.minimum(unsplit * tiles, np.maximum(unsplit, fill))
+
+
+def _decode_slots(hw: HardwareSpec) -> float:
+    """Decode blocks resident at once: two per SM for FA2's 128-thread blocks, else one."""
+    per_sm = 2.0 if hw.efficiency.attention.decode_split == "fa2" else 1.0
+    return per_sm * hw.compute.units
+
+
+def _decode_kv_s(hw: HardwareSpec, op: Op, attention_factor: float) -> np.ndarray:
+    """Seconds to read the KV cache: at the kernel's efficiency (fraction x curves of length,
+    work and group), and no faster than the resident blocks stream it one page after another
+    (`decode_block_bytes_per_s` per block), which bounds a few long blocks. The two times are
+    joined by a p-norm (p = 4), never below either; both never fall as the batch or the KV
+    length grows (bytes per resident block never falls: see `decode_blocks`), so neither
+    does their norm."""
+    at = hw.efficiency.attention
+    kv = at.fp8_kv_factor if op.kv_dtype == "fp8" else 1.0
+    eff = np.minimum(
+        1.0,
+        at.decode_fraction
+        * attention_factor
+        * kv
+        * at.decode_len_curve(op.seq_len)
+        * at.decode_parallel_curve(attention_work(op, tile=DECODE_SPLIT))
+        * at.decode_group_curve(_group(op)),
+    )
+    kv_bytes = np.asarray(op.kv_bytes, dtype=float)
+    seconds = kv_bytes / (hw.memory.bandwidth_bytes_per_s * eff)
+    rate = at.decode_block_bytes_per_s
+    if rate is None:
+        return seconds
+    resident = np.minimum(decode_blocks(hw, op), _decode_slots(hw))
+    chained = kv_bytes / (rate * attention_factor * kv * resident)
+    # A soft maximum: near the crossing both limits cost (and the fit sees a gradient).
+    p = DECODE_BOUND_POWER
+    return (seconds**p + chained**p) ** (1.0 / p)
 
 
 def _peak(hw: HardwareSpec, dtype: str) -> float:
@@ -147,21 +222,11 @@ def _kernel_cost(
             )
         case "attention_decode":
             comp_eff = at.prefill_fraction * attention_factor
-            kv_eff = np.minimum(
-                1.0,
-                at.decode_fraction
-                * attention_factor
-                * kv
-                * at.decode_len_curve(op.seq_len)
-                * at.decode_parallel_curve(attention_work(op, tile=DECODE_SPLIT))
-                * at.decode_group_curve(_group(op)),
-            )
             # KV-cache reads stream at the kernel's efficiency; the per-sequence query,
             # output and new-KV traffic at the device's.
-            kv_bytes = np.asarray(op.kv_bytes, dtype=float)
-            rest = np.maximum(nbytes - kv_bytes, 0.0)
+            rest = np.maximum(nbytes - np.asarray(op.kv_bytes, dtype=float), 0.0)
             rest_eff = eff.memory.stream_fraction * eff.memory.size_curve(np.maximum(rest, 1.0))
-            memory = kv_bytes / (bw * kv_eff) + rest / (bw * rest_eff)
+            memory = _decode_kv_s(hw, op, attention_factor) + rest / (bw * rest_eff)
         case _:
             comp_eff = 1.0
     compute = np.divide(flops, peak * comp_eff, out=np.zeros_like(flops), where=flops > 0)
@@ -188,12 +253,24 @@ def _fixed_s(hw: HardwareSpec, op: Op) -> float | np.ndarray:
         case "attention_decode":
             fixed = attn.decode_fixed_s
             base = hw.efficiency.kernel_latency_s if fixed is None else fixed
-            return base + attn.decode_wave_s * attention_work(op, tile=DECODE_SPLIT) / units
+            return (
+                base
+                + attn.decode_wave_s * decode_blocks(hw, op) / units
+                + attn.decode_gqa_copy_s * _gqa_relayout(hw, op)
+            )
         case "gemm":
             extra = hw.efficiency.gemm.extra_latency_s.get(op.dtype, 0.0)  # type: ignore[call-overload]
             return hw.efficiency.kernel_latency_s + extra
         case _:
             return hw.efficiency.kernel_latency_s
+
+
+def _gqa_relayout(hw: HardwareSpec, op: Op) -> np.ndarray:
+    """1 where vLLM's FA2 decode re-lays out the query of a GQA layer into (group, KV heads)
+    rows with a copy (flash_api.cpp mha_varlen_fwd, `seqlenq_ngroups_swapped`: a view for one
+    sequence or one KV head, a copy otherwise), else 0."""
+    gqa = hw.efficiency.attention.decode_split == "fa2" and op.heads > op.kv_heads >= 2
+    return np.where(gqa & (np.asarray(op.batch, dtype=float) >= 2), 1.0, 0.0)
 
 
 def collective_bandwidth(hw: HardwareSpec, group: int, *, scale_out: bool) -> float:

@@ -180,19 +180,31 @@ class MemoryEfficiency(Frozen):
     size_curve: Curve = Field(default_factory=lambda: flat(1.0))
 
 
+DecodeSplit = Literal["none", "fa2", "fa3"]
+
+
 class AttentionEfficiency(Frozen):
     """Flash-style attention kernels.
 
     Prefill: fraction of the 16-bit dense peak, times curves of the mean query length per
     sequence, of the parallel work (sequences x query heads x 128-token query tiles) and of the
     GQA group size (query heads per KV head). Decode: fraction of DRAM bandwidth reading the KV
-    cache, times curves of the mean KV length per sequence, of the parallel work (sequences x
-    KV heads x 256-token KV splits, what split-KV kernels spread over the SMs) and of the GQA
-    group size. An fp8 KV cache multiplies both by `fp8_kv_factor` (dequantisation). Each call
-    also costs a fixed time (None: the device's kernel latency): a layer's attention is several
-    kernels (KV-cache write, attention, merge of split results); and a time per wave of thread
-    blocks (`*_wave_s` x parallel work / SMs: each block's setup, block-table walk and Q/O
-    traffic, which the roofline misses when blocks have little work each).
+    cache, times curves of the mean KV length per sequence, of the KV work (sequences x KV heads
+    x KV length in 256-token tiles) and of the GQA group size. An fp8 KV cache multiplies both
+    by `fp8_kv_factor` (dequantisation). Each call also costs a fixed time (None: the device's
+    kernel latency): a layer's attention is several kernels (KV-cache write, attention, merge
+    of split results); and a time per wave of thread blocks (`*_wave_s` x blocks / SMs: each
+    block's setup, block-table walk and Q/O traffic, which the roofline misses when blocks have
+    little work each).
+
+    Decode thread blocks follow the kernel's split-KV choice (`decode_split`): `none`, one block
+    per (sequence, KV head); `fa2`, vLLM's FlashAttention-2 paged path, which splits the KV to
+    fill two blocks per SM; `fa3`, FlashAttention-3's dynamic split, which fills the SMs (see
+    `roofline.decode_blocks`). With
+    `decode_block_bytes_per_s` set, the KV read also takes at least its bytes over that rate
+    times the resident blocks: one block walks its pages one after another, so a few long
+    blocks are latency-bound whatever the bandwidth. `decode_gqa_copy_s` is the extra cost of
+    the `fa2` path's query and output re-layout for GQA with two or more KV heads and sequences.
     """
 
     prefill_fraction: float = Field(gt=0, le=1)
@@ -207,6 +219,15 @@ class AttentionEfficiency(Frozen):
     decode_group_curve: Curve = Field(default_factory=lambda: flat(1.0))
     decode_fixed_s: Seconds | None = Field(default=None, ge=0)
     decode_wave_s: Seconds = Field(default=0.0, ge=0, description="time per wave of blocks")
+    decode_split: DecodeSplit = Field(
+        default="none", description="split-KV heuristic of the decode kernel (none, fa2, fa3)"
+    )
+    decode_block_bytes_per_s: BytesPerS | None = Field(
+        default=None, gt=0, description="KV bytes/s of one resident decode block (None: no bound)"
+    )
+    decode_gqa_copy_s: Seconds = Field(
+        default=0.0, ge=0, description="fa2 only: query/output re-layout of GQA decode"
+    )
     fp8_kv_factor: float = Field(default=1.0, gt=0, le=2)
 
 
