@@ -12,6 +12,7 @@ import resource
 import time
 
 from simulator import runner
+from simulator.engine_args import EngineArgs
 from simulator.serving.workload import RandomDataset, WorkloadSpec
 
 
@@ -50,7 +51,7 @@ def main() -> None:
             model="llama-3.1-8b",
             hardware="h100_sxm",
             workload=synthetic,
-            data_parallel_size=4,
+            engine_args=EngineArgs(data_parallel_size=4),
             router="least_outstanding",
         ),
     )

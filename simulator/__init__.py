@@ -19,6 +19,7 @@ from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.latency import LatencyResult
 from simulator.costmodel.memory import MemoryPlan, plan_memory
 from simulator.costmodel.step import StepCost, step_cost
+from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
 from simulator.metrics.summary import serve_summary, throughput_summary
 from simulator.plan import PlanResult
@@ -52,6 +53,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchShape",
     "Deployment",
+    "EngineArgs",
     "EngineOpCost",
     "EngineSpec",
     "HardwareSpec",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import pandas as pd
 
 from simulator.api import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
-from simulator.errors import SpecError
+from simulator.engine_args import EngineArgs
 from simulator.metrics.summary import kv_tier_summary, serve_summary, throughput_summary
 from simulator.power import energy_summary, with_power_cap
 from simulator.scenario import ReplicaGroupSpec, Scenario, load_scenario
@@ -29,7 +28,6 @@ from simulator.serving.cluster import (
 )
 from simulator.serving.disagg import pool_summary, prefill_view, serve_scenario
 from simulator.serving.loops import engine_loop, expert_layout
-from simulator.serving.speculative import SpeculativeSpec, parse_speculative_config
 from simulator.serving.workload import (
     RandomDataset,
     RequestTable,
@@ -39,7 +37,6 @@ from simulator.serving.workload import (
 )
 from simulator.specs import ModelSpec, load_hardware, load_model
 from simulator.specs.loader import validate
-from simulator.specs.offload import OffloadLike, parse_offload
 
 
 @dataclass(frozen=True)
@@ -176,82 +173,16 @@ def bench_scenario(
     model: str,
     hardware: str,
     workload: WorkloadSpec,
-    engine: str = "vllm",
-    tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
-    data_parallel_size: int = 1,
-    dtype: str = "auto",
-    quantization: str | None = None,
-    kv_cache_dtype: str = "auto",
-    enforce_eager: bool = False,
-    gpu_memory_utilization: float | None = None,
-    max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
-    enable_chunked_prefill: bool | None = None,
-    scheduling_policy: str | None = None,
-    preemption_mode: str | None = None,
-    swap_space: float = 4.0,
-    enable_prefix_caching: bool = False,
+    engine_args: EngineArgs | None = None,
     max_concurrency: int | None = None,
     goodput: dict[str, float] | None = None,
     router: str = "round_robin",
     seed: int = 0,
-    speculative_config: SpeculativeSpec | Mapping[str, Any] | str | None = None,
-    cpu_offload_gb: float = 0.0,
-    offload_config: OffloadLike = None,
-    enable_expert_parallel: bool = False,
-    pipeline_micro_batching: bool = False,
-    kv_offloading_size: float | None = None,
-    kv_offloading_backend: str | None = None,
 ) -> Scenario:
-    """The scenario `llmsim bench serve|throughput` flags describe (`speculative_config`:
-    vLLM's --speculative-config, JSON text or a mapping; `cpu_offload_gb`, vLLM's flag, and
-    `offload_config`, the rest of `simulator.specs.offload.OffloadSpec` as JSON or a mapping).
-    With `enable_expert_parallel`, data_parallel_size > 1 is one replica of that many DP
-    attention ranks (EP = tp x dp, as vLLM runs a MoE model); without, independent replicas.
-    `kv_offloading_size` (GiB per replica) and `kv_offloading_backend`: vLLM's KV offloading
-    flags, a CPU tier below HBM (`serving.kv_tiers`; needs prefix caching)."""
-    dp_attention = enable_expert_parallel and data_parallel_size > 1
-    if kv_offloading_backend is not None and kv_offloading_size is None:
-        raise SpecError("needs --kv-offloading-size", field="kv_offloading_backend")
-    if kv_offloading_size is not None and not enable_prefix_caching:
-        raise SpecError(
-            "needs --enable-prefix-caching (offloaded blocks are found by their prefix-cache keys)",
-            field="kv_offloading_size",
-        )
-    kv_offload = None
-    if kv_offloading_size is not None:
-        kv_offload = {"cpu_gib": kv_offloading_size, "backend": kv_offloading_backend or "native"}
-    speculative = parse_speculative_config(speculative_config, source="--speculative-config")
-    offload = parse_offload(offload_config, source="--offload-config")
-    group: dict[str, Any] = {
-        "hardware": hardware,
-        "engine": engine,
-        "count": 1 if dp_attention else data_parallel_size,
-        "data_parallel_size": data_parallel_size if dp_attention else 1,
-        "enable_expert_parallel": enable_expert_parallel,
-        "tensor_parallel_size": tensor_parallel_size,
-        "pipeline_parallel_size": pipeline_parallel_size,
-        "pipeline_micro_batching": pipeline_micro_batching,
-        "dtype": dtype,
-        "quantization": quantization,
-        "kv_cache_dtype": kv_cache_dtype,
-        "enforce_eager": enforce_eager,
-        "gpu_memory_utilization": gpu_memory_utilization,
-        "swap_space_gib": swap_space,
-        "enable_prefix_caching": enable_prefix_caching,
-        "scheduler": {
-            "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_num_batched_tokens,
-            "chunked_prefill": enable_chunked_prefill,
-            "policy": scheduling_policy,
-            "preemption_mode": preemption_mode,
-        },
-        "speculative": speculative.model_dump(exclude_none=True) if speculative else None,
-        "cpu_offload_gb": cpu_offload_gb,
-        "offload": offload.model_dump(exclude_defaults=True) or None,
-        "kv_offload": kv_offload,
-    }
+    """The scenario `llmsim bench serve|throughput` flags describe: one replica group on
+    `hardware` from `engine_args` (vLLM's engine flags; `EngineArgs()`, vLLM's defaults, when
+    None), the workload, and the client's `max_concurrency`, `goodput` SLOs (ms) and `router`."""
+    group = (engine_args or EngineArgs()).replica_group(hardware=hardware)
     data = {
         "name": "bench",
         "model": model,
@@ -266,16 +197,27 @@ def bench_scenario(
 
 
 def bench_throughput(
-    *, input_len: int, output_len: int, num_prompts: int, prefix_len: int = 0, **flags: Any
+    *,
+    model: str,
+    hardware: str,
+    input_len: int,
+    output_len: int,
+    num_prompts: int,
+    prefix_len: int = 0,
+    engine_args: EngineArgs | None = None,
+    seed: int = 0,
 ) -> tuple[RunResult, dict[str, Any]]:
     """`vllm bench throughput`: every request at t=0; returns the run and its summary.
     `prefix_len`: vLLM's --prefix-len, a prefix shared by every prompt, before its input_len
-    tokens."""
+    tokens. `engine_args`: as in `bench_scenario`."""
     workload = WorkloadSpec(
         dataset=RandomDataset(input_len=input_len, output_len=output_len),
         num_prompts=num_prompts,
         request_rate=math.inf,
         prefix=SharedPrefix(tokens=prefix_len) if prefix_len else None,
     )
-    result = run(bench_scenario(workload=workload, **flags))
+    scenario = bench_scenario(
+        model=model, hardware=hardware, workload=workload, engine_args=engine_args, seed=seed
+    )
+    result = run(scenario)
     return result, throughput_summary(result.sim.requests)

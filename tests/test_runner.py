@@ -9,6 +9,7 @@ import pytest
 from clitools import run_cli as cli
 
 from simulator import runner
+from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
 from simulator.scenario import Scenario, load_scenario
 from simulator.serving.workload import RandomDataset, WorkloadSpec
@@ -92,7 +93,7 @@ def test_more_replicas_never_raise_latency_at_the_same_load() -> None:
             model="llama-3.1-8b",
             hardware="a100_sxm_80gb",
             workload=wl,
-            data_parallel_size=2,
+            engine_args=EngineArgs(data_parallel_size=2),
             router="least_outstanding",
         )
     )
@@ -353,9 +354,7 @@ def test_swap_preemption_from_the_bench_flags(capsys: pytest.CaptureFixture[str]
             num_prompts=24,
             request_rate=float("inf"),
         ),
-        gpu_memory_utilization=0.23,
-        preemption_mode="swap",
-        swap_space=16,
+        engine_args=EngineArgs(gpu_memory_utilization=0.23, preemption_mode="swap", swap_space=16),
     )
     result = runner.run(scenario)
     assert result.summary["preemptions"] > 0
@@ -373,8 +372,7 @@ def test_priority_mix_and_policy_in_a_scenario() -> None:
         model="llama-3.1-8b",
         hardware="l40s",
         workload=workload,
-        scheduling_policy="priority",
-        max_num_seqs=8,
+        engine_args=EngineArgs(scheduling_policy="priority", max_num_seqs=8),
     )
     requests = runner.run(scenario).sim.requests
     share = (requests["priority"] == 0).mean()

@@ -32,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 from simulator import runner
+from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
 from simulator.scenario import Scenario
 from simulator.serving.workload import WorkloadSpec
@@ -141,15 +142,17 @@ def _scenario(row: pd.Series, *, num_prompts: int, rate: float) -> Scenario:
         model=str(row["model"]),
         hardware=str(row["hardware"]),
         workload=workload,
-        engine=str(row["engine"]),
-        tensor_parallel_size=int(row["tensor_parallel"]),
-        dtype=str(row["dtype"]),
-        quantization=_optional(row["quantization"]),
-        kv_cache_dtype=str(row["kv_cache_dtype"]),
-        gpu_memory_utilization=_optional(row["gpu_memory_utilization"]),
-        max_num_seqs=_int(row.get("max_num_seqs")),
-        max_num_batched_tokens=_int(row["max_num_batched_tokens"]),
-        enable_chunked_prefill=_flag(row["chunked_prefill"]),
+        engine_args=EngineArgs(
+            engine=str(row["engine"]),
+            tensor_parallel_size=int(row["tensor_parallel"]),
+            dtype=str(row["dtype"]),
+            quantization=_optional(row["quantization"]),
+            kv_cache_dtype=str(row["kv_cache_dtype"]),
+            gpu_memory_utilization=_optional(row["gpu_memory_utilization"]),
+            max_num_seqs=_int(row.get("max_num_seqs")),
+            max_num_batched_tokens=_int(row["max_num_batched_tokens"]),
+            enable_chunked_prefill=_flag(row["chunked_prefill"]),
+        ),
         seed=SEED,
     )
 

@@ -31,6 +31,7 @@ from simulator.costmodel.offload import (
     streamed_layer_bytes,
 )
 from simulator.costmodel.step import step_cost
+from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
 from simulator.specs import load_model
 from simulator.specs.offload import ExpertOffloadSpec, OffloadSpec, resolve_offload
@@ -502,11 +503,13 @@ def test_scenario_offload_fields_merge_and_conflict() -> None:
     scenario = runner.bench_scenario(
         model="llama-3.1-70b",
         hardware="rtx_4090",
-        quantization="int4",
         workload=workload,
-        cpu_offload_gb=26,
-        offload_config='{"transfer": "sync"}',
-        max_num_batched_tokens=2048,
+        engine_args=EngineArgs(
+            quantization="int4",
+            cpu_offload_gb=26,
+            offload_config='{"transfer": "sync"}',
+            max_num_batched_tokens=2048,
+        ),
     )
     (group,) = scenario.replicas
     assert group.cpu_offload_gb == 26 and group.offload is not None

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator import runner
+from simulator.engine_args import EngineArgs
 from simulator.serving.cluster import SimResult, serve
 from simulator.serving.kv_cache import RUN, BlockManager, PrefixCachingBlockManager
 from simulator.serving.request import Request
@@ -430,7 +431,7 @@ def test_scenario_field_round_trips() -> None:
         workload=runner.WorkloadSpec.model_validate(
             {"dataset": {"name": "random"}, "num_prompts": 4, "prefix": {"tokens": 32}}
         ),
-        enable_prefix_caching=True,
+        engine_args=EngineArgs(enable_prefix_caching=True),
     )
     assert scenario.replicas[0].enable_prefix_caching
     assert scenario.workload.prefix is not None and scenario.workload.prefix.tokens == 32

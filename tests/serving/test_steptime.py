@@ -10,6 +10,7 @@ from factories import cost_model_step_s
 from simulator import runner
 from simulator.api import Deployment, deployment
 from simulator.costmodel.batch import BatchShape
+from simulator.engine_args import EngineArgs
 from simulator.serving.stepping import Chunk
 from simulator.serving.steptime import StepTimer
 from simulator.serving.workload import RandomDataset, WorkloadSpec
@@ -75,7 +76,10 @@ def test_recorded_rows_account_for_every_token() -> None:
         request_rate=20.0,
     )
     scenario = runner.bench_scenario(
-        model="llama-3.1-8b", hardware="h100_sxm", workload=workload, data_parallel_size=2
+        model="llama-3.1-8b",
+        hardware="h100_sxm",
+        workload=workload,
+        engine_args=EngineArgs(data_parallel_size=2),
     )
     sim = runner.run(scenario).sim
     req, steps = sim.requests, sim.steps

@@ -1,0 +1,90 @@
+"""The `llmsim` command line. Every command has a Python API twin in `simulator.api`.
+
+Bad input of any kind exits with status 2 and one line on stderr naming the file, field and
+reason (SpecError, or a usage error from the flag parser).
+
+The commands live by subject: `specs` (hardware, models, engines), `ops` (op), `bench`
+(bench latency|throughput|serve, with the flags they share in `bench_flags`), `scenarios`
+(run, plan, sweep, report) and `checks` (validate, regress). This module assembles them, in
+the order `llmsim --help` lists them, and turns errors into exit statuses.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from simulator.cli import checks, scenarios
+from simulator.cli.bench import bench_app
+from simulator.cli.ops import op_app
+from simulator.cli.specs import engines_app, hardware_app, models_app
+from simulator.errors import SpecError
+
+app = typer.Typer(
+    help="llmsim: performance simulator for LLM serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("validate")(checks.validate_cmd)
+app.command("regress")(checks.regress_cmd)
+app.command("run")(scenarios.run_cmd)
+app.command("plan")(scenarios.plan_cmd)
+app.command("sweep")(scenarios.sweep_cmd)
+app.command("report")(scenarios.report_cmd)
+app.add_typer(hardware_app, name="hardware")
+app.add_typer(models_app, name="models")
+app.add_typer(engines_app, name="engines")
+app.add_typer(op_app, name="op")
+app.add_typer(bench_app, name="bench")
+
+# Flags that take several values after one flag in vLLM (argparse nargs="+").
+MULTI_VALUE_FLAGS = ("--goodput",)
+
+
+def _spread_multi_values(argv: list[str]) -> list[str]:
+    """`--goodput a b` -> `--goodput a --goodput b`, as vLLM's argparse accepts it."""
+    out: list[str] = []
+    flag = None
+    for arg in argv:
+        if arg in MULTI_VALUE_FLAGS:
+            flag = arg
+            continue
+        if flag and not arg.startswith("-"):
+            out += [flag, arg]
+            continue
+        flag = None
+        out.append(arg)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; bad input exits 2 with one line on stderr."""
+    args = _spread_multi_values(sys.argv[1:] if argv is None else list(argv))
+    try:
+        code = app(args=args, standalone_mode=False)
+    except SpecError as exc:
+        sys.stderr.write(f"llmsim: error: {exc.line()}\n")
+        raise SystemExit(2) from None
+    except (typer.Abort, KeyboardInterrupt):
+        sys.stderr.write("llmsim: aborted\n")
+        raise SystemExit(130) from None
+    except Exception as exc:
+        message = usage_error(exc)
+        if message is None:  # not bad input: a bug, which keeps its traceback
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError":  # help was printed: a bare command group
+            raise SystemExit(0) from None
+        sys.stderr.write(f"llmsim: error: {message}\n")
+        raise SystemExit(2) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def usage_error(exc: Exception) -> str | None:
+    """The one-line message of a flag-parser usage error (bad flag, missing option, bad value:
+    exit code 2 and a message), or None for any other exception."""
+    format_message = getattr(exc, "format_message", None)
+    if getattr(exc, "exit_code", None) != 2 or format_message is None:
+        return None
+    return " ".join(str(format_message()).split())

@@ -1,0 +1,308 @@
+"""`llmsim bench latency|throughput|serve`: predict what `vllm bench` measures, with its flags."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from simulator import api, runner
+from simulator.cli.bench_flags import (
+    ChunkedOpt,
+    CpuOffloadOpt,
+    DpOpt,
+    DtypeOpt,
+    EagerOpt,
+    EngineOpt,
+    EpOpt,
+    GmuOpt,
+    KvDtypeOpt,
+    KvOffloadBackendOpt,
+    KvOffloadSizeOpt,
+    MicroBatchOpt,
+    ModelOpt,
+    OffloadConfigOpt,
+    OutJsonOpt,
+    PolicyOpt,
+    PpOpt,
+    PreemptOpt,
+    PrefixCachingOpt,
+    QuantOpt,
+    SeqsOpt,
+    SpecOpt,
+    SwapOpt,
+    TokensOpt,
+    TpOpt,
+    engine_args,
+    parse_offload_flag,
+)
+from simulator.cli.common import HardwareOpt, JsonOpt, out, print_json, write_json
+from simulator.errors import SpecError
+from simulator.metrics.summary import (
+    format_serve_summary,
+    format_throughput_summary,
+    parse_goodput,
+)
+from simulator.serving.workload import WorkloadSpec
+from simulator.specs.loader import validate
+from simulator.units import format_bytes, format_seconds
+
+bench_app = typer.Typer(help="Predict `vllm bench latency|throughput|serve`.", no_args_is_help=True)
+
+
+@bench_app.command("latency")
+def bench_latency_cmd(
+    hardware: HardwareOpt,
+    model: ModelOpt,
+    batch_size: Annotated[int, typer.Option("--batch-size")] = 8,
+    input_len: Annotated[int, typer.Option("--input-len")] = 32,
+    output_len: Annotated[int, typer.Option("--output-len")] = 128,
+    tensor_parallel_size: TpOpt = 1,
+    pipeline_parallel_size: PpOpt = 1,
+    data_parallel_size: DpOpt = 1,
+    dtype: DtypeOpt = "auto",
+    quantization: QuantOpt = None,
+    kv_cache_dtype: KvDtypeOpt = "auto",
+    engine: EngineOpt = "vllm",
+    enforce_eager: EagerOpt = False,
+    gpu_memory_utilization: GmuOpt = None,
+    max_num_seqs: SeqsOpt = None,
+    max_num_batched_tokens: TokensOpt = None,
+    enable_chunked_prefill: ChunkedOpt = None,
+    num_iters: Annotated[int, typer.Option("--num-iters")] = 30,
+    speculative_config: SpecOpt = None,
+    cpu_offload_gb: CpuOffloadOpt = 0.0,
+    offload_config: OffloadConfigOpt = None,
+    output_json: OutJsonOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Latency of one batch: prefill, then decode to the output length (analytic)."""
+    if data_parallel_size != 1:
+        raise SpecError(
+            "bench latency runs one replica; drop --data-parallel-size", field="data_parallel_size"
+        )
+    result = api.estimate(
+        model=model,
+        hardware=hardware,
+        batch_size=batch_size,
+        input_len=input_len,
+        output_len=output_len,
+        engine=engine,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        dtype=dtype,
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+        enforce_eager=enforce_eager,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_chunked_prefill=enable_chunked_prefill,
+        num_iters=num_iters,
+        speculative_config=speculative_config,
+        cpu_offload_gb=cpu_offload_gb,
+        offload=parse_offload_flag(offload_config),
+    )
+    data = result.as_json()
+    write_json(output_json, data)
+    if as_json:
+        print_json(data)
+        return
+    _print_latency_summary(result)
+
+
+def _print_latency_summary(result: Any) -> None:
+    out.print(f"Avg latency: {result.latency_s:.6f} seconds")
+    for p, v in result.as_json()["percentiles"].items():
+        out.print(f"{p}% percentile latency: {v:.6f} seconds")
+    out.print(
+        f"TTFT (prefill of the batch): {format_seconds(result.ttft_s)}; "
+        f"TPOT (decode time per output token): {format_seconds(result.tpot_s)}"
+    )
+    per_step = result.config.get("speculative_tokens_per_step")
+    if per_step is not None and len(result.decode_steps):  # TPOT is then per output token
+        out.print(
+            f"Speculative decoding: {per_step:.2f} tokens per decode step on average; mean "
+            f"decode step {format_seconds(float(result.decode_steps.mean()))}"
+        )
+    mem = result.memory
+    out.print(
+        f"Memory per device: {mem.summary()}; KV cache {format_bytes(mem.kv_cache_bytes)} "
+        f"= {mem.kv_capacity_tokens:,} tokens"
+    )
+    engine = result.config.get("engine", "")
+    title = f"Where the time goes (engine {engine}: bound 'cpu' rows are its CPU work)"
+    table = Table("phase", "op", "count", "time", "share", "bound", title=title)
+    for row in (
+        result.breakdown().sort_values(["phase", "total_s"], ascending=[False, False]).itertuples()
+    ):
+        bound = row.bound
+        if row.hidden_s > 0:  # launches the GPU's work covers add nothing to the step
+            bound += ", hidden" if row.hidden_s >= row.total_s else ", partly hidden"
+        table.add_row(
+            row.phase,
+            row.op,
+            f"{row.count:g}",
+            format_seconds(row.total_s),
+            f"{row.share:.1%}",
+            bound,
+        )
+    out.print(table)
+
+
+@bench_app.command("throughput")
+def bench_throughput_cmd(
+    ctx: typer.Context,
+    hardware: HardwareOpt,
+    model: ModelOpt,
+    input_len: Annotated[int, typer.Option("--input-len")] = 1024,
+    output_len: Annotated[int, typer.Option("--output-len")] = 128,
+    num_prompts: Annotated[int, typer.Option("--num-prompts")] = 1000,
+    prefix_len: Annotated[
+        int, typer.Option("--prefix-len", min=0, help="tokens every prompt shares, first")
+    ] = 0,
+    tensor_parallel_size: TpOpt = 1,
+    pipeline_parallel_size: PpOpt = 1,
+    data_parallel_size: DpOpt = 1,
+    dtype: DtypeOpt = "auto",
+    quantization: QuantOpt = None,
+    kv_cache_dtype: KvDtypeOpt = "auto",
+    engine: EngineOpt = "vllm",
+    enforce_eager: EagerOpt = False,
+    gpu_memory_utilization: GmuOpt = None,
+    max_num_seqs: SeqsOpt = None,
+    max_num_batched_tokens: TokensOpt = None,
+    enable_chunked_prefill: ChunkedOpt = None,
+    scheduling_policy: PolicyOpt = None,
+    preemption_mode: PreemptOpt = None,
+    swap_space: SwapOpt = 4.0,
+    enable_prefix_caching: PrefixCachingOpt = False,
+    kv_offloading_size: KvOffloadSizeOpt = None,
+    kv_offloading_backend: KvOffloadBackendOpt = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    speculative_config: SpecOpt = None,
+    cpu_offload_gb: CpuOffloadOpt = 0.0,
+    offload_config: OffloadConfigOpt = None,
+    enable_expert_parallel: EpOpt = False,
+    pipeline_micro_batching: MicroBatchOpt = False,
+    output_json: OutJsonOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Offline throughput: every prompt submitted at t=0, served to completion (simulated)."""
+    _, summary = runner.bench_throughput(
+        model=model,
+        hardware=hardware,
+        input_len=input_len,
+        output_len=output_len,
+        num_prompts=num_prompts,
+        prefix_len=prefix_len,
+        engine_args=engine_args(ctx),
+        seed=seed,
+    )
+    write_json(output_json, summary)
+    if as_json:
+        print_json(summary)
+    else:
+        sys.stdout.write(format_throughput_summary(summary) + "\n")
+
+
+class DatasetName(str, Enum):
+    random = "random"
+    sharegpt = "sharegpt"
+    azure_code = "azure-code"
+    azure_conv = "azure-conv"
+    trace = "trace"
+
+
+@bench_app.command("serve")
+def bench_serve_cmd(
+    ctx: typer.Context,
+    hardware: HardwareOpt,
+    model: ModelOpt,
+    dataset_name: Annotated[DatasetName, typer.Option("--dataset-name")] = DatasetName.random,
+    dataset_path: Annotated[str | None, typer.Option("--dataset-path")] = None,
+    random_input_len: Annotated[int, typer.Option("--random-input-len")] = 1024,
+    random_output_len: Annotated[int, typer.Option("--random-output-len")] = 128,
+    random_range_ratio: Annotated[float, typer.Option("--random-range-ratio")] = 0.0,
+    random_prefix_len: Annotated[
+        int, typer.Option("--random-prefix-len", min=0, help="tokens every prompt shares, first")
+    ] = 0,
+    num_prompts: Annotated[int, typer.Option("--num-prompts")] = 1000,
+    request_rate: Annotated[float, typer.Option("--request-rate")] = float("inf"),
+    burstiness: Annotated[float, typer.Option("--burstiness")] = 1.0,
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    goodput: Annotated[
+        list[str] | None, typer.Option("--goodput", help="ttft:MS tpot:MS e2el:MS")
+    ] = None,
+    router: Annotated[str, typer.Option("--router")] = "round_robin",
+    tensor_parallel_size: TpOpt = 1,
+    pipeline_parallel_size: PpOpt = 1,
+    data_parallel_size: DpOpt = 1,
+    dtype: DtypeOpt = "auto",
+    quantization: QuantOpt = None,
+    kv_cache_dtype: KvDtypeOpt = "auto",
+    engine: EngineOpt = "vllm",
+    enforce_eager: EagerOpt = False,
+    gpu_memory_utilization: GmuOpt = None,
+    max_num_seqs: SeqsOpt = None,
+    max_num_batched_tokens: TokensOpt = None,
+    enable_chunked_prefill: ChunkedOpt = None,
+    scheduling_policy: PolicyOpt = None,
+    preemption_mode: PreemptOpt = None,
+    swap_space: SwapOpt = 4.0,
+    enable_prefix_caching: PrefixCachingOpt = False,
+    kv_offloading_size: KvOffloadSizeOpt = None,
+    kv_offloading_backend: KvOffloadBackendOpt = None,
+    speculative_config: SpecOpt = None,
+    cpu_offload_gb: CpuOffloadOpt = 0.0,
+    offload_config: OffloadConfigOpt = None,
+    enable_expert_parallel: EpOpt = False,
+    pipeline_micro_batching: MicroBatchOpt = False,
+    output_json: OutJsonOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Online serving: requests arrive at --request-rate (simulated), vLLM's metrics out."""
+    dataset: dict[str, Any] = {"name": dataset_name.value}
+    if dataset_name is DatasetName.random:
+        dataset |= {
+            "input_len": random_input_len,
+            "output_len": random_output_len,
+            "range_ratio": random_range_ratio,
+        }
+    if dataset_name is DatasetName.trace:
+        if not dataset_path:
+            raise SpecError("--dataset-name trace needs --dataset-path", field="dataset_path")
+        dataset["path"] = dataset_path
+    if random_prefix_len and dataset_name is not DatasetName.random:
+        raise SpecError("applies to --dataset-name random", field="random_prefix_len")
+    workload = validate(
+        WorkloadSpec,
+        {
+            "dataset": dataset,
+            "num_prompts": num_prompts,
+            "request_rate": request_rate,
+            "burstiness": burstiness,
+            "prefix": {"tokens": random_prefix_len} if random_prefix_len else None,
+        },
+        source="bench serve",
+    )
+    scenario = runner.bench_scenario(
+        model=model,
+        hardware=hardware,
+        workload=workload,
+        engine_args=engine_args(ctx),
+        max_concurrency=max_concurrency,
+        goodput=parse_goodput(goodput) if goodput else None,
+        router=router,
+        seed=seed,
+    )
+    result = runner.run(scenario)
+    write_json(output_json, result.summary)
+    if as_json:
+        print_json(result.summary)
+    else:
+        sys.stdout.write(format_serve_summary(result.summary) + "\n")

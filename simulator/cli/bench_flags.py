@@ -1,0 +1,147 @@
+"""The engine flags the `llmsim bench` commands share, spelled as in `vllm bench`, and the one
+function that turns their parsed values into an `EngineArgs`.
+
+Typer needs each flag in each command's signature; passing them on happens once, in
+`engine_args`, which reads the parsed values by parameter name: a command's parameter for
+an `EngineArgs` field must carry the field's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+from simulator.engine_args import EngineArgs
+from simulator.specs.offload import OffloadSpec, parse_offload
+
+ModelOpt = Annotated[str, typer.Option("--model", help="model id or path to config.json")]
+TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", "-tp")]
+PpOpt = Annotated[int, typer.Option("--pipeline-parallel-size", "-pp")]
+DpOpt = Annotated[
+    int,
+    typer.Option(
+        "--data-parallel-size",
+        "-dp",
+        help="replicas (with --enable-expert-parallel: DP-attention ranks of one replica)",
+    ),
+]
+DtypeOpt = Annotated[str, typer.Option("--dtype")]
+QuantOpt = Annotated[str | None, typer.Option("--quantization", "-q")]
+KvDtypeOpt = Annotated[str, typer.Option("--kv-cache-dtype")]
+EngineOpt = Annotated[str, typer.Option("--engine")]
+EagerOpt = Annotated[bool, typer.Option("--enforce-eager")]
+GmuOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
+SeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs")]
+TokensOpt = Annotated[int | None, typer.Option("--max-num-batched-tokens")]
+ChunkedOpt = Annotated[
+    bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill")
+]
+OutJsonOpt = Annotated[str | None, typer.Option("--output-json")]
+
+
+class SchedulingPolicy(str, Enum):
+    fcfs = "fcfs"
+    priority = "priority"
+
+
+class PreemptionMode(str, Enum):
+    recompute = "recompute"
+    swap = "swap"
+
+
+PolicyOpt = Annotated[
+    SchedulingPolicy | None,
+    typer.Option("--scheduling-policy", help="queue order (priority: the workload's classes)"),
+]
+PreemptOpt = Annotated[
+    PreemptionMode | None,
+    typer.Option("--preemption-mode", help="on KV exhaustion: recompute, or swap to host"),
+]
+SwapOpt = Annotated[float, typer.Option("--swap-space", help="host swap space per GPU, GiB")]
+
+
+class OffloadingBackend(str, Enum):
+    native = "native"
+    lmcache = "lmcache"
+
+
+KvOffloadSizeOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--kv-offloading-size",
+        help="GiB of host memory per replica for KV blocks evicted from the GPU (vLLM's flag; "
+        "needs --enable-prefix-caching)",
+    ),
+]
+KvOffloadBackendOpt = Annotated[
+    OffloadingBackend | None,
+    typer.Option(
+        "--kv-offloading-backend",
+        help="native: a hit loads between steps, the request waits (default); lmcache: before "
+        "the step, the batch waits",
+    ),
+]
+EpOpt = Annotated[
+    bool,
+    typer.Option(
+        "--enable-expert-parallel",
+        help="MoE experts over EP ranks; with -dp N: N DP-attention ranks, EP = tp x N",
+    ),
+]
+MicroBatchOpt = Annotated[
+    bool,
+    typer.Option(
+        "--pipeline-micro-batching/--no-pipeline-micro-batching",
+        help="with -pp > 1: up to pp batches in flight (vLLM V1); default: one at a time",
+    ),
+]
+PrefixCachingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        help="reuse the KV blocks of shared prompt prefixes (vLLM's automatic prefix caching)",
+    ),
+]
+CpuOffloadOpt = Annotated[
+    float,
+    typer.Option(
+        "--cpu-offload-gb", help="GiB of weights per GPU kept in host memory, streamed each step"
+    ),
+]
+OffloadConfigOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--offload-config",
+        help='JSON: {"resident_layers": N, "source": "host"|"nvme", "transfer": '
+        '"prefetch"|"uva"|"sync", "host_memory_bytes": "128 GB", "expert_offload": '
+        '{"cache_fraction": F, "hit_rate": H, "zipf_skew": S, "cpu_compute": true}}',
+    ),
+]
+SpecOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--speculative-config",
+        help='vLLM\'s JSON ({"method": "eagle", "num_speculative_tokens": 3, ...}) plus '
+        "acceptance_rate or acceptance_rates",
+    ),
+]
+
+
+def engine_args(ctx: typer.Context) -> EngineArgs:
+    """The EngineArgs of a bench command's parsed flags: each field from the parameter of the
+    same name (a choice as its value); a field the command has no flag for keeps its default."""
+    names = {field.name for field in dataclasses.fields(EngineArgs)}
+    values = {
+        name: value.value if isinstance(value, Enum) else value
+        for name, value in ctx.params.items()
+        if name in names
+    }
+    return EngineArgs(**values)
+
+
+def parse_offload_flag(text: str | None) -> OffloadSpec | None:
+    """--offload-config as an OffloadSpec (None when not given); bad JSON is a SpecError."""
+    return parse_offload(text, source="--offload-config") if text else None

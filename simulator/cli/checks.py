@@ -1,0 +1,114 @@
+"""`llmsim validate` and `llmsim regress`: the model against measurements and golden values."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from simulator.cli.common import JsonOpt, out, print_json, wide_console
+from simulator.units import format_seconds
+
+
+def validate_cmd(
+    suite: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--suite",
+            help="ops, layers, iteration, iteration_prefill, iteration_decode, "
+            "iteration_engine_fit, power or power_fit; repeat the flag for several (default: all)",
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="compare each suite with its goal and CI ceiling "
+            "(simulator/validate/targets.yaml); exit 1 when one is above its ceiling",
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Error tables of predicted vs measured against the bundled measurements."""
+    from simulator.validate import kind_stats, run_validation, worst_cases
+    from simulator.validate.summary import STAT_KEYS
+
+    summary, df = run_validation(suite)
+    if check:
+        _check_targets(summary, as_json=as_json)
+        return
+    if as_json:
+        print_json(summary)
+        return
+
+    def cells(stats: Any) -> list[str]:
+        return [str(stats["n"]), *(f"{float(stats[k]):.1f}%" for k in STAT_KEYS)]
+
+    stat_cols = ("n", "MAPE", "median", "p90", "worst")
+    table = Table("suite", "device", *stat_cols, "fitted", title="Absolute % error")
+    for name, entry in summary["suites"].items():
+        table.add_row(name, "all", *cells(entry), "yes" if entry["fitted"] else "no")
+        for device, stats in entry["by_device"].items():
+            table.add_row("", device, *cells(stats), "")
+    out.print(table)
+    kinds = kind_stats(df)
+    kinds = kinds[kinds.groupby("suite")["kind"].transform("nunique") > 1]
+    if not kinds.empty:
+        by_kind = Table("suite", "device", "kind", *stat_cols, title="By kind of case")
+        for row in kinds.to_dict(orient="records"):
+            by_kind.add_row(str(row["suite"]), str(row["device"]), str(row["kind"]), *cells(row))
+        out.print(by_kind)
+    for name in summary["suites"]:
+        worst = Table("device", "case", "predicted", "measured", "error", title=f"{name}: worst 5")
+        for r in worst_cases(df, name).itertuples():
+            sign = "+" if r.predicted_s >= r.measured_s else "-"
+            if name.startswith("power"):  # fractions of TDP, not times
+                times = (f"{r.predicted_s:.2f} TDP", f"{r.measured_s:.2f} TDP")
+            else:
+                times = (format_seconds(r.predicted_s), format_seconds(r.measured_s))
+            worst.add_row(str(r.device), str(r.case), *times, f"{sign}{r.ape_pct:.0f}%")
+        out.print(worst)
+    skipped = df.attrs.get("skipped", [])
+    if skipped:
+        out.print(f"Skipped {len(skipped)} configuration(s):")
+        for line in skipped:
+            out.print(f"  {line}", markup=False)
+
+
+def _check_targets(summary: dict[str, Any], *, as_json: bool) -> None:
+    from simulator.validate.targets import check_targets, load_targets, render_check
+
+    result = check_targets(summary, load_targets())
+    if as_json:
+        print_json({**summary, "check": result.as_json()})
+    else:
+        render_check(result, wide_console())
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+def regress_cmd(
+    golden: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="GOLDEN.yaml",
+            help="golden file (default: ./regress.yaml, else the project's regress/golden.yaml)",
+        ),
+    ] = None,
+    update: Annotated[
+        bool, typer.Option("--update", help="rewrite the golden values with today's predictions")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Recompute golden predictions; exit 1 when one leaves its tolerance band."""
+    from simulator import regress
+
+    path = golden or regress.default_golden()
+    report = regress.update(path) if update else regress.check(path)
+    if as_json:
+        print_json(report.as_json())
+    else:
+        regress.render(report, wide_console())
+    if not report.ok and not update:
+        raise typer.Exit(1)

@@ -1,0 +1,36 @@
+"""What the command modules share: the console, JSON out, and the options of several commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+out = Console()
+
+PLAN_WIDTH = 140  # columns of the plan's tables when stdout is not a terminal
+
+HardwareOpt = Annotated[str, typer.Option("--hardware", help="hardware id or path to a YAML spec")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the contract's JSON object")]
+ReportOpt = Annotated[
+    bool, typer.Option("--report", help="also write DIR/report.html (llmsim report DIR)")
+]
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def write_json(path: str | None, data: Any) -> None:
+    """`data` as indented JSON in the file `path` (nothing when None: no --output-json)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, default=str)
+
+
+def wide_console() -> Console:
+    """stdout, at PLAN_WIDTH columns when it is not a terminal (CI logs, pipes)."""
+    return out if sys.stdout.isatty() else Console(width=PLAN_WIDTH)

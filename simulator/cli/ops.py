@@ -1,0 +1,137 @@
+"""`llmsim op gemm|attention|allreduce`: the cost of one operator on one device."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any
+
+import typer
+
+from simulator import api
+from simulator.cli.common import HardwareOpt, JsonOpt, out, print_json
+from simulator.units import format_bytes, format_seconds
+
+op_app = typer.Typer(help="Cost of one operator on one device.", no_args_is_help=True)
+
+
+class GemmDtype(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    int8 = "int8"
+
+
+class Phase(str, Enum):
+    prefill = "prefill"
+    decode = "decode"
+
+
+OpEngineOpt = Annotated[
+    str | None,
+    typer.Option("--engine", help="add the kernel-launch cost under this engine (default: none)"),
+]
+OpEagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="with --engine: no CUDA graphs")]
+
+
+def _print_op(cost: Any, as_json: bool) -> None:
+    data = api.op_json(cost)
+    if as_json:
+        print_json(data)
+        return
+    out.print(
+        f"latency {format_seconds(data['latency_s'])} ({data['bound']}-bound): "
+        f"{data['flops'] / 1e9:,.3f} GFLOP, {format_bytes(data['bytes'])}; "
+        f"compute {format_seconds(data['compute_s'])}, memory {format_seconds(data['memory_s'])}, "
+        f"network {format_seconds(data['network_s'])}, "
+        f"fixed {format_seconds(data['fixed_latency_s'])}"
+    )
+    if "engine" in data:
+        launches = data["kernel_launches"]
+        how = (
+            f"CUDA graph, replayed once per step for {format_seconds(data['graph_replay_s'])}"
+            if data["cuda_graph"]
+            else f"eager, {launches:g} kernel launch{'es' if launches != 1 else ''}"
+        )
+        out.print(
+            f"under {data['engine']} ({how}): kernel {format_seconds(data['kernel_s'])} + "
+            f"launch {format_seconds(data['launch_overhead_s'])} = "
+            f"{format_seconds(data['latency_s'])}"
+        )
+
+
+@op_app.command("gemm")
+def op_gemm(
+    hardware: HardwareOpt,
+    m: Annotated[int, typer.Option("--m")],
+    n: Annotated[int, typer.Option("--n")],
+    k: Annotated[int, typer.Option("--k")],
+    dtype: Annotated[GemmDtype, typer.Option("--dtype")] = GemmDtype.bf16,
+    engine: OpEngineOpt = None,
+    enforce_eager: OpEagerOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """One GEMM: (m x k) times (k x n)."""
+    cost = api.gemm_cost(
+        hardware=hardware,
+        m=m,
+        n=n,
+        k=k,
+        dtype=dtype.value,
+        engine=engine,
+        enforce_eager=enforce_eager,
+    )
+    _print_op(cost, as_json)
+
+
+@op_app.command("attention")
+def op_attention(
+    hardware: HardwareOpt,
+    phase: Annotated[Phase, typer.Option("--phase")],
+    batch_size: Annotated[int, typer.Option("--batch-size")],
+    seq_len: Annotated[
+        int, typer.Option("--seq-len", help="prompt length (prefill) or KV length (decode)")
+    ],
+    num_heads: Annotated[int, typer.Option("--num-heads")],
+    num_kv_heads: Annotated[int, typer.Option("--num-kv-heads")],
+    head_dim: Annotated[int, typer.Option("--head-dim")],
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
+    engine: OpEngineOpt = None,
+    enforce_eager: OpEagerOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """One attention layer call (flash-style prefill or paged decode)."""
+    _print_op(
+        api.attention_cost(
+            hardware=hardware,
+            phase=phase.value,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            kv_cache_dtype=kv_cache_dtype,
+            engine=engine,
+            enforce_eager=enforce_eager,
+        ),
+        as_json,
+    )
+
+
+@op_app.command("allreduce")
+def op_allreduce(
+    hardware: HardwareOpt,
+    num_devices: Annotated[int, typer.Option("--num-devices")],
+    size_bytes: Annotated[int, typer.Option("--size-bytes")],
+    engine: OpEngineOpt = None,
+    enforce_eager: OpEagerOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """One all-reduce among GPUs of a node."""
+    cost = api.allreduce_cost(
+        hardware=hardware,
+        num_devices=num_devices,
+        size_bytes=size_bytes,
+        engine=engine,
+        enforce_eager=enforce_eager,
+    )
+    _print_op(cost, as_json)

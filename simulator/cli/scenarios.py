@@ -1,0 +1,155 @@
+"""`llmsim run|plan|sweep|report`: scenario files in, summaries, folders and HTML out."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from simulator import runner
+from simulator.cli.common import PLAN_WIDTH, JsonOpt, ReportOpt, print_json
+from simulator.errors import SpecError
+from simulator.metrics.summary import format_serve_summary
+from simulator.scenario import Scenario
+from simulator.serving.disagg import pool_lines
+
+
+def run_cmd(
+    scenario: Annotated[str | None, typer.Argument(metavar="SCENARIO.yaml")] = None,
+    out: Annotated[
+        str | None, typer.Option("--out", help="write summary.json, requests.csv, steps.csv")
+    ] = None,
+    as_json: JsonOpt = False,
+    schema: Annotated[
+        bool, typer.Option("--schema", help="print the scenario JSON schema")
+    ] = False,
+    report: ReportOpt = False,
+) -> None:
+    """A full what-if from a scenario file: replica groups, router, workload, SLOs."""
+    if schema:
+        print_json(Scenario.model_json_schema())
+        return
+    if scenario is None:
+        raise SpecError("missing SCENARIO.yaml", field="scenario")
+    if report and not out:
+        raise SpecError("--report needs --out DIR (it writes DIR/report.html)", field="report")
+    result = runner.run(scenario)
+    if out:
+        runner.save_run(result, out)
+    if out and report:
+        sys.stderr.write(_report_line(out) + "\n")  # stdout may be --json
+    if as_json:
+        print_json(result.as_json())
+        return
+    sys.stdout.write(format_serve_summary(result.summary) + "\n")
+    out_console = Console()
+    for spec, plan in zip(result.scenario.replicas, result.memory, strict=True):
+        role = f"{spec.role} pool: " if spec.role != "both" else ""
+        dp = spec.data_parallel_size
+        ranks, unit = (f" dp={dp}", "attention rank") if dp > 1 else ("", "replica")
+        out_console.print(
+            f"{role}{spec.count} x {spec.hardware} tp={spec.tensor_parallel_size} "
+            f"pp={spec.pipeline_parallel_size}{ranks} ({spec.engine}): KV "
+            f"{plan.kv_capacity_tokens:,} tokens per {unit}"
+        )
+    out_console.print(
+        f"KV cache peak {result.sim.kv_peak_fraction:.1%}; simulated "
+        f"{len(result.sim.steps):,} steps in {result.sim.wall_s:.2f} s"
+    )
+    if result.scenario.disaggregated:
+        for line in pool_lines(result.scenario, result.deployments, result.summary):
+            out_console.print(line, highlight=False, soft_wrap=True)
+    e = result.energy
+    out_console.print(
+        f"Energy {e['energy_per_output_token_j']:.3f} J/output token; "
+        f"{e['avg_power_w_per_gpu']:.0f} W per GPU on average over {e['num_gpus']} GPU(s)"
+    )
+    out_console.print(
+        f"Cost ${e['cost_usd']:.2f} for {e['gpu_hours']:.3f} GPU-hours: "
+        f"${e['usd_per_million_output_tokens']:.2f}/M output tokens, "
+        f"${e['usd_per_million_tokens']:.2f}/M tokens"
+    )
+
+
+def plan_cmd(
+    plan_file: Annotated[str | None, typer.Argument(metavar="PLAN.yaml")] = None,
+    out: Annotated[
+        str | None,
+        typer.Option("--out", help="write plan.json, candidates.csv, pareto.csv, probes.csv"),
+    ] = None,
+    as_json: JsonOpt = False,
+    schema: Annotated[bool, typer.Option("--schema", help="print the plan JSON schema")] = False,
+) -> None:
+    """The cheapest deployments that meet the SLOs: per layout, and the cheapest mixed fleet."""
+    from simulator.plan import plan
+    from simulator.planning.report import print_plan, save_plan
+    from simulator.planning.spec import PlanSpec
+
+    if schema:
+        print_json(PlanSpec.model_json_schema())
+        return
+    if plan_file is None:
+        raise SpecError("missing PLAN.yaml", field="plan")
+    err = Console(stderr=True)
+    status = err.status("planning") if err.is_terminal else None
+    if status:
+        status.start()
+    try:
+        result = plan(plan_file, progress=status.update if status else None)
+    finally:
+        if status:
+            status.stop()
+    if out:
+        save_plan(result, out)
+    if as_json:
+        print_json(result.as_json())
+        return
+    print_plan(result, Console() if sys.stdout.isatty() else Console(width=PLAN_WIDTH))
+
+
+class Executor(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+def sweep_cmd(
+    sweep_file: Annotated[str, typer.Argument(metavar="SWEEP.yaml")],
+    out: Annotated[str, typer.Option("--out", help="folder for results.csv and sweep.yaml")],
+    executor: Annotated[
+        Executor, typer.Option("--executor", help="local process pool, or Ray (llmsim[ray])")
+    ] = Executor.local,
+    workers: Annotated[
+        int | None, typer.Option("--workers", help="processes (default: CPU count)")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
+    report: ReportOpt = False,
+) -> None:
+    """Run a base scenario over a grid / zip / random sample of values; rerun to resume."""
+    from simulator.sweep import execute_sweep
+
+    done = execute_sweep(
+        sweep_file, out, executor=executor.value, workers=workers, progress=not quiet
+    )
+    sys.stdout.write(f"sweep: {done.line()}\n")
+    if report:
+        sys.stdout.write(_report_line(out) + "\n")
+
+
+def report_cmd(
+    folder: Annotated[str, typer.Argument(metavar="DIR")],
+    output: Annotated[
+        str | None, typer.Option("--output", "-o", help="the HTML file (default DIR/report.html)")
+    ] = None,
+) -> None:
+    """One self-contained HTML report (plotly, works offline) of a run, sweep or plan folder."""
+    sys.stdout.write(_report_line(folder, output) + "\n")
+
+
+def _report_line(folder: str, output: str | None = None) -> str:
+    from simulator.report import write_report
+
+    path = write_report(folder, output)
+    return f"report: {path} ({path.stat().st_size / 1e6:.1f} MB)"

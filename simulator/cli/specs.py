@@ -1,0 +1,148 @@
+"""`llmsim hardware|models|engines list|show`: the spec catalogues."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from simulator.cli.common import out, print_json
+from simulator.specs import (
+    list_engines,
+    list_hardware,
+    list_models,
+    load_engine,
+    load_hardware,
+    load_model,
+)
+from simulator.units import GiB, format_bytes
+
+hardware_app = typer.Typer(help="Accelerator specs.", no_args_is_help=True)
+models_app = typer.Typer(help="Model catalogue.", no_args_is_help=True)
+engines_app = typer.Typer(help="Serving-engine profiles.", no_args_is_help=True)
+
+
+@hardware_app.command("list")
+def hardware_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the hardware ids."""
+    specs = [load_hardware(h) for h in list_hardware()]
+    if as_json:
+        print_json([{"id": s.id, "name": s.name} for s in specs])
+        return
+    table = Table("id", "name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory", "bandwidth", "$/h")
+    for s in specs:
+        fp8 = s.peak_flops("fp8")
+        table.add_row(
+            s.id,
+            s.name,
+            f"{s.peak_flops('bf16') / 1e12:,.0f}",
+            f"{fp8 / 1e12:,.0f}" if fp8 else "-",
+            f"{s.memory.capacity_bytes / GiB:.0f} GiB",
+            f"{s.memory.bandwidth_bytes_per_s / 1e12:.2f} TB/s",
+            f"{s.price.usd_per_hour:.2f}",
+        )
+    out.print(table)
+
+
+@hardware_app.command("show")
+def hardware_show(
+    hw_id: Annotated[str, typer.Argument(metavar="ID")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show one hardware spec."""
+    spec = load_hardware(hw_id)
+    data = {
+        "id": spec.id,
+        "peak_flops_per_s": dict(spec.compute.peak_flops_per_s),
+        "memory_capacity_bytes": spec.memory.capacity_bytes,
+        "memory_bandwidth_bytes_per_s": spec.memory.bandwidth_bytes_per_s,
+        **spec.model_dump(exclude={"id"}),
+    }
+    if as_json:
+        print_json(data)
+        return
+    out.print(f"[bold]{spec.name}[/bold] ({spec.id})")
+    for dtype, peak in spec.compute.peak_flops_per_s.items():
+        out.print(f"  {dtype:>5}: {peak / 1e12:,.1f} TFLOP/s dense")
+    out.print(
+        f"  memory: {format_bytes(spec.memory.capacity_bytes)} at "
+        f"{spec.memory.bandwidth_bytes_per_s / 1e12:.2f} TB/s; "
+        f"L2 {format_bytes(spec.memory.l2_cache_bytes)}"
+    )
+    ic = spec.interconnect
+    out.print(
+        f"  interconnect: {ic.topology}, {ic.link_bw_bytes_per_s / 1e9:.0f} GB/s per direction, "
+        f"{ic.gpus_per_node} GPUs per node"
+    )
+    out.print(
+        f"  power: {spec.power.tdp_w:.0f} W TDP; price ~${spec.price.usd_per_hour:.2f}/GPU-hour "
+        f"({spec.price.source}, {spec.price.date})"
+    )
+
+
+@models_app.command("list")
+def models_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the built-in model ids."""
+    specs = [load_model(m) for m in list_models()]
+    if as_json:
+        print_json([{"id": s.id, "num_params": s.num_params} for s in specs])
+        return
+    table = Table("id", "params", "active", "layers", "hidden", "attention", "KV/token")
+    for s in specs:
+        table.add_row(
+            s.id,
+            f"{s.num_params / 1e9:.1f}B",
+            f"{s.num_active_params / 1e9:.1f}B",
+            str(s.num_layers),
+            str(s.hidden_size),
+            s.attention.kind,
+            format_bytes(s.kv_bytes_per_token()),
+        )
+    out.print(table)
+
+
+@models_app.command("show")
+def models_show(
+    model_id: Annotated[str, typer.Argument(metavar="ID")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show one model (a catalogue id or a path to a Hugging Face config.json)."""
+    spec = load_model(model_id)
+    data = {
+        "id": spec.id,
+        "num_params": spec.num_params,
+        "num_active_params": spec.num_active_params,
+        "kv_bytes_per_token": spec.kv_bytes_per_token(),
+        **spec.model_dump(exclude={"id"}),
+    }
+    if as_json:
+        print_json(data)
+        return
+    out.print(
+        f"[bold]{spec.id}[/bold]: {spec.num_params / 1e9:.2f}B parameters "
+        f"({spec.num_active_params / 1e9:.2f}B active), {spec.num_layers} layers, "
+        f"hidden {spec.hidden_size}, {spec.attention.kind} attention, "
+        f"KV {format_bytes(spec.kv_bytes_per_token())}/token at {spec.dtype}"
+    )
+
+
+@engines_app.command("list")
+def engines_list() -> None:
+    """List the serving-engine profiles."""
+    for e in list_engines():
+        spec = load_engine(e)
+        out.print(f"{spec.id:10} {spec.name} {spec.version}")
+
+
+@engines_app.command("show")
+def engines_show(
+    engine_id: Annotated[str, typer.Argument(metavar="ID")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show one engine profile."""
+    spec = load_engine(engine_id)
+    if as_json:
+        print_json(spec.model_dump())
+        return
+    out.print(spec.model_dump())

@@ -1,0 +1,121 @@
+"""The bench commands pass their engine flags on through one `EngineArgs`, built from the
+parsed values by parameter name (`simulator.cli.bench_flags.engine_args`): every field must be
+a flag of `bench throughput` and `bench serve`, with the field's default, and a flag's value
+must arrive in the scenario."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import typer
+
+from simulator import runner
+from simulator.cli import app, main
+from simulator.engine_args import EngineArgs
+from simulator.scenario import Scenario
+from simulator.serving.workload import RandomDataset, WorkloadSpec
+
+FIELDS = [field.name for field in dataclasses.fields(EngineArgs)]
+SPEC = '{"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.6}'
+BENCH = ["--hardware", "h100_sxm", "--model", "llama-3.1-8b"]
+# Every engine flag away from its default, in two sets: the simulator does not model KV
+# offloading with DP attention or pipeline micro-batching. (The workload is too small to matter.)
+FLAGS = [
+    *("--engine", "vllm", "-tp", "2", "-pp", "2", "-dp", "3", "--dtype", "bfloat16"),
+    *("--quantization", "fp8", "--kv-cache-dtype", "fp8", "--enforce-eager"),
+    *("--gpu-memory-utilization", "0.8", "--max-num-seqs", "16"),
+    *("--max-num-batched-tokens", "1024", "--no-enable-chunked-prefill"),
+    *("--scheduling-policy", "priority", "--preemption-mode", "swap", "--swap-space", "8"),
+    *("--speculative-config", SPEC, "--cpu-offload-gb", "1"),
+    *("--offload-config", '{"transfer": "sync"}'),
+    *("--enable-expert-parallel", "--pipeline-micro-batching"),
+]
+EXPECTED = EngineArgs(
+    engine="vllm",
+    tensor_parallel_size=2,
+    pipeline_parallel_size=2,
+    data_parallel_size=3,
+    dtype="bfloat16",
+    quantization="fp8",
+    kv_cache_dtype="fp8",
+    enforce_eager=True,
+    gpu_memory_utilization=0.8,
+    max_num_seqs=16,
+    max_num_batched_tokens=1024,
+    enable_chunked_prefill=False,
+    scheduling_policy="priority",
+    preemption_mode="swap",
+    swap_space=8.0,
+    speculative_config=SPEC,
+    cpu_offload_gb=1.0,
+    offload_config='{"transfer": "sync"}',
+    enable_expert_parallel=True,
+    pipeline_micro_batching=True,
+)
+KV_FLAGS = [
+    *("--enable-prefix-caching", "--kv-offloading-size", "2", "--kv-offloading-backend", "lmcache")
+]
+KV_EXPECTED = EngineArgs(
+    enable_prefix_caching=True, kv_offloading_size=2.0, kv_offloading_backend="lmcache"
+)
+CASES = [(FLAGS, EXPECTED), (KV_FLAGS, KV_EXPECTED)]
+
+
+class Captured(Exception):  # carries a value out of the command
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def bench_params(name: str) -> dict[str, Any]:
+    """The parsed parameters of `llmsim bench NAME`, by name."""
+    group: Any = typer.main.get_command(app)
+    return {p.name: p for p in group.commands["bench"].commands[name].params}
+
+
+@pytest.mark.parametrize("command", ["throughput", "serve"])
+def test_every_engine_arg_is_a_flag_with_its_default(command: str) -> None:
+    params = bench_params(command)
+    for field in dataclasses.fields(EngineArgs):
+        assert field.name in params, f"bench {command} has no flag for {field.name}"
+        default = params[field.name].default
+        assert getattr(default, "value", default) == field.default, field.name
+
+
+def test_the_cases_set_every_field_away_from_its_default() -> None:
+    changed = {
+        f for _, args in CASES for f in FIELDS if getattr(args, f) != getattr(EngineArgs(), f)
+    }
+    assert set(FIELDS) - changed == {"engine"}  # vllm: the only engine with all of the above
+
+
+@pytest.mark.parametrize(("flags", "expected"), CASES)
+def test_bench_serve_passes_every_engine_flag_on(
+    monkeypatch: pytest.MonkeyPatch, flags: list[str], expected: EngineArgs
+) -> None:
+    def capture(scenario: Scenario) -> None:
+        raise Captured(scenario)
+
+    monkeypatch.setattr(runner, "run", capture)
+    with pytest.raises(Captured) as got:
+        main(["bench", "serve", *BENCH, "--num-prompts", "4", "--random-input-len", "64", *flags])
+    workload = WorkloadSpec(dataset=RandomDataset(input_len=64, output_len=128), num_prompts=4)
+    scenario = runner.bench_scenario(
+        model="llama-3.1-8b", hardware="h100_sxm", workload=workload, engine_args=expected
+    )
+    assert got.value.value == scenario
+
+
+@pytest.mark.parametrize(("flags", "expected"), CASES)
+def test_bench_throughput_passes_every_engine_flag_on(
+    monkeypatch: pytest.MonkeyPatch, flags: list[str], expected: EngineArgs
+) -> None:
+    def capture(**kwargs: Any) -> None:
+        raise Captured(kwargs)
+
+    monkeypatch.setattr(runner, "bench_throughput", capture)
+    with pytest.raises(Captured) as got:
+        main(["bench", "throughput", *BENCH, "--num-prompts", "4", "--seed", "5", *flags])
+    assert got.value.value["engine_args"] == expected
+    assert got.value.value["seed"] == 5
