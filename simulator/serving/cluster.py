@@ -25,6 +25,7 @@ from simulator.metrics.phases import with_phases
 from simulator.metrics.recorder import Recorder
 from simulator.serving.dp_group import DPAttention, with_dp_attention
 from simulator.serving.drafter import resolve_drafter
+from simulator.serving.kv_cache import BlockManager
 from simulator.serving.kv_tiers import (
     KVOffloadSpec,
     KVTiers,
@@ -267,6 +268,17 @@ class ReplicaGroup:
     # (serving.dp_group) or pipeline micro-batches in flight (serving.pipeline).
     loop: DPAttention | MicroBatching | None = None
 
+    def new_kv(self) -> BlockManager:
+        """An empty KV cache for one replica (or attention rank) of the group."""
+        return block_manager(
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            watermark=self.scheduler.watermark,
+            host_blocks=self.host_blocks,
+            prefix_caching=self.enable_prefix_caching,
+            tiers=self.kv_tiers,
+        )
+
 
 def serve(
     requests: RequestTable,
@@ -308,15 +320,31 @@ def serve(
             )
     route = Router(router or RouterSpec(), replicas, np.random.default_rng(seed))
     env.process(client.send(requests, route))
+    run_to_end(env, client, replicas)
+    return sim_result(recorder, replicas, requests=with_phases(recorder.request_frame()), wall=wall)
+
+
+def run_to_end(env: simpy.Environment, client: _Clients, replicas: Sequence[Replica]) -> None:
+    """Run the simulation until no event is left; every request must have finished. Then
+    record the KV tiers' final state."""
     env.run()
     if client.outstanding:
         raise RuntimeError(f"{client.outstanding} requests never finished")
-    for replica in replicas:  # the tiers' final state
+    for replica in replicas:
         if isinstance(replica.kv, TieredBlockManager):
-            recorder.kv_tiers(replica=replica.index, time_s=env.now, row=replica.kv.tier_row())
+            client.recorder.kv_tiers(
+                replica=replica.index, time_s=env.now, row=replica.kv.tier_row()
+            )
+
+
+def sim_result(
+    recorder: Recorder, replicas: Sequence[Replica], *, requests: pd.DataFrame, wall: float
+) -> SimResult:
+    """What a finished run produced (`requests`: the request rows, with their phase columns;
+    `wall`: when the run started, from time.perf_counter)."""
     itl_s, itl_weight = recorder.itl_sample()
     return SimResult(
-        requests=with_phases(recorder.request_frame()),
+        requests=requests,
         steps=recorder.step_frame(),
         itl_s=itl_s,
         itl_weight=itl_weight,
@@ -341,21 +369,13 @@ def build_replica(
 ) -> Replica:
     """One replica of `group` with its own KV cache, numbered `index`; with speculative
     decoding, its own acceptance draws from a generator seeded by (`seed`, `index`)."""
-    kv = block_manager(
-        num_blocks=group.num_blocks,
-        block_size=group.block_size,
-        watermark=group.scheduler.watermark,
-        host_blocks=group.host_blocks,
-        prefix_caching=group.enable_prefix_caching,
-        tiers=group.kv_tiers,
-    )
     return Replica(
         env,
         index=index,
         scheduler=group.scheduler,
         timer=group.timer,
         recorder=recorder,
-        kv=kv,
+        kv=group.new_kv(),
         on_finish=on_finish,
         swap_s_per_block=group.swap_s_per_block,
         on_prefilled=on_prefilled,

@@ -51,6 +51,8 @@ from simulator.serving.cluster import (
     _Clients,
     build_replica,
     check_budgets,
+    run_to_end,
+    sim_result,
 )
 from simulator.serving.kv_transfer import TransferModel, transfer_links
 from simulator.serving.replica import Replica
@@ -260,26 +262,14 @@ def serve_disaggregated(
     decode = [replicas[i] for i in pools["decode"]]
     handoff.bind(replicas, group_of, Router(decode_router or router or RouterSpec(), decode, rng))
     env.process(client.send(requests, prefill_router))
-    env.run()
-    if client.outstanding:
-        raise RuntimeError(f"{client.outstanding} requests never finished")
-    itl_s, itl_weight = recorder.itl_sample()
+    run_to_end(env, client, replicas)
     frame = with_phases(
         recorder.request_frame(),
         prefill_replica=handoff.prefill_replica,
         decode_admit_s=handoff.decode_admit_s,
         kv_ready_s=handoff.kv_ready_s,
     )
-    return SimResult(
-        requests=frame,
-        steps=recorder.step_frame(),
-        itl_s=itl_s,
-        itl_weight=itl_weight,
-        memory=None,
-        kv_peak_fraction=max(r.kv.peak_used / r.kv.num_blocks for r in replicas),
-        num_replicas=len(replicas),
-        wall_s=time.perf_counter() - wall,
-    )
+    return sim_result(recorder, replicas, requests=frame, wall=wall)
 
 
 def serve_scenario(

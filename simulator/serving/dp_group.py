@@ -43,10 +43,10 @@ from simulator.costmodel.ops import (
 from simulator.costmodel.roofline import evaluate, total_launches, total_time
 from simulator.errors import SpecError
 from simulator.metrics.recorder import Recorder
-from simulator.serving.replica import Replica
+from simulator.serving.replica import Chunk, Replica
 from simulator.serving.request import Request
 from simulator.serving.scheduler import StepPlan, schedule
-from simulator.serving.stepping import Chunk, SteppedReplica, batch_of, check_plain_steps
+from simulator.serving.stepping import SteppedReplica, check_plain_steps
 from simulator.serving.steptime import StepTimer
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
@@ -204,7 +204,7 @@ class DPGroup:
                 raise RuntimeError(
                     f"replica {stuck.index}: nothing schedulable ({stuck.waiting[0]})"
                 )
-            batches = [batch_of(p) for p in plans]
+            batches = [r.batch_of(p) for r, p in zip(self.ranks, plans, strict=True)]
             swaps = (
                 max(p.swapped_out + p.swapped_in for p in plans)
                 * self.replica_group.swap_s_per_block

@@ -50,10 +50,10 @@ from simulator.costmodel.ops import stage_boundaries, step_ops
 from simulator.costmodel.roofline import evaluate, total_time
 from simulator.errors import SpecError
 from simulator.metrics.recorder import Recorder
-from simulator.serving.replica import Replica
+from simulator.serving.replica import Chunk, Replica
 from simulator.serving.request import Request
 from simulator.serving.scheduler import SchedulerSpec, StepPlan, schedule
-from simulator.serving.stepping import Chunk, SteppedReplica, batch_of, check_plain_steps
+from simulator.serving.stepping import SteppedReplica, check_plain_steps
 from simulator.serving.steptime import StepTimer
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
@@ -204,7 +204,7 @@ class PipelineReplica(SteppedReplica):
 
     def _launch(self, plan: StepPlan) -> None:
         """Time the batch through the engine core and the stages (FIFO at each)."""
-        chunks, decodes = batch_of(plan)
+        chunks, decodes = self.batch_of(plan)
         times = self.clock.times(chunks=chunks, decodes=decodes)
         swaps = (plan.swapped_out + plan.swapped_in) * self.swap_s_per_block
         start = max(self.env.now, self._cpu_free)

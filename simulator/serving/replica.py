@@ -31,6 +31,7 @@ from simulator.serving.speculative import Acceptance
 from simulator.serving.steptime import StepTimer
 
 MAX_SEGMENT_STEPS = 4096
+Chunk = tuple[int, int, bool]  # prefill tokens, cached offset, is the prompt's last chunk
 
 
 class Replica:
@@ -153,7 +154,17 @@ class Replica:
 
     def _step(self, plan: StepPlan) -> Generator[simpy.Event, Any, None]:
         start = self.env.now
-        chunks, decodes = [], []
+        chunks, decodes = self.batch_of(plan)
+        swaps = (plan.swapped_out + plan.swapped_in) * self.swap_s_per_block + plan.load_s
+        yield self.env.timeout(swaps + self.timer.mixed(chunks=chunks, decode_contexts=decodes))
+        self.apply(plan, chunks=chunks, decodes=decodes, start=start, end=self.env.now)
+
+    def batch_of(self, plan: StepPlan) -> tuple[list[Chunk], list[int]]:
+        """The plan as the cost model prices it: prefill chunks and the KV lengths of the
+        decodes (a decode: one token after the last sampled one, plus k proposals to verify
+        when speculating)."""
+        chunks: list[Chunk] = []
+        decodes: list[int] = []
         verify = self._verify  # tokens a decode computes: 1, or 1 + k when speculating
         for req, n in plan.entries:
             computed = req.num_computed
@@ -162,9 +173,20 @@ class Replica:
                 decodes.append(computed + 1)
             else:
                 chunks.append((n, computed, computed + n >= known))
-        swaps = (plan.swapped_out + plan.swapped_in) * self.swap_s_per_block + plan.load_s
-        yield self.env.timeout(swaps + self.timer.mixed(chunks=chunks, decode_contexts=decodes))
-        end = self.env.now
+        return chunks, decodes
+
+    def apply(
+        self,
+        plan: StepPlan,
+        *,
+        chunks: list[Chunk],
+        decodes: list[int],
+        start: float,
+        end: float,
+    ) -> None:
+        """The batch of `plan` (priced as `chunks` and `decodes`) ran from `start` to `end`:
+        advance its requests' counters, sample where a prompt or a decode completed, record
+        the step and the inter-token gaps."""
         gaps: list[float] = []
         speculating = self.speculator is not None  # (the loop runs for every request)
         for req, n in plan.entries:

@@ -32,8 +32,8 @@ from simulator.serving.dp_group import (
     LockstepTimer,
     with_dp_attention,
 )
+from simulator.serving.replica import Chunk
 from simulator.serving.router import RouterSpec
-from simulator.serving.stepping import Chunk
 from simulator.serving.workload import RequestTable
 from simulator.specs import load_model
 

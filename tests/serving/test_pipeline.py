@@ -3,6 +3,7 @@ the engine against the plain replica."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -21,9 +22,10 @@ import simulator as sim
 from simulator.costmodel.batch import BatchShape
 from simulator.errors import SpecError
 from simulator.serving.cluster import ReplicaGroup, SimResult, replica_group, serve
+from simulator.serving.kv_tiers import KVTiers
 from simulator.serving.pipeline import BatchTimes, MicroBatching, StageClock, with_micro_batching
+from simulator.serving.replica import Chunk
 from simulator.serving.scheduler import SchedulerSpec
-from simulator.serving.stepping import Chunk
 from simulator.serving.workload import RequestTable
 from simulator.specs import load_hardware
 
@@ -179,3 +181,13 @@ def test_bench_throughput_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert rate[1] > 1.3 * rate[0]
     code, _, err = run_cli(capsys, *args[:6], "--pipeline-micro-batching", "--num-prompts", "2")
     assert code == 2 and "pipeline_parallel_size > 1" in err
+
+
+def test_micro_batching_refuses_kv_tiers() -> None:
+    # KV tiers load between the plain loop's steps; the pipelined loop does not model them.
+    dep = llama_405b_pp2()
+    plain, _ = pipeline_groups(dep, make_requests((0.0, 10, 2)))
+    tiers = KVTiers(backend="native", replica_block_bytes=1.0, cpu_blocks=8, cpu_s_per_block=1e-3)
+    tiered = dataclasses.replace(plain, enable_prefix_caching=True, kv_tiers=tiers)
+    with pytest.raises(SpecError, match="KV offload tiers"):
+        with_micro_batching(tiered, **dep.parts)

@@ -11,7 +11,7 @@ from simulator import runner
 from simulator.api import Deployment, deployment
 from simulator.costmodel.batch import BatchShape
 from simulator.engine_args import EngineArgs
-from simulator.serving.stepping import Chunk
+from simulator.serving.replica import Chunk
 from simulator.serving.steptime import StepTimer
 from simulator.serving.workload import RandomDataset, WorkloadSpec
 
