@@ -84,9 +84,11 @@ def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
     )
 
 
-def _group(
+def build_group(
     model: ModelSpec, spec: ReplicaGroupSpec, requests: RequestTable
 ) -> tuple[ReplicaGroup, MemoryPlan, Deployment]:
+    """The replicas a scenario's group describes, sized for `requests`: their group (with its
+    engine loop), memory plan and deployment."""
     dep = group_deployment(model, spec)
     overrides = spec.scheduler.model_dump()
     scheduler = default_scheduler(dep.engine, **overrides)
@@ -116,7 +118,7 @@ def run(scenario: Scenario | str | Path) -> RunResult:
     model = load_model(scenario.model)
     requests = generate_requests(scenario.workload, rng=np.random.default_rng(scenario.seed))
     held = {"prefill": prefill_view(requests)}  # a prefill replica keeps prompt + 1 token
-    built = [_group(model, spec, held.get(spec.role, requests)) for spec in scenario.replicas]
+    built = [build_group(model, spec, held.get(spec.role, requests)) for spec in scenario.replicas]
     if scenario.disaggregated:
         groups, deps = [g for g, _, _ in built], [dep for _, _, dep in built]
         sim = serve_scenario(scenario, requests, groups=groups, deployments=deps)

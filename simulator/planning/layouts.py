@@ -18,9 +18,8 @@ from simulator.planning.bounds import LatencyFloors, capacity_ceiling, hopeless,
 from simulator.planning.fleet import FleetOption
 from simulator.planning.search import SearchOutcome, Verdict
 from simulator.planning.spec import HardwareCandidate, PlanSpec, PlanWorkload, Quantization
-from simulator.runner import group_deployment
+from simulator.runner import build_group
 from simulator.scenario import ReplicaGroupSpec, Scenario, SLOSpec
-from simulator.serving.cluster import ReplicaGroup, default_scheduler, replica_group
 from simulator.serving.scheduler import SchedulerSpec
 from simulator.serving.steptime import StepTimer
 from simulator.serving.workload import RequestTable, WorkloadSpec, generate_requests
@@ -215,20 +214,6 @@ class Prepared:
         )
 
 
-def _group(
-    spec: PlanSpec, dep: Deployment, sched: SchedulerSpec, requests: RequestTable
-) -> tuple[ReplicaGroup, MemoryPlan]:
-    """One replica of `dep` sized for `requests`, under the plan's engine settings."""
-    c = spec.candidates
-    return replica_group(
-        **dep.parts,
-        requests=requests,
-        scheduler=sched,
-        enforce_eager=c.enforce_eager,
-        gpu_memory_utilization=c.gpu_memory_utilization,
-    )
-
-
 def prepare(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) -> Prepared | str:
     """The layout's bounds, or why it is pruned before any simulation (it does not fit, is
     not a valid layout for this model or engine, or its latency floors miss an SLO)."""
@@ -244,10 +229,10 @@ def measure(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) 
     fit, or is not a valid layout for this model or engine)."""
     c, search = spec.candidates, spec.search
     try:
-        dep = group_deployment(model, layout.replica_group(spec))
-        sched = default_scheduler(dep.engine, **c.scheduler.model_dump())
+        one = layout.replica_group(spec)
         wide = flow.requests(flow.clamp(search.max_prompts))
-        group, memory = _group(spec, dep, sched, wide)
+        group, memory, dep = build_group(model, one, wide)
+        sched = group.scheduler
         ceiling = capacity_ceiling(
             dep,
             group.timer,
@@ -260,7 +245,7 @@ def measure(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) 
         wanted = math.ceil(search.duration_s * ceiling / 2)
         n = flow.clamp(min(max(wanted, search.min_prompts), search.max_prompts))
         sample = flow.requests(n)
-        group, _ = _group(spec, dep, sched, sample)  # the timer the simulations will use
+        group, _, _ = build_group(model, one, sample)  # the timer the simulations will use
     except SpecError as exc:  # not a valid layout here, or it does not fit
         return exc.reason
     floors = latency_floors(
