@@ -137,9 +137,11 @@ FAMILIES = (
         (
             Param("gemm.peak_fraction.fp8", 0.7, 0.1, 1.0),
             Param("gemm.extra_latency_s.fp8", 1 * _US, 0.0, 50 * _US),
+            Param("gemm.quant_fraction.fp8", 0.5, 0.01, 1.0),
             *_knots("gemm.size_curves.fp8", FLOP_KNOTS, elasticity=0.9),
+            *_knots("gemm.quant_size_curve", BYTE_KNOTS, elasticity=0.9),
         ),
-        {"gemm.size_curves.fp8": FLOP_KNOTS},
+        {"gemm.size_curves.fp8": FLOP_KNOTS, "gemm.quant_size_curve": BYTE_KNOTS},
     ),
     Family(
         "attention_prefill",
@@ -383,7 +385,14 @@ def render_engine(overhead: EngineOverhead, report: FitReport) -> str:
 
 # -- the generated file ---------------------------------------------------------------------------
 FITTED_KEYS = {
-    "gemm": ("peak_fraction", "size_curve", "size_curves", "extra_latency_s"),
+    "gemm": (
+        "peak_fraction",
+        "size_curve",
+        "size_curves",
+        "extra_latency_s",
+        "quant_fraction",
+        "quant_size_curve",
+    ),
     "memory": ("size_curve",),
     "attention": (
         "prefill_fraction",
@@ -442,6 +451,8 @@ def render(hw_id: str, device: str, eff: EfficiencySpec, reports: list[FitReport
         if r.rows
     ]
     lines.append("# fp16 takes bf16's peak fraction (same tensor path); int8 takes fp8's.")
+    lines.append("# quant_fraction: vLLM's fp8 activation-quantisation kernel run alone (an engine")
+    lines.append("# that fuses it into the kernel before, `fused_activation_quant`, skips it).")
     body = yaml.safe_dump(
         {"efficiency": fitted_section(eff)}, sort_keys=False, default_flow_style=None, width=100
     )

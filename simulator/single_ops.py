@@ -140,8 +140,10 @@ def gemm_cost(
     engine: str | EngineSpec | None = None,
     enforce_eager: bool = False,
 ) -> OpCost | EngineOpCost:
-    """One m x k by k x n GEMM. fp8/int8 need the device's matrix unit for that dtype.
-    With an engine, an EngineOpCost: the kernel plus its launch (`m` is the step's tokens)."""
+    """One m x k by k x n GEMM. fp8/int8 need the device's matrix unit for that dtype and
+    quantise the bf16 activations in a kernel of their own first. With an engine, an
+    EngineOpCost: the kernel as the engine runs it (its quantisation fused away where it
+    fuses it) plus its launch (`m` is the step's tokens)."""
     _positive(m=m, n=n, k=k)
     hw = _hw(hardware)
     if dtype not in ("bf16", "fp16", "fp8", "int8"):
@@ -151,8 +153,9 @@ def gemm_cost(
     act = dtype if dtype in ("bf16", "fp16") else "bf16"
     prec = Precision(weights=dtype, compute=dtype, kv_cache=act, activations=act)
     op = gemm("gemm", m=float(m), n=float(n), k=float(k), count=1, prec=prec)
-    cost = evaluate([op], hw)[0]
-    return _under_engine(cost, _engine(engine), enforce_eager=enforce_eager, num_tokens=m)
+    eng = _engine(engine)
+    cost = evaluate([op], hw, eng)[0]
+    return _under_engine(cost, eng, enforce_eager=enforce_eager, num_tokens=m)
 
 
 @overload
@@ -233,8 +236,7 @@ def attention_cost(
     )
     op = ops[0] if phase == "prefill" else ops[1]
     eng = _engine(engine)
-    factor = eng.attention_factor if eng else 1.0
-    cost = evaluate([op], _hw(hardware), attention_factor=factor)[0]
+    cost = evaluate([op], _hw(hardware), eng)[0]
     return _under_engine(cost, eng, enforce_eager=enforce_eager, num_tokens=tokens)
 
 

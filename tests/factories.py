@@ -125,14 +125,14 @@ def cost_model_step_s(
 
 
 def gpu_step(dep: Deployment, batch: BatchShape, *, offload: OffloadPlan | None = None) -> StepCost:
-    """`step_cost` of `batch` on `dep` at its engine's attention factor (GPU time only)."""
+    """`step_cost` of `batch` on `dep` as its engine runs it (GPU time only)."""
     return step_cost(
         dep.model,
         dep.hardware,
         dep.layout,
         dep.precision,
         batch,
-        attention_factor=dep.engine.attention_factor,
+        engine=dep.engine,
         offload=offload,
     )
 

@@ -198,9 +198,7 @@ def _wave(
     stacked = BatchShape(
         **{f: np.array([getattr(b, f) for b in shapes]) for f in BatchShape.__slots__}
     )
-    pre_cost = step_cost(
-        model, hw, layout, prec, stacked, attention_factor=engine.attention_factor, offload=offload
-    )
+    pre_cost = step_cost(model, hw, layout, prec, stacked, engine=engine, offload=offload)
     prefill = engine_step_time(
         pre_cost,
         engine,
@@ -229,9 +227,7 @@ def _wave(
     dec = BatchShape.decode(
         batch_size=np.full(context.shape, float(batch_size)), context_len=context, window=window
     )
-    dec_cost = step_cost(
-        model, hw, layout, prec, dec, attention_factor=engine.attention_factor, offload=offload
-    )
+    dec_cost = step_cost(model, hw, layout, prec, dec, engine=engine, offload=offload)
     decode = engine_step_time(
         dec_cost,
         engine,

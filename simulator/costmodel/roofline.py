@@ -19,6 +19,7 @@ import numpy as np
 
 from simulator.costmodel.batch import Num
 from simulator.costmodel.ops import Op
+from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 
 BOUNDS = ("compute", "memory", "latency", "network")
@@ -195,9 +196,11 @@ def _peak(hw: HardwareSpec, dtype: str) -> float:
 
 
 def _kernel_cost(
-    hw: HardwareSpec, op: Op, attention_factor: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(compute, memory, fixed) seconds of one kernel op."""
+    hw: HardwareSpec, op: Op, attention_factor: float, fused_quant: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(compute, memory, fixed, serial) seconds of one kernel op: `serial` is the memory-bound
+    kernel that must finish before it starts (`pre_bytes`), which overlaps nothing; none
+    where the engine fuses it into the kernel before (`fused_quant`)."""
     flops = np.asarray(op.flops, dtype=float)
     nbytes = np.asarray(op.bytes, dtype=float)
     eff = hw.efficiency
@@ -233,11 +236,13 @@ def _kernel_cost(
     busy = (flops > 0) | (nbytes > 0)
     latency = np.where(busy, _fixed_s(hw, op), 0.0)
     pre = np.asarray(op.pre_bytes, dtype=float)
-    if np.any(pre > 0):  # a separate memory-bound kernel first: its time and its launch
-        pre_eff = eff.memory.stream_fraction * eff.memory.size_curve(pre)
-        memory = memory + pre / (bw * pre_eff)
+    serial = np.zeros(1)
+    if not fused_quant and np.any(pre > 0):  # a separate kernel first: its time and launch
+        quant = eff.gemm.quant_fraction.get(op.dtype, eff.memory.stream_fraction)  # type: ignore[call-overload]
+        pre_eff = quant * eff.gemm.quant_size_curve(np.maximum(pre, 1.0))
+        serial = np.where(pre > 0, pre / (bw * pre_eff), 0.0)
         latency = latency + np.where(pre > 0, eff.kernel_latency_s, 0.0)
-    return compute, memory, latency
+    return compute, memory, latency, serial
 
 
 def _fixed_s(hw: HardwareSpec, op: Op) -> float | np.ndarray:
@@ -331,8 +336,12 @@ def _collective_cost(hw: HardwareSpec, op: Op) -> tuple[np.ndarray, np.ndarray]:
     return np.where(msg > 0, network, 0.0), latency
 
 
-def evaluate(ops: list[Op], hw: HardwareSpec, *, attention_factor: float = 1.0) -> list[OpCost]:
-    """Time every op on `hw`; `attention_factor` (the engine's) scales attention efficiency."""
+def evaluate(ops: list[Op], hw: HardwareSpec, engine: EngineSpec | None = None) -> list[OpCost]:
+    """Time every op on `hw` as `engine` runs it: its attention factor scales attention
+    efficiency, and it may fuse W8A8 activation quantisation away. Without an engine, every
+    kernel runs as measured alone (attention factor 1, quantisation in its own kernel)."""
+    attention_factor = engine.attention_factor if engine is not None else 1.0
+    fused_quant = engine.fused_activation_quant if engine is not None else False
     costs = []
     for op in ops:
         zero = np.zeros(1)
@@ -341,9 +350,10 @@ def evaluate(ops: list[Op], hw: HardwareSpec, *, attention_factor: float = 1.0) 
             compute = memory = zero
             time = network + latency
         else:
-            compute, memory, latency = _kernel_cost(hw, op, attention_factor)
+            compute, memory, latency, serial = _kernel_cost(hw, op, attention_factor, fused_quant)
             network = zero
-            time = np.maximum(compute, memory) + latency
+            time = np.maximum(compute, memory) + serial + latency
+            memory = memory + serial  # the pre-kernel's traffic counts as memory time
         costs.append(OpCost(op, time, compute, memory, network, latency))
     return costs
 

@@ -90,13 +90,14 @@ def step_cost(
     prec: Precision,
     batch: BatchShape,
     *,
-    attention_factor: float = 1.0,
+    engine: EngineSpec | None = None,
     offload: OffloadPlan | None = None,
 ) -> StepCost:
-    """GPU time of one step of `batch` on one replica (no engine CPU overheads), with what
-    `offload` adds (streamed weights, expert misses)."""
+    """GPU time of one step of `batch` on one replica as `engine`'s kernels run it (no engine
+    CPU overheads; see `roofline.evaluate`), with what `offload` adds (streamed weights,
+    expert misses)."""
     ops = step_ops(model, layout, prec, batch, gpus_per_node=hw.interconnect.gpus_per_node)
-    costs = evaluate(ops, hw, attention_factor=attention_factor)
+    costs = evaluate(ops, hw, engine)
     if offload is None:
         return StepCost(costs, total_time(costs))
     extras = tuple(offload.extras(model, costs, batch.num_tokens))

@@ -147,7 +147,7 @@ def token_ops_time(dep: Deployment, *, tokens: np.ndarray) -> np.ndarray:
         model, dep.layout, dep.precision, batch, gpus_per_node=hw.interconnect.gpus_per_node
     )
     tokens_only = [op for op in ops if op.scales_with == "tokens"]
-    costs = evaluate(tokens_only, hw, attention_factor=dep.engine.attention_factor)
+    costs = evaluate(tokens_only, hw, dep.engine)
     return np.broadcast_to(np.asarray(total_time(costs), dtype=float), np.shape(tokens)).copy()
 
 

@@ -69,7 +69,7 @@ def _phase(
         dep.layout,
         dep.precision,
         batch,
-        attention_factor=dep.engine.attention_factor,
+        engine=dep.engine,
     )
     engine = engine_overhead_rows(
         cost,

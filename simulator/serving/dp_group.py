@@ -71,31 +71,34 @@ class EPGroupTimes:
         hw: HardwareSpec,
         layout: Parallelism,
         prec: Precision,
+        engine: EngineSpec,
         max_rank_tokens: int,
     ) -> None:
-        self._args = (model, hw, layout, prec)
+        self._args = (model, hw, layout, prec, engine)
         tokens = np.arange(layout.dp * max_rank_tokens + 1, dtype=float)
-        gpu, kernels = _totals(expert_ffn_ops(model, layout, prec, group_tokens=tokens), hw)
+        ffn = expert_ffn_ops(model, layout, prec, group_tokens=tokens)
+        gpu, kernels = _totals(ffn, hw, engine)
         self._ffn_gpu, self._ffn_k = gpu.tolist(), kernels.tolist()
         self._a2a: dict[float, tuple[float, float]] = {}
 
     def cost(self, *, group_tokens: int, sender_tokens: int) -> tuple[float, float]:
         """(GPU seconds, kernel launches) for `group_tokens` tokens over all ranks, the largest
         rank holding `sender_tokens`."""
-        model, hw, layout, prec = self._args
+        model, hw, layout, prec, engine = self._args
         moved = float(
             dispatch_tokens(layout, group_tokens=group_tokens, sender_tokens=sender_tokens)
         )
         if moved not in self._a2a:
-            gpu, kernels = _totals(dispatch_ops(model, layout, prec, tokens=moved), hw)
+            gpu, kernels = _totals(dispatch_ops(model, layout, prec, tokens=moved), hw, engine)
             self._a2a[moved] = (float(gpu[0]), float(kernels[0]))
         a2a_gpu, a2a_k = self._a2a[moved]
         return self._ffn_gpu[group_tokens] + a2a_gpu, self._ffn_k[group_tokens] + a2a_k
 
 
-def _totals(ops: list[Op], hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(GPU seconds, kernel launches) of `ops`, summed over the ops, per batch element."""
-    costs = evaluate(ops, hw)
+def _totals(ops: list[Op], hw: HardwareSpec, engine: EngineSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU seconds, kernel launches) of `ops` as `engine` runs them, summed over the ops, per
+    batch element."""
+    costs = evaluate(ops, hw, engine)
     return total_time(costs), total_launches(costs)
 
 
@@ -265,6 +268,7 @@ def with_dp_attention(
         hw=hw,
         layout=layout,
         prec=prec,
+        engine=engine,
         max_rank_tokens=max(spec.max_num_batched_tokens, spec.max_num_seqs),
     )
     timer = LockstepTimer(

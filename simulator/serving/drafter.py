@@ -199,7 +199,7 @@ class Drafter:
             self.layout,
             self.prec,
             shape,
-            attention_factor=self.engine.attention_factor,
+            engine=self.engine,
         )
         target_s = engine_step_time(
             cost, self.engine, num_tokens=n * q, num_seqs=n, enforce_eager=enforce_eager
@@ -264,7 +264,7 @@ class Drafter:
             batch,
             gpus_per_node=self.hw.interconnect.gpus_per_node,
         )
-        costs = evaluate(ops, self.hw, attention_factor=self.engine.attention_factor)
+        costs = evaluate(ops, self.hw, self.engine)
         launch = launch_time(
             total_launches(costs), self.engine, num_tokens=tokens, enforce_eager=enforce_eager
         )

@@ -110,14 +110,14 @@ class StageClock:
         ]
         self._send = {  # one boundary's transfer, inside a node (False) or between nodes
             c.op.scale_out: np.broadcast_to(c.time_s, (max_tokens + 1,)).tolist()
-            for c in evaluate(sends, hw)
+            for c in evaluate(sends, hw, engine)
         }
         tail_ops = [
             op
             for op in step_ops(model, layout, prec, sampled, gpus_per_node=gpn)
             if op.scales_with == "sampled"
         ]
-        tail = np.zeros(max_seqs + 1) + total_time(evaluate(tail_ops, hw))
+        tail = np.zeros(max_seqs + 1) + total_time(evaluate(tail_ops, hw, engine))
         self._tail = tail.tolist()
         self._step_s, self._per_seq_s = engine.overhead.step_s, engine.overhead.per_seq_s
 

@@ -154,7 +154,7 @@ class StepTimer:
                 window=self._window,
             )
             ref_ops = ops(model, layout, prec, ref, gpus_per_node=hw.interconnect.gpus_per_node)
-            ref_costs = evaluate(ref_ops, hw, attention_factor=engine.attention_factor)
+            ref_costs = evaluate(ref_ops, hw, engine)
             self._stream = offload.streaming_curve(model, ref_costs)
         ov = engine.overhead
         self._graphs = engine.cuda_graphs and not enforce_eager
@@ -231,7 +231,7 @@ class StepTimer:
             )
             if op.scales_with == scales_with
         ]
-        costs = evaluate(ops, hw, attention_factor=self._engine.attention_factor)
+        costs = evaluate(ops, hw, self._engine)
         size = np.broadcast_shapes(*(np.shape(getattr(batch, f)) for f in BatchShape.__slots__))
         gpu, kernels = np.zeros(size) + total_time(costs), np.zeros(size) + total_launches(costs)
         if self._offload is not None and scales_with == "tokens":

@@ -39,6 +39,11 @@ class EngineSpec(Frozen):
     attention_factor: float = Field(
         default=1.0, gt=0, le=2, description="multiplies the device's attention efficiency"
     )
+    fused_activation_quant: bool = Field(
+        default=True,
+        description="quantises a W8A8 GEMM's activations inside the kernel before it (norm, "
+        "activation) rather than in a separate kernel",
+    )
     memory_reserve_bytes: Bytes = Field(
         ge=0,
         description="non-KV memory outside weights and activations: CUDA context, "

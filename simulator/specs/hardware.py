@@ -171,6 +171,15 @@ class GemmEfficiency(Frozen):
     extra_latency_s: dict[ComputeDtype, Seconds] = Field(
         default_factory=dict, description="per-dtype fixed cost on top of the kernel latency"
     )
+    quant_fraction: dict[ComputeDtype, float] = Field(
+        default_factory=dict,
+        description="per-dtype fraction of DRAM bandwidth the activation-quantisation kernel "
+        "before a W8A8 GEMM reaches (default: the memory stream fraction)",
+    )
+    quant_size_curve: Curve = Field(
+        default_factory=lambda: flat(1.0),
+        description="multiplier on quant_fraction by the bytes the quantisation kernel moves",
+    )
 
 
 class MemoryEfficiency(Frozen):

@@ -107,10 +107,9 @@ def _predict_group(
     p = conf["prompt_size"].to_numpy(dtype=float)
     t = conf["token_size"].to_numpy(dtype=int)
     window = model.attention.sliding_window
-    factor = engine.attention_factor
 
     pre = BatchShape.prefill(batch_size=b, prompt_len=p, window=window)
-    pre_step = step_cost(model, hw, layout, prec, pre, attention_factor=factor)
+    pre_step = step_cost(model, hw, layout, prec, pre, engine=engine)
     prefill = engine_step_time(
         pre_step, engine, num_tokens=pre.num_tokens, num_seqs=b, enforce_eager=True
     )
@@ -122,7 +121,7 @@ def _predict_group(
     context = np.repeat(p, steps) + 1.0 + (np.arange(steps.sum()) - first)
     batch = np.repeat(b, steps)
     dec = BatchShape.decode(batch_size=batch, context_len=context, window=window)
-    dec_step = step_cost(model, hw, layout, prec, dec, attention_factor=factor)
+    dec_step = step_cost(model, hw, layout, prec, dec, engine=engine)
     per_step = engine_step_time(
         dec_step, engine, num_tokens=batch, num_seqs=batch, enforce_eager=True
     )

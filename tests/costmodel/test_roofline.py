@@ -19,7 +19,7 @@ from simulator.costmodel.memory import layer_weight_bytes
 from simulator.costmodel.ops import Op, collective, gemm, step_ops
 from simulator.costmodel.roofline import OpCost, collective_bandwidth, evaluate, wire_bytes
 from simulator.costmodel.step import kernel_launches, step_cost
-from simulator.specs import load_hardware
+from simulator.specs import load_engine, load_hardware
 from simulator.specs.deployment import Precision
 
 MiB = 1024**2
@@ -104,7 +104,8 @@ def test_fp8_gemm_runs_at_the_fp8_peak() -> None:
     # 1-byte weights and 1-byte activations and writes 2-byte outputs:
     #   4096 x 4096 x 1 + 4096 x 4096 x 1 + 4096 x 4096 x 2 bytes.
     # A quantisation kernel runs first: read 4096 x 4096 x 2, write 4096 x 4096 x 1 (pre_bytes),
-    # memory-bound, with its own kernel latency.
+    # memory-bound, with its own kernel latency. It overlaps nothing: its time adds to the
+    # GEMM's max(compute, memory) however compute-bound the GEMM is.
     flops = 2 * 4096**3
     cost = gemm_cost(hardware=H100, m=4096, n=4096, k=4096, dtype="fp8")
     assert scalar(cost.compute_s) == pytest.approx(
@@ -115,6 +116,48 @@ def test_fp8_gemm_runs_at_the_fp8_peak() -> None:
     quant_s = 4096 * 4096 * 3 / H100_DRAM
     assert scalar(cost.memory_s) == pytest.approx(4096 * 4096 * 4 / H100_DRAM + quant_s, rel=1e-6)
     assert scalar(cost.latency_s) == pytest.approx(2 * KERNEL_LATENCY, rel=1e-6)
+    assert scalar(cost.time_s) == pytest.approx(
+        scalar(cost.compute_s) + quant_s + 2 * KERNEL_LATENCY, rel=1e-6
+    )
+
+
+def test_an_engine_that_fuses_activation_quantisation_skips_its_kernel() -> None:
+    # vLLM (torch.compile fusion) and TensorRT-LLM (fused norm + FP8 quant) write fp8 activations
+    # from the kernel before; SGLang and llama.cpp run the quantisation as a kernel of its own.
+    engines = {name: load_engine(name) for name in ("vllm", "trtllm", "sglang")}
+    assert engines["vllm"].fused_activation_quant and engines["trtllm"].fused_activation_quant
+    assert not engines["sglang"].fused_activation_quant
+    prec = Precision(weights="fp8", compute="fp8", kv_cache="bf16", activations="bf16")
+    op = gemm("gemm", m=4096.0, n=4096.0, k=4096.0, count=1, prec=prec)
+    alone, fused, separate = (
+        evaluate([op], H100, engine)[0] for engine in (None, engines["vllm"], engines["sglang"])
+    )
+    quant_s = 4096 * 4096 * 3 / H100_DRAM
+    assert scalar(fused.time_s) == pytest.approx(scalar(fused.compute_s) + KERNEL_LATENCY)
+    assert scalar(alone.time_s) - scalar(fused.time_s) == pytest.approx(
+        quant_s + KERNEL_LATENCY, rel=1e-6
+    )
+    assert scalar(separate.time_s) == pytest.approx(scalar(alone.time_s))
+    # a bf16 GEMM has nothing to quantise: every engine prices it alike
+    bf16 = gemm("gemm", m=4096.0, n=4096.0, k=4096.0, count=1, prec=BF16)
+    times = {scalar(evaluate([bf16], H100, e)[0].time_s) for e in (None, *engines.values())}
+    assert len(times) == 1
+
+
+def test_the_quantisation_kernel_runs_at_its_own_measured_speed() -> None:
+    # Calibrated H100: vLLM 0.14's fp8 quantisation kernel alone reaches `quant_fraction` of
+    # DRAM bandwidth (x its size curve), not the STREAM fraction.
+    hw = load_hardware("h100_sxm")
+    quant = hw.efficiency.gemm.quant_fraction["fp8"]
+    assert quant < 0.5 * hw.efficiency.memory.stream_fraction
+    m, k = 8192, 8192
+    pre = m * k * 3.0
+    cost = gemm_cost(hardware=hw, m=m, n=32, k=k, dtype="fp8")  # a thin GEMM: the quant dominates
+    quant_s = pre / (
+        hw.memory.bandwidth_bytes_per_s * quant * hw.efficiency.gemm.quant_size_curve(pre)
+    )
+    assert scalar(cost.time_s) > quant_s
+    assert scalar(cost.time_s) < 1.2 * quant_s
 
 
 # -- (b) a llama-2-7b decode step -----------------------------------------------------------------

@@ -149,6 +149,7 @@ def test_imbalance_slows_the_shared_part() -> None:
             hw=dep.hardware,
             layout=dep.layout,
             prec=dep.precision,
+            engine=dep.engine,
             max_rank_tokens=64,
         )
         return times.cost(group_tokens=16 * 64, sender_tokens=64)[0]
