@@ -20,7 +20,7 @@ import numpy as np
 from simulator.costmodel.batch import Num
 from simulator.costmodel.ops import Op
 from simulator.specs.engine import EngineSpec
-from simulator.specs.hardware import HardwareSpec
+from simulator.specs.hardware import DecodeSplit, HardwareSpec
 
 BOUNDS = ("compute", "memory", "latency", "network")
 
@@ -102,6 +102,10 @@ DECODE_SPLIT = 256.0  # KV tokens per unit of decode work (the size measure of t
 # hopper/tile_size.h (tile_size_fwd_sm90, paged_kv_non_TMA).
 DECODE_TILE_N = 128.0
 DECODE_TILE_M = 64.0
+# vLLM 0.2 PagedAttention V2: PARTITION_SIZE 512 tokens; the V1 kernel (no partitions) runs
+# once num_seqs x num_heads > 512 at max context <= 8192 (vllm/model_executor/layers/attention.py).
+PAGED_V2_PARTITION = 512.0
+PAGED_V2_MAX_PAIRS = 512.0
 DECODE_BOUND_POWER = 4.0  # p of the p-norm joining the bandwidth and per-block decode times
 
 
@@ -122,45 +126,83 @@ def _group(op: Op) -> float:
     return max(op.heads, 1.0) / max(op.kv_heads, 1.0)
 
 
-def decode_blocks(hw: HardwareSpec, op: Op) -> np.ndarray:
-    """Thread blocks a paged decode kernel launches under the device's `decode_split`:
-    sequences x KV heads x packed query tiles (FlashAttention packs a GQA group's query heads
-    into one block's rows) x KV splits. A split kernel gives each block at least one 128-token
-    KV tile and otherwise splits until the blocks fill its target: `fa2` (vLLM's FA2 paged
-    path, flash_api.cpp mha_varlen_fwd: num_splits_heuristic over 2 x SMs) two blocks per SM;
-    `fa3` (hopper/flash_prepare_scheduler.cu, dynamic split with a 10% margin) SMs / 1.1; no
-    split once sequences x heads alone reach it.
+def decode_split(hw: HardwareSpec, engine: EngineSpec | None = None) -> DecodeSplit:
+    """The split-KV rule of the decode kernel: the engine's where it names one, else the
+    device's."""
+    if engine is not None and engine.decode_split is not None:
+        return engine.decode_split
+    return hw.efficiency.attention.decode_split
+
+
+def decode_blocks(hw: HardwareSpec, op: Op, split: DecodeSplit | None = None) -> np.ndarray:
+    """Thread blocks a paged decode kernel launches under `split` (default: the device's
+    `decode_split`): sequences x KV heads x packed query tiles (FlashAttention packs a GQA
+    group's query heads into one block's rows) x KV splits. A split kernel gives each block at
+    least one 128-token KV tile and otherwise splits until the blocks fill its target: `fa2`
+    (vLLM's FA2 paged path, flash_api.cpp mha_varlen_fwd: num_splits_heuristic over 2 x SMs)
+    two blocks per SM, and only for GQA layers (the split-KV path is taken only where the
+    query's group is swapped into rows, `seqlenq_ngroups_swapped`; an MHA block streams its
+    sequence's whole KV); `fa3` (hopper/flash_prepare_scheduler.cu, dynamic split with a 10%
+    margin) SMs / 1.1; no split once sequences x heads alone reach it. `paged_v2` (vLLM 0.2's
+    PagedAttention, csrc/attention/attention_kernels.cu and layers/attention.py) launches one
+    block per (query head, sequence, 512-token partition), and its V1 kernel (no partitions)
+    once sequences x heads pass 512 with contexts up to 8192.
 
     Continuous in the KV length and the batch, and never falling as either grows: the real
-    heuristics pick integer splits (eligibility rules, wave rounding) whose jumps would make
-    a longer context faster, so the split count is the smooth fill, not the chosen integer.
-    Not modelled: per-sequence splits of a batch with mixed lengths (`seq_len` is the mean);
-    that vLLM 0.14's FA2 path splits only GQA layers (an MHA block streams its sequence's
-    whole KV): the A100 spec also serves vLLM 0.2, whose PagedAttention V2 splits MHA too, and
-    the split is the device's choice here, not the engine's.
+    heuristics pick integer splits (eligibility rules, wave rounding, the V1/V2 switch) whose
+    jumps would make a longer context or a larger batch faster, so the split count is the
+    smooth fill, not the chosen integer, and past the V1 switch `paged_v2` keeps the
+    partitions of 512 (sequence, head) pairs. Not modelled: per-sequence splits of a batch
+    with mixed lengths (`seq_len` is the mean).
     """
+    split = hw.efficiency.attention.decode_split if split is None else split
     seqs = np.maximum(np.asarray(op.batch, dtype=float), 1.0)
-    tiles = np.maximum(np.asarray(op.seq_len, dtype=float) / DECODE_TILE_N, 1.0)
+    length = np.asarray(op.seq_len, dtype=float)
+    if split == "paged_v2":
+        pairs = seqs * max(op.heads, 1.0)
+        parts = np.maximum(length / PAGED_V2_PARTITION, 1.0)
+        return np.maximum(pairs, np.minimum(pairs, PAGED_V2_MAX_PAIRS) * parts)
+    tiles = np.maximum(length / DECODE_TILE_N, 1.0)
     rows = np.ceil(_group(op) / DECODE_TILE_M)
     unsplit = seqs * max(op.kv_heads, 1.0) * rows
     units = float(hw.compute.units)
-    match hw.efficiency.attention.decode_split:
+    match split:
         case "none":
             return unsplit
         case "fa2":
+            if _group(op) <= 1.0:
+                return unsplit
             fill = 2.0 * units
         case "fa3":
             fill = units / 1.1
     return np.minimum(unsplit * tiles, np.maximum(unsplit, fill))
 
 
-def _decode_slots(hw: HardwareSpec) -> float:
-    """Decode blocks resident at once: two per SM for FA2's 128-thread blocks, else one."""
-    per_sm = 2.0 if hw.efficiency.attention.decode_split == "fa2" else 1.0
+def _decode_slots(hw: HardwareSpec, split: DecodeSplit) -> float:
+    """Decode blocks resident at once: two per SM for the 128-thread blocks of FA2 and
+    PagedAttention, else one."""
+    per_sm = 2.0 if split in ("fa2", "paged_v2") else 1.0
     return per_sm * hw.compute.units
 
 
-def _decode_kv_s(hw: HardwareSpec, op: Op, attention_factor: float) -> np.ndarray:
+@dataclass(frozen=True, slots=True)
+class _Kernels:
+    """How an engine runs the kernels on a device (`evaluate`'s engine, resolved once)."""
+
+    attention_factor: float
+    fused_quant: bool
+    split: DecodeSplit
+
+
+def _kernels(hw: HardwareSpec, engine: EngineSpec | None) -> _Kernels:
+    if engine is None:  # every kernel as measured alone
+        return _Kernels(1.0, False, decode_split(hw))
+    return _Kernels(
+        engine.attention_factor, engine.fused_activation_quant, decode_split(hw, engine)
+    )
+
+
+def _decode_kv_s(hw: HardwareSpec, op: Op, k: _Kernels) -> np.ndarray:
     """Seconds to read the KV cache: at the kernel's efficiency (fraction x curves of length,
     work and group), and no faster than the resident blocks stream it one page after another
     (`decode_block_bytes_per_s` per block), which bounds a few long blocks. The two times are
@@ -172,7 +214,7 @@ def _decode_kv_s(hw: HardwareSpec, op: Op, attention_factor: float) -> np.ndarra
     eff = np.minimum(
         1.0,
         at.decode_fraction
-        * attention_factor
+        * k.attention_factor
         * kv
         * at.decode_len_curve(op.seq_len)
         * at.decode_parallel_curve(attention_work(op, tile=DECODE_SPLIT))
@@ -183,8 +225,8 @@ def _decode_kv_s(hw: HardwareSpec, op: Op, attention_factor: float) -> np.ndarra
     rate = at.decode_block_bytes_per_s
     if rate is None:
         return seconds
-    resident = np.minimum(decode_blocks(hw, op), _decode_slots(hw))
-    chained = kv_bytes / (rate * attention_factor * kv * resident)
+    resident = np.minimum(decode_blocks(hw, op, k.split), _decode_slots(hw, k.split))
+    chained = kv_bytes / (rate * k.attention_factor * kv * resident)
     # A soft maximum: near the crossing both limits cost (and the fit sees a gradient).
     p = DECODE_BOUND_POWER
     return (seconds**p + chained**p) ** (1.0 / p)
@@ -196,11 +238,11 @@ def _peak(hw: HardwareSpec, dtype: str) -> float:
 
 
 def _kernel_cost(
-    hw: HardwareSpec, op: Op, attention_factor: float, fused_quant: bool
+    hw: HardwareSpec, op: Op, k: _Kernels
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(compute, memory, fixed, serial) seconds of one kernel op: `serial` is the memory-bound
     kernel that must finish before it starts (`pre_bytes`), which overlaps nothing; none
-    where the engine fuses it into the kernel before (`fused_quant`)."""
+    where the engine fuses it into the kernel before (`k.fused_quant`)."""
     flops = np.asarray(op.flops, dtype=float)
     nbytes = np.asarray(op.bytes, dtype=float)
     eff = hw.efficiency
@@ -217,27 +259,27 @@ def _kernel_cost(
         case "attention_prefill":
             comp_eff = (
                 at.prefill_fraction
-                * attention_factor
+                * k.attention_factor
                 * kv
                 * at.prefill_len_curve(op.seq_len)
                 * at.prefill_parallel_curve(attention_work(op, tile=PREFILL_TILE))
                 * at.prefill_group_curve(_group(op))
             )
         case "attention_decode":
-            comp_eff = at.prefill_fraction * attention_factor
+            comp_eff = at.prefill_fraction * k.attention_factor
             # KV-cache reads stream at the kernel's efficiency; the per-sequence query,
             # output and new-KV traffic at the device's.
             rest = np.maximum(nbytes - np.asarray(op.kv_bytes, dtype=float), 0.0)
             rest_eff = eff.memory.stream_fraction * eff.memory.size_curve(np.maximum(rest, 1.0))
-            memory = _decode_kv_s(hw, op, attention_factor) + rest / (bw * rest_eff)
+            memory = _decode_kv_s(hw, op, k) + rest / (bw * rest_eff)
         case _:
             comp_eff = 1.0
     compute = np.divide(flops, peak * comp_eff, out=np.zeros_like(flops), where=flops > 0)
     busy = (flops > 0) | (nbytes > 0)
-    latency = np.where(busy, _fixed_s(hw, op), 0.0)
+    latency = np.where(busy, _fixed_s(hw, op, k.split), 0.0)
     pre = np.asarray(op.pre_bytes, dtype=float)
     serial = np.zeros(1)
-    if not fused_quant and np.any(pre > 0):  # a separate kernel first: its time and launch
+    if not k.fused_quant and np.any(pre > 0):  # a separate kernel first: its time and launch
         quant = eff.gemm.quant_fraction.get(op.dtype, eff.memory.stream_fraction)  # type: ignore[call-overload]
         pre_eff = quant * eff.gemm.quant_size_curve(np.maximum(pre, 1.0))
         serial = np.where(pre > 0, pre / (bw * pre_eff), 0.0)
@@ -245,7 +287,7 @@ def _kernel_cost(
     return compute, memory, latency, serial
 
 
-def _fixed_s(hw: HardwareSpec, op: Op) -> float | np.ndarray:
+def _fixed_s(hw: HardwareSpec, op: Op, split: DecodeSplit) -> float | np.ndarray:
     """Fixed cost of one call of the op's kernel(s) (attention: plus a time per wave of thread
     blocks)."""
     attn = hw.efficiency.attention
@@ -260,8 +302,8 @@ def _fixed_s(hw: HardwareSpec, op: Op) -> float | np.ndarray:
             base = hw.efficiency.kernel_latency_s if fixed is None else fixed
             return (
                 base
-                + attn.decode_wave_s * decode_blocks(hw, op) / units
-                + attn.decode_gqa_copy_s * _gqa_relayout(hw, op)
+                + attn.decode_wave_s * decode_blocks(hw, op, split) / units
+                + attn.decode_gqa_copy_s * _gqa_relayout(op, split)
             )
         case "gemm":
             extra = hw.efficiency.gemm.extra_latency_s.get(op.dtype, 0.0)  # type: ignore[call-overload]
@@ -270,11 +312,11 @@ def _fixed_s(hw: HardwareSpec, op: Op) -> float | np.ndarray:
             return hw.efficiency.kernel_latency_s
 
 
-def _gqa_relayout(hw: HardwareSpec, op: Op) -> np.ndarray:
+def _gqa_relayout(op: Op, split: DecodeSplit) -> np.ndarray:
     """1 where vLLM's FA2 decode re-lays out the query of a GQA layer into (group, KV heads)
     rows with a copy (flash_api.cpp mha_varlen_fwd, `seqlenq_ngroups_swapped`: a view for one
     sequence or one KV head, a copy otherwise), else 0."""
-    gqa = hw.efficiency.attention.decode_split == "fa2" and op.heads > op.kv_heads >= 2
+    gqa = split == "fa2" and op.heads > op.kv_heads >= 2
     return np.where(gqa & (np.asarray(op.batch, dtype=float) >= 2), 1.0, 0.0)
 
 
@@ -340,8 +382,7 @@ def evaluate(ops: list[Op], hw: HardwareSpec, engine: EngineSpec | None = None) 
     """Time every op on `hw` as `engine` runs it: its attention factor scales attention
     efficiency, and it may fuse W8A8 activation quantisation away. Without an engine, every
     kernel runs as measured alone (attention factor 1, quantisation in its own kernel)."""
-    attention_factor = engine.attention_factor if engine is not None else 1.0
-    fused_quant = engine.fused_activation_quant if engine is not None else False
+    kernels = _kernels(hw, engine)
     costs = []
     for op in ops:
         zero = np.zeros(1)
@@ -350,7 +391,7 @@ def evaluate(ops: list[Op], hw: HardwareSpec, engine: EngineSpec | None = None) 
             compute = memory = zero
             time = network + latency
         else:
-            compute, memory, latency, serial = _kernel_cost(hw, op, attention_factor, fused_quant)
+            compute, memory, latency, serial = _kernel_cost(hw, op, kernels)
             network = zero
             time = np.maximum(compute, memory) + serial + latency
             memory = memory + serial  # the pre-kernel's traffic counts as memory time

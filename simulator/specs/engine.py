@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from simulator.specs._base import Bytes, Frozen, Seconds
+from simulator.specs.hardware import DecodeSplit
 
 
 class EngineOverhead(Frozen):
@@ -38,6 +39,11 @@ class EngineSpec(Frozen):
     cuda_graph_max_tokens: int = Field(ge=0, description="largest step (tokens) that is captured")
     attention_factor: float = Field(
         default=1.0, gt=0, le=2, description="multiplies the device's attention efficiency"
+    )
+    decode_split: DecodeSplit | None = Field(
+        default=None,
+        description="the split-KV rule of the engine's decode kernel where it is not the "
+        "device's (`attention.decode_split`)",
     )
     fused_activation_quant: bool = Field(
         default=True,

@@ -189,7 +189,7 @@ class MemoryEfficiency(Frozen):
     size_curve: Curve = Field(default_factory=lambda: flat(1.0))
 
 
-DecodeSplit = Literal["none", "fa2", "fa3"]
+DecodeSplit = Literal["none", "fa2", "fa3", "paged_v2"]
 
 
 class AttentionEfficiency(Frozen):
@@ -207,9 +207,11 @@ class AttentionEfficiency(Frozen):
     little work each).
 
     Decode thread blocks follow the kernel's split-KV choice (`decode_split`): `none`, one block
-    per (sequence, KV head); `fa2`, vLLM's FlashAttention-2 paged path, which splits the KV to
-    fill two blocks per SM; `fa3`, FlashAttention-3's dynamic split, which fills the SMs (see
-    `roofline.decode_blocks`). With
+    per (sequence, KV head); `fa2`, vLLM's FlashAttention-2 paged path, which splits the KV of
+    GQA layers to fill two blocks per SM and never splits MHA layers; `fa3`, FlashAttention-3's
+    dynamic split, which fills the SMs; `paged_v2`, vLLM 0.2's PagedAttention V2, 512-token
+    partitions per (sequence, query head) (see `roofline.decode_blocks`). An engine profile
+    may name its own (`EngineSpec.decode_split`). With
     `decode_block_bytes_per_s` set, the KV read also takes at least its bytes over that rate
     times the resident blocks: one block walks its pages one after another, so a few long
     blocks are latency-bound whatever the bandwidth. `decode_gqa_copy_s` is the extra cost of
@@ -229,7 +231,8 @@ class AttentionEfficiency(Frozen):
     decode_fixed_s: Seconds | None = Field(default=None, ge=0)
     decode_wave_s: Seconds = Field(default=0.0, ge=0, description="time per wave of blocks")
     decode_split: DecodeSplit = Field(
-        default="none", description="split-KV heuristic of the decode kernel (none, fa2, fa3)"
+        default="none",
+        description="split-KV heuristic of the decode kernel (none, fa2, fa3, paged_v2)",
     )
     decode_block_bytes_per_s: BytesPerS | None = Field(
         default=None, gt=0, description="KV bytes/s of one resident decode block (None: no bound)"

@@ -2,7 +2,9 @@
 and the FA2 GQA re-layout cost: hand-computed cases, plus monotonicity in context and batch.
 
 Hand numbers use SM counts of 108 (A100) and 132 (H100) and 128-token KV tiles:
-  fa3 fills 132 / 1.1 = 120 blocks, fa2 fills 2 x 108 = 216, none keeps sequences x KV heads.
+  fa3 fills 132 / 1.1 = 120 blocks, fa2 fills 2 x 108 = 216 (GQA layers only), none keeps
+  sequences x KV heads; paged_v2 (vLLM 0.2) launches sequences x query heads x 512-token
+  partitions.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from simulator.costmodel.batch import BatchShape, Num
 from simulator.costmodel.ops import Op, attention_ops
 from simulator.costmodel.roofline import decode_blocks, evaluate
 from simulator.errors import SpecError
-from simulator.specs import HardwareSpec, load_hardware
+from simulator.specs import HardwareSpec, load_engine, load_hardware
 from simulator.specs.deployment import Precision
 
 BF16 = Precision(weights="bf16", compute="bf16", kv_cache="bf16", activations="bf16")
@@ -60,6 +62,19 @@ def test_the_calibrated_devices_name_their_kernels_split() -> None:
         (H100, "fa3", {"heads": 8, "kv_heads": 1, "batch": 1, "context": 131072}, 120.0),
         (A100, "fa2", {"heads": 8, "kv_heads": 1, "batch": 1, "context": 131072}, 216.0),
         (A100, "none", {"heads": 8, "kv_heads": 1, "batch": 1, "context": 131072}, 1.0),
+        # fa2 never splits an MHA layer: one block per (sequence, head) whatever the context
+        (A100, "fa2", {"heads": 8, "kv_heads": 8, "batch": 1, "context": 131072}, 8.0),
+        (A100, "fa2", {"heads": 8, "kv_heads": 8, "batch": 3, "context": 4096}, 24.0),
+        # paged_v2: 2 sequences x 14 heads x 4096 / 512 partitions
+        (A100, "paged_v2", {"heads": 14, "kv_heads": 14, "batch": 2, "context": 4096}, 224.0),
+        # GQA: a block per query head, not per KV head: 1 x 8 x 131072 / 512
+        (A100, "paged_v2", {"heads": 8, "kv_heads": 1, "batch": 1, "context": 131072}, 2048.0),
+        # shorter than a partition: one block per (sequence, head)
+        (A100, "paged_v2", {"heads": 14, "kv_heads": 14, "batch": 2, "context": 300}, 28.0),
+        # past 512 (sequence, head) pairs (the V1 switch): partitions of 512 pairs at most,
+        # never fewer blocks than pairs: 64 x 14 = 896 pairs; 512 x 2048 / 512 = 2048
+        (A100, "paged_v2", {"heads": 14, "kv_heads": 14, "batch": 64, "context": 2048}, 2048.0),
+        (A100, "paged_v2", {"heads": 14, "kv_heads": 14, "batch": 64, "context": 256}, 896.0),
         # 1024 tokens = 8 tiles: at most one block per tile, 4 sequences x 2 KV heads x 8
         (H100, "fa3", {"heads": 16, "kv_heads": 2, "batch": 4, "context": 1024}, 64.0),
         # shorter than a tile: one block per (sequence, KV head)
@@ -100,6 +115,18 @@ def relayout_s(split: str, *, heads: int, kv_heads: int, batch: int) -> float:
     return latency(6e-6) - latency(0.0)
 
 
+def test_an_engine_names_its_own_split() -> None:
+    # vLLM 0.2 ran PagedAttention V2 on the A100, whose own kernel (vLLM 0.14's FA2) never
+    # splits MHA: one long MHA sequence is 14 blocks there and 14 x 8 partitions under vLLM 0.2
+    engine = load_engine("vllm-0.2")
+    assert engine.decode_split == "paged_v2" and load_engine("vllm").decode_split is None
+    op = decode_op(heads=14, kv_heads=14, batch=1, context=4096)
+    assert float(np.ravel(decode_blocks(A100, op))[0]) == 14.0
+    assert float(np.ravel(decode_blocks(A100, op, engine.decode_split))[0]) == 14.0 * 8
+    alone, under_engine = (evaluate([op], A100, e)[0] for e in (None, engine))
+    assert float(np.ravel(under_engine.time_s)[0]) < float(np.ravel(alone.time_s)[0])
+
+
 def test_the_fa2_query_relayout_costs_only_gqa_batches_with_several_kv_heads() -> None:
     assert relayout_s("fa2", heads=32, kv_heads=8, batch=2) == pytest.approx(6e-6, rel=1e-9)
     # one sequence or one KV head: a view, no copy; MHA: no re-layout; fa3 packs natively
@@ -115,7 +142,7 @@ FEW = settings(max_examples=40, deadline=None)
 @FEW
 @given(
     hw=st.sampled_from([A100, H100]),
-    split=st.sampled_from(["none", "fa2", "fa3"]),
+    split=st.sampled_from(["none", "fa2", "fa3", "paged_v2"]),
     group=st.sampled_from([1, 4, 8, 128]),
     kv_heads=st.integers(1, 8),
     batch=st.integers(1, 512),
@@ -133,7 +160,7 @@ def test_decode_time_never_falls_as_the_context_grows(
 @FEW
 @given(
     hw=st.sampled_from([A100, H100]),
-    split=st.sampled_from(["none", "fa2", "fa3"]),
+    split=st.sampled_from(["none", "fa2", "fa3", "paged_v2"]),
     group=st.sampled_from([1, 4, 8, 128]),
     kv_heads=st.integers(1, 8),
     context=st.integers(1, 131072),
