@@ -4,17 +4,8 @@
 sorted by arrival). Pure and deterministic given the numpy Generator; nothing is simulated here.
 The fields mirror `vllm bench serve` (vllm/benchmarks/serve.py and datasets.py):
 
-- `random`: vLLM's RandomDataset lengths, uniform integers in [floor(L(1-r)), ceil(L(1+r))].
-- `sharegpt`: ShareGPT cannot be shipped or downloaded, so lengths come from lognormals fitted to
-  what `vllm bench serve --dataset-name sharegpt` sends, after vLLM's own ShareGPT filter.
-  With ShareGPT_V3_unfiltered_cleaned_split, a Llama-3.1 tokenizer, seed 0 and 1000 prompts, every
-  published run shows 215,196 input tokens (mean 215.2) and 197,090 to 198,532 generated tokens
-  (vllm-project/vllm PR #15720 and other reports); generation can stop early, so those bound the
-  requested output lengths from below: a mean of about 199. For scale, the vLLM paper (Kwon et al.,
-  SOSP'23, arXiv:2309.06180, Fig. 11) reports means of 161 in / 338 out for raw ShareGPT with the
-  OPT tokenizer. The spread (the sigmas) is an assumption: no published percentiles were found.
-- `azure-code`, `azure-conv`: the bundled Azure LLM inference traces of 2023-11-16
-  (Azure/AzurePublicDataset, CC-BY-4.0; see simulator/data/traces/README.md).
+- `random`, `sharegpt`, `azure-code`, `azure-conv`: built-in datasets, described (with the
+  sources of the ShareGPT lengths) in `datasets.py`.
 - `trace`: a user CSV or JSONL file with configurable column names (`traces.py`), optionally
   with session and shared-prefix columns.
 
@@ -28,9 +19,7 @@ request arrives at num_prompts/rate, as vLLM's get_request does; rate=inf puts e
 t=0. `constant` spaces requests 1/rate apart (vLLM's burstiness=inf). `trace` replays the
 dataset's timestamps, shifted to start at 0 and multiplied by `time_scale`.
 
-Not modelled: tokenizer special tokens
-(vLLM subtracts them from --random-input-len; here the length is used as given), vLLM's ramp-up
-strategies, and correlation between prompt and output length in synthetic ShareGPT requests.
+Not modelled: vLLM's ramp-up strategies; for the datasets' own limits see `datasets.py`.
 """
 
 from __future__ import annotations
@@ -45,6 +34,14 @@ import pandas as pd
 from pydantic import Field, model_validator
 from typing_extensions import assert_never
 
+from simulator.serving.datasets import (
+    AzureCodeDataset,
+    AzureConvDataset,
+    RandomDataset,
+    ShareGPTDataset,
+    random_lengths,
+    sharegpt_lengths,
+)
 from simulator.serving.sharing import (
     Content,
     Sessions,
@@ -64,54 +61,7 @@ from simulator.serving.traces import (
 )
 from simulator.specs._base import Frozen
 
-# vLLM's ShareGPT filter: is_valid_sequence() defaults in vllm/benchmarks/dataset_utils.py, applied
-# by ShareGPTDataset.sample (inherited from sample_sharegpt_requests in benchmark_serving.py).
-SHAREGPT_MIN_LEN = 4
-SHAREGPT_MAX_PROMPT_LEN = 1024
-SHAREGPT_MAX_TOTAL_LEN = 2048
-# Lognormals (of token counts, before vLLM's filter) whose filtered means are 215.2 prompt and
-# 199 output tokens (see the module docstring for the sources). The sigmas are assumed, not
-# sourced; the mus were solved numerically for those sigmas (4M samples each).
-SHAREGPT_PROMPT_LOGNORMAL = (5.023, 1.2)  # (mu, sigma) of ln(prompt tokens)
-SHAREGPT_OUTPUT_LOGNORMAL = (4.912, 0.9)  # (mu, sigma) of ln(output tokens)
-
-
 # -- the spec -----------------------------------------------------------------------------------
-class RandomDataset(Frozen):
-    """vLLM's `--dataset-name random` (defaults are vLLM's)."""
-
-    name: Literal["random"] = "random"
-    input_len: int = Field(1024, ge=1)
-    output_len: int = Field(128, ge=1)
-    range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
-
-    @model_validator(mode="after")
-    def _nonempty_prompt(self) -> RandomDataset:
-        # vLLM raises "--random-input-len is too small" in the same case.
-        if math.floor(self.input_len * (1.0 - self.range_ratio)) < 1:
-            raise ValueError(
-                f"input_len {self.input_len} with range_ratio {self.range_ratio} allows empty "
-                "prompts; increase input_len or decrease range_ratio"
-            )
-        return self
-
-
-class ShareGPTDataset(Frozen):
-    """ShareGPT-like lengths (synthetic, see the module docstring)."""
-
-    name: Literal["sharegpt"] = "sharegpt"
-    # vLLM's --sharegpt-output-len; at most 2044 so that a 4-token prompt still fits the filter
-    output_len: int | None = Field(None, ge=1, le=SHAREGPT_MAX_TOTAL_LEN - SHAREGPT_MIN_LEN)
-
-
-class AzureCodeDataset(Frozen):
-    name: Literal["azure-code"] = "azure-code"
-
-
-class AzureConvDataset(Frozen):
-    name: Literal["azure-conv"] = "azure-conv"
-
-
 DatasetSpec = Annotated[
     RandomDataset | ShareGPTDataset | AzureCodeDataset | AzureConvDataset | TraceDataset,
     Field(discriminator="name"),
@@ -307,9 +257,9 @@ def _dataset_rows(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[np.ndar
     ds = spec.dataset
     match ds:
         case RandomDataset():
-            return None, Trace(None, *_random_lengths(ds, _required(spec.num_prompts), rng))
+            return None, Trace(None, *random_lengths(ds, n=_required(spec.num_prompts), rng=rng))
         case ShareGPTDataset():
-            return None, Trace(None, *_sharegpt_lengths(ds, _required(spec.num_prompts), rng))
+            return None, Trace(None, *sharegpt_lengths(ds, n=_required(spec.num_prompts), rng=rng))
         case AzureCodeDataset() | AzureConvDataset():
             trace = bundled_trace(ds.name)
         case TraceDataset():
@@ -343,48 +293,6 @@ def _conversation_arrivals(
 def _required(num_prompts: int | None) -> int:
     assert num_prompts is not None  # WorkloadSpec guarantees it for synthetic datasets
     return num_prompts
-
-
-# -- lengths ------------------------------------------------------------------------------------
-def _random_lengths(
-    ds: RandomDataset, n: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    # vLLM RandomDataset.get_sampling_params (vllm/benchmarks/datasets.py): "Bounds use floor for
-    # low and ceil for high", output_low = max(output_low, 1), inclusive integer ranges, inputs
-    # drawn before outputs. With the same seed the lengths equal vLLM's when the tokenizer adds
-    # no special tokens.
-    r = ds.range_ratio
-    in_lo, in_hi = math.floor(ds.input_len * (1 - r)), math.ceil(ds.input_len * (1 + r))
-    out_lo = max(math.floor(ds.output_len * (1 - r)), 1)
-    out_hi = max(math.ceil(ds.output_len * (1 + r)), 1)
-    prompt = rng.integers(in_lo, in_hi + 1, size=n, dtype=np.int64)
-    output = rng.integers(out_lo, out_hi + 1, size=n, dtype=np.int64)
-    return prompt, output
-
-
-def _sharegpt_lengths(
-    ds: ShareGPTDataset, n: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Lognormal draws kept only where vLLM's ShareGPT filter would keep them (rejection)."""
-    kept_p: list[np.ndarray] = []
-    kept_o: list[np.ndarray] = []
-    have, pass_rate = 0, 0.9  # about 94% of draws pass with the default output lengths
-    while have < n:
-        batch = min(int((n - have) / pass_rate * 1.1) + 64, 4_000_000)
-        prompt = np.rint(rng.lognormal(*SHAREGPT_PROMPT_LOGNORMAL, size=batch)).astype(np.int64)
-        if ds.output_len is None:
-            output = np.rint(rng.lognormal(*SHAREGPT_OUTPUT_LOGNORMAL, size=batch)).astype(np.int64)
-            ok = output >= SHAREGPT_MIN_LEN
-        else:  # vLLM skips the minimum-output check when the length is overridden
-            output = np.full(batch, ds.output_len, dtype=np.int64)
-            ok = np.ones(batch, dtype=bool)
-        ok &= (prompt >= SHAREGPT_MIN_LEN) & (prompt <= SHAREGPT_MAX_PROMPT_LEN)
-        ok &= prompt + output <= SHAREGPT_MAX_TOTAL_LEN
-        kept_p.append(prompt[ok])
-        kept_o.append(output[ok])
-        have += int(ok.sum())
-        pass_rate = max(float(ok.mean()), 1e-4)
-    return np.concatenate(kept_p)[:n], np.concatenate(kept_o)[:n]
 
 
 # -- arrivals -----------------------------------------------------------------------------------
