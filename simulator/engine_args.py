@@ -47,6 +47,7 @@ class EngineArgs:
     enable_chunked_prefill: bool | None = None
     scheduling_policy: str | None = None
     preemption_mode: str | None = None
+    num_scheduler_steps: int | None = None
     swap_space: float = 4.0
     enable_prefix_caching: bool = False
     kv_offloading_size: float | None = None
@@ -89,6 +90,7 @@ class EngineArgs:
                 "chunked_prefill": self.enable_chunked_prefill,
                 "policy": self.scheduling_policy,
                 "preemption_mode": self.preemption_mode,
+                "num_scheduler_steps": self.num_scheduler_steps,
             },
             "speculative": speculative.model_dump(exclude_none=True) if speculative else None,
             "cpu_offload_gb": self.cpu_offload_gb,

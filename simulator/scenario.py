@@ -34,6 +34,9 @@ class SchedulerOverrides(Frozen):
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
     chunked_prefill: bool | None = None
     watermark: float | None = Field(default=None, ge=0, lt=1)
+    num_scheduler_steps: int | None = Field(
+        default=None, ge=1, description="vLLM V0's --num-scheduler-steps (multi-step scheduling)"
+    )
 
 
 class ReplicaGroupSpec(Frozen):

@@ -40,6 +40,7 @@ def test_scheduler_flags_go_to_the_scheduler() -> None:
         enable_chunked_prefill=False,
         scheduling_policy="priority",
         preemption_mode="swap",
+        num_scheduler_steps=4,
     )
     assert args.replica_group(hardware="l40s")["scheduler"] == {
         "max_num_seqs": 8,
@@ -47,6 +48,7 @@ def test_scheduler_flags_go_to_the_scheduler() -> None:
         "chunked_prefill": False,
         "policy": "priority",
         "preemption_mode": "swap",
+        "num_scheduler_steps": 4,
     }
 
 

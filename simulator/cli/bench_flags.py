@@ -61,6 +61,14 @@ PreemptOpt = Annotated[
     typer.Option("--preemption-mode", help="on KV exhaustion: recompute, or swap to host"),
 ]
 SwapOpt = Annotated[float, typer.Option("--swap-space", help="host swap space per GPU, GiB")]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--num-scheduler-steps",
+        min=1,
+        help="vLLM V0 multi-step scheduling: decode steps per scheduler call (--engine vllm-0.6)",
+    ),
+]
 
 
 class OffloadingBackend(str, Enum):

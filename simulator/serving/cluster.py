@@ -79,6 +79,23 @@ def default_scheduler(engine: EngineSpec, **overrides: Any) -> SchedulerSpec:
     return SchedulerSpec(**(values | given))
 
 
+def _check_multi_step(spec: SchedulerSpec, engine: EngineSpec, *, speculative: bool) -> None:
+    """SpecError for multi-step scheduling on an engine without it, or with speculation."""
+    if spec.num_scheduler_steps == 1:
+        return
+    if not engine.multi_step_scheduling:
+        raise SpecError(
+            f"engine {engine.id or engine.name} has no multi-step scheduling (vLLM V0's "
+            "--num-scheduler-steps; try --engine vllm-0.6)",
+            field="num_scheduler_steps",
+        )
+    if speculative:
+        raise SpecError(
+            "multi-step scheduling with speculative decoding is not modelled",
+            field="num_scheduler_steps",
+        )
+
+
 def _check_requests(
     requests: RequestTable, model: ModelSpec, plan: MemoryPlan, spec: SchedulerSpec
 ) -> None:
@@ -126,6 +143,7 @@ def replica_group(
     `kv_offload`: KV-cache tiers below HBM behind prefix caching (`serving.kv_tiers`)."""
     layout.check(model, hw)
     spec = scheduler or default_scheduler(engine)
+    _check_multi_step(spec, engine, speculative=speculative is not None)
     drafter = None
     if speculative is not None:
         drafter = resolve_drafter(

@@ -10,6 +10,14 @@ goes through the scheduler (`_accepted` is the hook). With KV tiers below HBM
 (`serving.kv_tiers`) a step first waits for the loads its plan carries (`load_s`), or requests
 wait out of the batch while their blocks load over the host link (`loads`, one at a time) and
 rejoin the queue's front when they are in.
+
+Multi-step scheduling (`num_scheduler_steps` N > 1, vLLM V0): decode steps come in blocks of N
+per scheduler call. Within a block no request is admitted (an arrival waits for the block's
+end, not the step's), and the engine's scheduling CPU time (`StepTimer.cpu_s`) is paid by the
+block's first step only. A request that finishes mid-block leaves the batch at once and the
+block runs on with the rest. Tokens are timed per step, as vLLM streams them with
+--multi-step-stream-outputs (on by default from 0.6.2); 0.6.0 returned a block's tokens at its
+end, which is not modelled.
 """
 
 from __future__ import annotations
@@ -80,6 +88,10 @@ class Replica:
         # host link is next free (loads queue on it)
         self._loading = 0
         self._link_free = 0.0
+        # Multi-step scheduling: steps per scheduler call, and steps left in the current
+        # decode block (0 at a block boundary, where the scheduler runs)
+        self._multi_step = scheduler.num_scheduler_steps
+        self._block_left = 0
         self.process = env.process(self.run())
 
     # -- the router's view ----------------------------------------------------------------------
@@ -142,8 +154,9 @@ class Replica:
                 )
 
     def _admissible(self) -> bool:
-        """Could the next step admit a waiting request (so the batch may change)?"""
-        if not self.waiting or len(self.running) >= self.spec.max_num_seqs:
+        """Could the next step admit a waiting request (so the batch may change)? Never inside
+        a multi-step block."""
+        if self._block_left or not self.waiting or len(self.running) >= self.spec.max_num_seqs:
             return False
         if self.spec.kind == "static":
             return False
@@ -153,6 +166,7 @@ class Replica:
         return self.kv.can_admit(head, min(head.remaining - hit, budget), hit=hit)
 
     def _step(self, plan: StepPlan) -> Generator[simpy.Event, Any, None]:
+        self._block_left = 0  # a step the scheduler planned: the next decodes start a block
         start = self.env.now
         chunks, decodes = self.batch_of(plan)
         swaps = (plan.swapped_out + plan.swapped_in) * self.swap_s_per_block + plan.load_s
@@ -275,8 +289,16 @@ class Replica:
 
     def _decode_segment(self, reqs: list[Request], steps: int) -> Generator[simpy.Event, Any, None]:
         n = len(reqs)
+        block = self._multi_step
+        left = self._block_left or block  # steps to the end of the block in progress
+        if block > 1 and self.waiting:  # the block's end is the next chance to admit
+            steps = min(steps, left)
         total = sum(r.num_computed for r in reqs)
         durations = self.timer.decode_run(num_seqs=n, total_context=float(total + n), steps=steps)
+        if block > 1:  # the scheduler's CPU time only where a block starts
+            starts = np.zeros(steps, dtype=bool)
+            starts[left % block :: block] = True  # index 0 when a block starts with it
+            durations = durations - np.where(starts, 0.0, self.timer.cpu_s(n))
         start = self.env.now
         ends = start + np.cumsum(durations)
         last = float(ends[-1])
@@ -287,10 +309,12 @@ class Replica:
             self._wakeup = self.env.event()
             yield self.env.timeout(last - start) | self._wakeup
             done = steps
-            if self.env.now < last:  # cut short: finish the step in progress
+            if self.env.now < last:  # cut short: finish the step (or block) in progress
                 done = min(int(np.searchsorted(ends, self.env.now, side="left")) + 1, steps)
+                done = min(done + (left - done) % block, steps)
                 if self.env.now < ends[done - 1]:
                     yield self.env.timeout(ends[done - 1] - self.env.now)
+        self._block_left = (left - done) % block
         self._apply_segment(reqs, done, ends[:done], start)
 
     def _steps_kv_allows(self, reqs: list[Request], steps: int) -> int:

@@ -35,6 +35,10 @@ those tokens count as computed and the rest is scheduled as usual (`continuous` 
 or, when the tiers load between steps, the request leaves the queue until its blocks are in
 (`loads`; the replica puts it back at the front).
 
+Multi-step scheduling (`num_scheduler_steps` N > 1, vLLM V0): the scheduler decides once per N
+decode steps, so a request that arrives during a block of decodes waits for its end; the
+replica loop keeps the blocks (serving/replica.py), the policies above are unchanged.
+
 Not modelled: the V1 scheduler's per-step encoder budget, running requests preempted in
 favour of more urgent waiting ones.
 """
@@ -64,6 +68,9 @@ class SchedulerSpec(Frozen):
     # Speculative decoding: a decoding request also verifies this many proposed tokens per
     # step, and holds KV slots for them (vLLM's lookahead slots; serving/speculative.py).
     num_speculative_tokens: int = Field(default=0, ge=0)
+    # Multi-step scheduling (vLLM V0's --num-scheduler-steps): decode batches run in blocks of
+    # this many steps per scheduler call; see serving/replica.py.
+    num_scheduler_steps: int = Field(default=1, ge=1)
 
 
 @dataclass(slots=True)

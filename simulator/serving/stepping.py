@@ -25,10 +25,14 @@ if TYPE_CHECKING:
 
 
 def check_plain_steps(group: ReplicaGroup, *, what: str) -> None:
-    """SpecError unless `group`'s replicas step without speculative decoding or KV tiers
-    (which only the plain Replica's loop models)."""
+    """SpecError unless `group`'s replicas step without speculative decoding, KV tiers or
+    multi-step scheduling (which only the plain Replica's loop models)."""
     if group.speculative is not None:
         raise SpecError(f"{what} with speculative decoding is not modelled", field="speculative")
+    if group.scheduler.num_scheduler_steps > 1:
+        raise SpecError(
+            f"{what} with multi-step scheduling is not modelled", field="num_scheduler_steps"
+        )
     if group.kv_tiers is not None:
         raise SpecError(f"{what} with KV offload tiers is not modelled", field="kv_offload")
 

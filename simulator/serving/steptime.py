@@ -314,6 +314,11 @@ class StepTimer:
             gpu_s += _interp(*self._stream, gpu_s - self._smp_gpu[sampled])
         return gpu_s, launches, tokens
 
+    def cpu_s(self, num_seqs: int) -> float:
+        """The engine's scheduling CPU time of one step of `num_seqs` sequences (part of every
+        step's duration; a multi-step block pays it once)."""
+        return self._step_s + self._per_seq_s * num_seqs
+
     def _launch_s(self, launches: float, tokens: int) -> float:
         if self._graphs and tokens <= self._graph_max:
             return self._graph_s

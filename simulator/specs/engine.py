@@ -45,6 +45,10 @@ class EngineSpec(Frozen):
         description="the split-KV rule of the engine's decode kernel where it is not the "
         "device's (`attention.decode_split`)",
     )
+    multi_step_scheduling: bool = Field(
+        default=False,
+        description="has vLLM V0's multi-step scheduling (--num-scheduler-steps)",
+    )
     fused_activation_quant: bool = Field(
         default=True,
         description="quantises a W8A8 GEMM's activations inside the kernel before it (norm, "

@@ -20,7 +20,8 @@ What differs from the published runs, on purpose (see the data README):
 - Without chunked prefill the simulator needs max_num_batched_tokens to hold a whole request
   (prompt + output, vLLM's rule), where TRT-LLM needs only the prompt: it is raised to that.
 Not modelled: anything the engine profile does not describe for the published version
-(vLLM 0.6's multi-step scheduling, SGLang 0.3 before its overlap scheduler, torch.compile).
+(SGLang 0.3 before its overlap scheduler, torch.compile, vLLM 0.6.0 returning a multi-step
+block's tokens at its end).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ SETUP_COLUMNS = [
     "max_num_batched_tokens",
     "chunked_prefill",
     "gpu_memory_utilization",
+    "num_scheduler_steps",
 ]
 THROUGHPUT_COLUMNS = [
     *SETUP_COLUMNS,
@@ -152,6 +154,7 @@ def _scenario(row: pd.Series, *, num_prompts: int, rate: float) -> Scenario:
             max_num_seqs=_int(row.get("max_num_seqs")),
             max_num_batched_tokens=_int(row["max_num_batched_tokens"]),
             enable_chunked_prefill=_flag(row["chunked_prefill"]),
+            num_scheduler_steps=_int(row["num_scheduler_steps"]),
         ),
         seed=SEED,
     )

@@ -20,8 +20,9 @@ from simulator.serving.workload import RandomDataset, WorkloadSpec
 FIELDS = [field.name for field in dataclasses.fields(EngineArgs)]
 SPEC = '{"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.6}'
 BENCH = ["--hardware", "h100_sxm", "--model", "llama-3.1-8b"]
-# Every engine flag away from its default, in two sets: the simulator does not model KV
-# offloading with DP attention or pipeline micro-batching. (The workload is too small to matter.)
+# Every engine flag away from its default, in three sets: the simulator does not model KV
+# offloading with DP attention or pipeline micro-batching, and multi-step scheduling is vLLM
+# V0's. (The workload is too small to matter.)
 FLAGS = [
     *("--engine", "vllm", "-tp", "2", "-pp", "2", "-dp", "3", "--dtype", "bfloat16"),
     *("--quantization", "fp8", "--kv-cache-dtype", "fp8", "--enforce-eager"),
@@ -60,7 +61,9 @@ KV_FLAGS = [
 KV_EXPECTED = EngineArgs(
     enable_prefix_caching=True, kv_offloading_size=2.0, kv_offloading_backend="lmcache"
 )
-CASES = [(FLAGS, EXPECTED), (KV_FLAGS, KV_EXPECTED)]
+MULTI_STEP_FLAGS = ["--engine", "vllm-0.6", "--num-scheduler-steps", "4"]  # V0 only
+MULTI_STEP_EXPECTED = EngineArgs(engine="vllm-0.6", num_scheduler_steps=4)
+CASES = [(FLAGS, EXPECTED), (KV_FLAGS, KV_EXPECTED), (MULTI_STEP_FLAGS, MULTI_STEP_EXPECTED)]
 
 
 class Captured(Exception):  # carries a value out of the command
@@ -87,7 +90,7 @@ def test_the_cases_set_every_field_away_from_its_default() -> None:
     changed = {
         f for _, args in CASES for f in FIELDS if getattr(args, f) != getattr(EngineArgs(), f)
     }
-    assert set(FIELDS) - changed == {"engine"}  # vllm: the only engine with all of the above
+    assert set(FIELDS) == changed
 
 
 @pytest.mark.parametrize(("flags", "expected"), CASES)

@@ -12,7 +12,7 @@ import pytest
 
 from simulator.cli import main
 from simulator.errors import SpecError
-from simulator.specs import load_hardware, load_model
+from simulator.specs import load_engine, load_hardware, load_model
 from simulator.validate import data, run_validation
 from simulator.validate.e2e import (
     SERVING,
@@ -41,7 +41,12 @@ def test_bundled_rows_name_known_ids_and_a_source() -> None:
             load_hardware(hw)
         for model in df["model"].unique():
             load_model(model)
-        assert set(df["engine"]) <= {"vllm", "sglang", "trtllm"}
+        for engine in df["engine"].unique():
+            load_engine(engine)
+        # vLLM 0.6.0 ran with --num-scheduler-steps 10, on the profile that has it
+        v0 = df[df["engine_version"].str.contains("num-scheduler-steps 10")]
+        assert len(v0) and (v0["engine"] == "vllm-0.6").all()
+        assert (v0["num_scheduler_steps"] == 10).all()
     assert (tput["output_tokens_per_s"] > 0).all()
     assert (serve[["median_ttft_ms", "median_tpot_ms"]] > 0).all().all()
     fixed = tput[tput["dataset"] == "random"]
@@ -99,7 +104,7 @@ def test_suite_rows_are_finite_held_out_and_unique(name: str) -> None:
 @pytest.mark.slow
 def test_throughput_rows_compare_seconds_per_output_token() -> None:
     df = e2e_throughput_suite()
-    assert set(df["kind"]) == {"trtllm", "sglang", "vllm"}
+    assert set(df["kind"]) == {"trtllm", "sglang", "vllm-0.6"}
     np.testing.assert_allclose(df["measured_s"], 1.0 / df["measured_tokens_per_s"])
     np.testing.assert_allclose(df["predicted_s"], 1.0 / df["predicted_tokens_per_s"])
     # fewer prompts than published only for fixed lengths (ShareGPT keeps the count)

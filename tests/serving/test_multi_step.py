@@ -1,0 +1,119 @@
+"""Multi-step scheduling (vLLM V0's --num-scheduler-steps): decode blocks of N steps per
+scheduler call. A hand-computed timeline on the paper timer, properties, and the engine and
+CLI checks.
+
+The timer (`factories.FixedTimer` plus 1 ms of scheduling CPU per step): a prefill step is
+10 ms + 10 us per token; a decode step 5 ms, of which a block pays the 1 ms of CPU once.
+"""
+
+from __future__ import annotations
+
+import pytest
+from clitools import run_cli
+from factories import MS, FixedTimer, fixed_group, make_requests, make_scheduler, times_ms
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.engine_args import EngineArgs
+from simulator.errors import SpecError
+from simulator.runner import bench_scenario, run
+from simulator.scenario import Scenario
+from simulator.serving.cluster import SimResult, serve
+from simulator.serving.scheduler import SchedulerSpec
+from simulator.serving.workload import RequestTable, WorkloadSpec
+
+
+class SchedulingTimer(FixedTimer):
+    def cpu_s(self, num_seqs: int) -> float:
+        return 1 * MS
+
+
+def simulate(requests: RequestTable, scheduler: SchedulerSpec) -> SimResult:
+    group = fixed_group(scheduler=scheduler, timer=SchedulingTimer())
+    return serve(requests, groups=[group])
+
+
+def test_an_arrival_waits_for_the_decode_block() -> None:
+    # N = 4, prefill-first (vLLM V0). r0 (100-token prompt, 10 out): prefill 0-11 ms; a
+    # block of 4 decodes ends at 16 (5 ms, its first step pays the CPU), 20, 24, 28 ms.
+    # r1 (50 tokens, 2 out) arrives at 13 ms: one step at a time would admit it at 16 ms;
+    # here it waits for the block's end, 28 ms, and prefills alone 28-38.5 ms.
+    # A new block: 38.5-43.5 (both; r1's 2nd token, r1 finishes and leaves at once); the
+    # block runs on with r0 alone for its 3 other steps (47.5, 51.5, 55.5, no CPU), and the
+    # next block's first step (5 ms) gives r0's 10th token at 60.5 ms.
+    result = simulate(
+        make_requests((0.0, 100, 10), (0.013, 50, 2)),
+        make_scheduler(kind="prefill_first", num_scheduler_steps=4),
+    )
+    df = result.requests
+    assert times_ms(df, "first_token_s") == [11.0, 38.5]
+    assert times_ms(df, "first_scheduled_s") == [0.0, 28.0]
+    assert times_ms(df, "finish_s") == [60.5, 43.5]
+    # one step at a time, r1 goes in at the end of the step in progress (16 ms)
+    single = simulate(
+        make_requests((0.0, 100, 10), (0.013, 50, 2)), make_scheduler(kind="prefill_first")
+    )
+    assert times_ms(single.requests, "first_scheduled_s") == [0.0, 16.0]
+
+
+workloads = st.lists(
+    st.tuples(st.floats(0.0, 0.2, allow_nan=False), st.integers(1, 300), st.integers(1, 40)),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=workloads,
+    steps=st.sampled_from([1, 2, 4, 8, 10]),
+    kind=st.sampled_from(["continuous", "prefill_first"]),
+)
+def test_every_request_finishes_once_with_its_tokens(
+    rows: list[tuple[float, int, int]], steps: int, kind: str
+) -> None:
+    rows.sort()
+    result = simulate(
+        make_requests(*rows),
+        make_scheduler(kind=kind, max_num_batched_tokens=512, num_scheduler_steps=steps),
+    )
+    df = result.requests.sort_values("request_id")
+    assert df["output_tokens"].tolist() == [r[2] for r in rows]
+    assert (df["first_token_s"] >= df["arrival_s"]).all()
+    assert (df["finish_s"] >= df["first_token_s"]).all()
+    assert result.itl_weight.sum() == pytest.approx(float((df["output_tokens"] - 1).sum()))
+
+
+def scenario(engine: str, steps: int) -> Scenario:
+    workload = WorkloadSpec(
+        dataset={"name": "random", "input_len": 256, "output_len": 64},
+        num_prompts=40,
+        request_rate=8.0,
+    )
+    return bench_scenario(
+        model="llama-3.1-8b",
+        hardware="a100_sxm_80gb",
+        workload=workload,
+        engine_args=EngineArgs(engine=engine, num_scheduler_steps=steps),
+        seed=0,
+    )
+
+
+def test_only_an_engine_with_multi_step_scheduling_takes_it() -> None:
+    with pytest.raises(SpecError, match="multi-step"):
+        run(scenario("vllm", 10))
+    ten = run(scenario("vllm-0.6", 10))
+    one = run(scenario("vllm-0.6", 1))
+    # arrivals wait for the decode block: a higher median TTFT
+    assert ten.summary["median_ttft_ms"] > one.summary["median_ttft_ms"]
+
+
+def test_the_cli_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("bench", "serve", "--model", "llama-3.1-8b", "--hardware", "a100_sxm_80gb")
+    load = ("--num-prompts", "20", "--random-input-len", "128", "--random-output-len", "16")
+    code, _, err = run_cli(capsys, *args, *load, "--num-scheduler-steps", "8")
+    assert code == 2 and "num_scheduler_steps" in err and "vllm-0.6" in err
+    code, out, _ = run_cli(
+        capsys, *args, *load, "--engine", "vllm-0.6", "--num-scheduler-steps", "8"
+    )
+    assert code == 0 and "TTFT" in out
