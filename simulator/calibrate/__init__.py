@@ -1,0 +1,74 @@
+"""Fit the efficiency factors of devices with operator measurements, reproducibly.
+
+    python -m simulator.calibrate [--device h100_sxm ...] [--check]
+
+For each device with bundled operator data (aiconfigurator: vLLM 0.14.0 kernels on A100 SXM and
+H100 SXM; see simulator/data/README.md) this fits, family by family, the named factors of the
+hardware spec's `efficiency:` section by robust least squares on log(predicted / measured),
+using the cost model's own operator constructors and roofline (the `ops` validation suite's
+code path). The result is written to `hardware_specs/calibration/<id>.yaml`, which the loader
+lays over the hand-written values of `hardware_specs/<id>.yaml` (those keep their datasheet
+sources and remain the values for every device without measurements).
+
+Only operator-level rows are fitted. The `layers` and `iteration` validation suites are
+checks on data that was not used here. `--check` refits and fails if the committed files
+differ from what the data gives.
+
+Curves are fitted at fixed knots (log-spaced over the measured range); the last knot of each
+multiplier curve is pinned to 1 so that the family's peak fraction stays identifiable.
+"""
+
+from simulator.calibrate.engine import (
+    ENGINE_HARDWARE,
+    ENGINE_PARAMS,
+    calibrate_engine,
+    render_engine,
+)
+from simulator.calibrate.families import (
+    BYTE_KNOTS,
+    FAMILIES,
+    FLOP_KNOTS,
+    GROUP_KNOTS,
+    MSG_KNOTS,
+    SEQ_KNOTS,
+    WORK_KNOTS,
+    Family,
+    Param,
+)
+from simulator.calibrate.fit import SIGNIFICANT, FitReport, calibrate, fit_family
+from simulator.calibrate.output import (
+    CALIBRATION_DIR,
+    FITTED_KEYS,
+    calibration_path,
+    fitted_section,
+    render,
+)
+from simulator.calibrate.script import main
+from simulator.specs.loader import ENGINES_DIR
+
+__all__ = [
+    "BYTE_KNOTS",
+    "CALIBRATION_DIR",
+    "ENGINES_DIR",
+    "ENGINE_HARDWARE",
+    "ENGINE_PARAMS",
+    "FAMILIES",
+    "FITTED_KEYS",
+    "FLOP_KNOTS",
+    "GROUP_KNOTS",
+    "MSG_KNOTS",
+    "SEQ_KNOTS",
+    "SIGNIFICANT",
+    "WORK_KNOTS",
+    "Family",
+    "FitReport",
+    "Param",
+    "calibrate",
+    "calibrate_engine",
+    "calibration_path",
+    "fit_family",
+    "fitted_section",
+    "main",
+    "render",
+    "render_engine",
+]

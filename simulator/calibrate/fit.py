@@ -1,0 +1,150 @@
+"""Fitting a family: a parameter vector applied to a hardware spec, and the robust least squares.
+
+Each family is fitted on log(predicted / measured) with soft-L1 loss, the other factors of the
+spec held at their current values; the fitted vector is rounded to SIGNIFICANT digits before it
+is applied, so that the written YAML reproduces the reported MAPE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from simulator.calibrate.families import FAMILIES, Family
+from simulator.specs.hardware import EfficiencySpec, HardwareSpec
+from simulator.specs.loader import load_hardware
+from simulator.validate.operators import Group, op_time
+
+SIGNIFICANT = 4  # digits written to the YAML; --check compares at this precision
+
+
+def _set(tree: dict[str, Any], path: str, value: float) -> None:
+    *parents, leaf = path.split(".")
+    node = tree
+    for key in parents:
+        node = node[key]
+    if isinstance(node, list):
+        node[int(leaf)][1] = value
+    else:
+        node[leaf] = value
+
+
+def _with_curves(eff: dict[str, Any], family: Family) -> None:
+    """Give each fitted curve its knots: y = 1 everywhere, except the first knot of the group
+    latency curve, which is the base latency (= 1) and stays pinned."""
+    for path, xs in family.curves.items():
+        *parents, leaf = path.split(".")
+        node = eff
+        for key in parents:
+            node = node[key]
+        old = node.get(leaf) or node.get("size_curve") or {"points": [[1.0, 1.0]]}
+        node[leaf] = [[x, _curve_at(old, x)] for x in xs]
+        if "latency_group" not in path:
+            node[leaf][-1][1] = 1.0
+
+
+def _curve_at(curve: dict[str, Any] | list[Any], x: float) -> float:
+    points = curve["points"] if isinstance(curve, dict) else curve
+    xs = np.log([p[0] for p in points])
+    ys = [p[1] for p in points]
+    return float(np.interp(np.log(x), xs, ys))
+
+
+def _to_spec(eff: dict[str, Any]) -> EfficiencySpec:
+    tree = _as_points(eff)
+    return EfficiencySpec.model_validate(tree)
+
+
+def _as_points(node: Any) -> Any:
+    """Curves held as [[x, y], ...] lists while fitting become {"points": ...} for the schema."""
+    if isinstance(node, dict):
+        return {k: _as_points(v) for k, v in node.items()}
+    if isinstance(node, list) and node and isinstance(node[0], list):
+        return {"points": [list(p) for p in node]}
+    return node
+
+
+# -- fitting ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FitReport:
+    family: str
+    rows: int
+    mape_before_pct: float
+    mape_after_pct: float
+
+
+def _predict(groups: list[Group], hw: HardwareSpec) -> np.ndarray:
+    """Predicted seconds of every measured row of `groups` on `hw`."""
+    return np.concatenate([op_time(g.op, hw, len(g.rows)) for g in groups])
+
+
+def _mape(groups: list[Group], hw: HardwareSpec) -> float:
+    meas = np.concatenate([g.measured_s for g in groups])
+    return float(np.mean(np.abs(_predict(groups, hw) - meas) / meas) * 100)
+
+
+def fit_family(hw: HardwareSpec, device: str, family: Family) -> tuple[HardwareSpec, FitReport]:
+    """Fit one family's parameters on `hw` (other factors held); return the new spec."""
+    groups = family.rows(hw, device)
+    if not groups:
+        return hw, FitReport(family.name, 0, float("nan"), float("nan"))
+    before = _mape(groups, hw)
+    eff = hw.efficiency.model_dump()
+    _with_curves(eff, family)
+    measured = np.concatenate([g.measured_s for g in groups])
+    params = [p for p in family.params if p.applies(hw)]
+
+    def spec_for(x: np.ndarray) -> HardwareSpec:
+        steps: dict[str, dict[int, float]] = {}
+        for p, v in zip(params, x, strict=True):
+            head, _, leaf = p.path.rpartition(".")
+            if leaf.startswith("step"):
+                steps.setdefault(head, {})[int(leaf[4:])] = float(v)
+            else:
+                _set(eff, p.path, float(v))
+        for path, by_index in steps.items():
+            ys = np.exp(-np.cumsum([by_index[i] for i in sorted(by_index, reverse=True)]))
+            for i, y in zip(sorted(by_index, reverse=True), ys, strict=True):
+                _set(eff, f"{path}.{i}", float(y))  # y[i] = y[i+1] / exp(step i), y[-1] = 1
+        return hw.model_copy(update={"efficiency": _to_spec(eff)})
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return np.log(_predict(groups, spec_for(x)) / measured)
+
+    x0 = np.array([p.initial for p in params])
+    lo = np.array([p.lower for p in params])
+    hi = np.array([p.upper for p in params])
+    fit = least_squares(
+        residuals,
+        np.clip(x0, lo, hi),
+        bounds=(lo, hi),
+        loss="soft_l1",
+        f_scale=0.1,
+        x_scale="jac",
+        max_nfev=300,
+    )
+    fitted = spec_for(_round(fit.x))
+    return fitted, FitReport(family.name, len(measured), before, _mape(groups, fitted))
+
+
+def _round(x: np.ndarray) -> np.ndarray:
+    return np.array([float(f"{v:.{SIGNIFICANT}g}") for v in x])
+
+
+def calibrate(hw_id: str, device: str) -> tuple[EfficiencySpec, list[FitReport]]:
+    """Fit every family in order on the hand-written spec of `hw_id` (no overlay)."""
+    hw = load_hardware(hw_id, calibrated=False)
+    reports = []
+    for family in FAMILIES:
+        hw, report = fit_family(hw, device, family)
+        reports.append(report)
+    eff = hw.efficiency
+    peaks = dict(eff.gemm.peak_fraction)
+    peaks["fp16"] = peaks["bf16"]  # the same tensor-core path as bf16
+    if "fp8" in peaks and "int8" in peaks:
+        peaks["int8"] = peaks["fp8"]  # the same tensor rate; no int8 measurements bundled
+    eff = eff.model_copy(update={"gemm": eff.gemm.model_copy(update={"peak_fraction": peaks})})
+    return eff, reports
