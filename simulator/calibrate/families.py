@@ -142,6 +142,8 @@ FAMILIES = (
             Param("attention.decode_wave_s", 1 * _US, 0.0, 50 * _US),
             Param("attention.decode_block_bytes_per_s", 20e9, 1e9, 200e9),
             Param("attention.decode_gqa_copy_s", 5 * _US, 0.0, 20 * _US, splits=("fa2",)),
+            Param("attention.decode_walk_tokens_per_s", 2e9, 1e8, 1e11, splits=("fa3",)),
+            Param("attention.decode_walk_seqs", 8.0, 1.0, 256.0, splits=("fa3",)),
             *_knots("attention.decode_len_curve", SEQ_KNOTS, elasticity=0.5),
             *_knots("attention.decode_parallel_curve", WORK_KNOTS, elasticity=0.5),
             *_knots("attention.decode_group_curve", GROUP_KNOTS, elasticity=0.0),

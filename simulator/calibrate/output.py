@@ -42,6 +42,8 @@ FITTED_KEYS = {
         "decode_group_curve",
         "decode_block_bytes_per_s",
         "decode_gqa_copy_s",
+        "decode_walk_tokens_per_s",
+        "decode_walk_seqs",
         "fp8_kv_factor",
     ),
     "collective": ("busbw_fraction", "latency_s", "size_curve", "latency_group_curve"),

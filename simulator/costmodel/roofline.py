@@ -204,11 +204,13 @@ def _kernels(hw: HardwareSpec, engine: EngineSpec | None) -> _Kernels:
 
 def _decode_kv_s(hw: HardwareSpec, op: Op, k: _Kernels) -> np.ndarray:
     """Seconds to read the KV cache: at the kernel's efficiency (fraction x curves of length,
-    work and group), and no faster than the resident blocks stream it one page after another
-    (`decode_block_bytes_per_s` per block), which bounds a few long blocks. The two times are
-    joined by a p-norm (p = 4), never below either; both never fall as the batch or the KV
-    length grows (bytes per resident block never falls: see `decode_blocks`), so neither
-    does their norm."""
+    work and group), and no faster than either of two latency limits: the resident blocks
+    stream it one page after another (`decode_block_bytes_per_s` per block), which bounds a
+    few long blocks; and, under the `fa3` split (where it was measured), the page walk covers
+    `decode_walk_tokens_per_s` KV tokens a second, whatever their bytes (`_walk_tokens`). The
+    times are joined by a p-norm (p = 4), never below any of them; each never falls as the
+    batch or the KV length grows (bytes per resident block never falls: see `decode_blocks`),
+    so neither does their norm."""
     at = hw.efficiency.attention
     kv = at.fp8_kv_factor if op.kv_dtype == "fp8" else 1.0
     eff = np.minimum(
@@ -222,14 +224,34 @@ def _decode_kv_s(hw: HardwareSpec, op: Op, k: _Kernels) -> np.ndarray:
     )
     kv_bytes = np.asarray(op.kv_bytes, dtype=float)
     seconds = kv_bytes / (hw.memory.bandwidth_bytes_per_s * eff)
-    rate = at.decode_block_bytes_per_s
-    if rate is None:
+    limits: list[np.ndarray] = []
+    if at.decode_block_bytes_per_s is not None:
+        resident = np.minimum(decode_blocks(hw, op, k.split), _decode_slots(hw, k.split))
+        rate = at.decode_block_bytes_per_s * k.attention_factor * kv
+        limits.append(kv_bytes / (rate * resident))
+    if at.decode_walk_tokens_per_s is not None and k.split == "fa3":
+        walk = at.decode_walk_tokens_per_s * k.attention_factor * kv
+        limits.append(_walk_tokens(op, at.decode_walk_seqs) / walk)
+    if not limits:
         return seconds
-    resident = np.minimum(decode_blocks(hw, op, k.split), _decode_slots(hw, k.split))
-    chained = kv_bytes / (rate * k.attention_factor * kv * resident)
-    # A soft maximum: near the crossing both limits cost (and the fit sees a gradient).
+    # A soft maximum: near a crossing both limits cost (and the fit sees a gradient).
     p = DECODE_BOUND_POWER
-    return (seconds**p + chained**p) ** (1.0 / p)
+    return (seconds**p + sum(t**p for t in limits)) ** (1.0 / p)
+
+
+def _walk_tokens(op: Op, shared: float) -> np.ndarray:
+    """KV tokens on the page walk's critical path: the KV length times the sequences, up to
+    `shared` of them (`decode_walk_seqs`); more sequences are walked side by side. Counted in
+    tokens, not bytes: the same for one KV head or eight, bf16 or fp8, any GQA group.
+
+    Measured, not derived from the kernel's source (aiconfigurator's H100 rows of vLLM 0.14's
+    FlashAttention-3 paged decode, 64-token pages scattered at random): with 16 or fewer
+    sequences the kernel covers about 1.8e9 KV tokens/s whatever the KV heads (kv=1 and kv=2
+    alike; fp8 no faster than bf16), so one KV head streams at a third of what eight do; from
+    16 to 64 sequences (fp8, kv=1, ctx=131071: 1345, 1352, 1356 us) the time stays the same.
+    Why the walk is shared up to ~16 sequences is not established."""
+    seqs = np.maximum(np.asarray(op.batch, dtype=float), 1.0)
+    return np.asarray(op.seq_len, dtype=float) * np.minimum(seqs, shared)
 
 
 def _peak(hw: HardwareSpec, dtype: str) -> float:

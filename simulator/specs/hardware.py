@@ -214,8 +214,12 @@ class AttentionEfficiency(Frozen):
     may name its own (`EngineSpec.decode_split`). With
     `decode_block_bytes_per_s` set, the KV read also takes at least its bytes over that rate
     times the resident blocks: one block walks its pages one after another, so a few long
-    blocks are latency-bound whatever the bandwidth. `decode_gqa_copy_s` is the extra cost of
-    the `fa2` path's query and output re-layout for GQA with two or more KV heads and sequences.
+    blocks are latency-bound whatever the bandwidth. With `decode_walk_tokens_per_s` set, an
+    `fa3` decode also takes at least the KV tokens of up to `decode_walk_seqs` sequences over
+    that rate, counted in tokens whatever the KV heads or dtype (`roofline._walk_tokens`:
+    measured on H100's FlashAttention-3, where few sequences with one KV head stream at a
+    third of the rate of eight). `decode_gqa_copy_s` is the extra cost of the `fa2` path's
+    query and output re-layout for GQA with two or more KV heads and sequences.
     """
 
     prefill_fraction: float = Field(gt=0, le=1)
@@ -239,6 +243,12 @@ class AttentionEfficiency(Frozen):
     )
     decode_gqa_copy_s: Seconds = Field(
         default=0.0, ge=0, description="fa2 only: query/output re-layout of GQA decode"
+    )
+    decode_walk_tokens_per_s: float | None = Field(
+        default=None, gt=0, description="fa3 only: KV tokens/s of the page walk (None: no bound)"
+    )
+    decode_walk_seqs: float = Field(
+        default=1.0, ge=1, description="sequences that share one walk rate"
     )
     fp8_kv_factor: float = Field(default=1.0, gt=0, le=2)
 

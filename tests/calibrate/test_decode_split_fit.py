@@ -38,3 +38,13 @@ def test_the_committed_overlays_keep_the_hand_written_split() -> None:
     for hw in (a100, h100):
         rate = hw.efficiency.attention.decode_block_bytes_per_s
         assert rate is not None and 1e9 <= rate <= 2e11
+
+
+def test_the_page_walk_is_fitted_on_fa3_only() -> None:
+    decode = next(f for f in calibrate.FAMILIES if f.name == "attention_decode")
+    paths = {p.path: p for p in decode.params}
+    for name in ("decode_walk_tokens_per_s", "decode_walk_seqs"):
+        param = paths[f"attention.{name}"]
+        assert param.splits == ("fa3",)
+        assert param.applies(H100) and not param.applies(A100)
+        assert name in calibrate.FITTED_KEYS["attention"]
