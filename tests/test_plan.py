@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -461,3 +462,15 @@ def test_cli_plan_schema(capsys: pytest.CaptureFixture[str]) -> None:
 def test_the_bundled_plan_loads() -> None:
     spec = load_plan(REPO / "scenarios" / "plan_chat.yaml")
     assert spec.workload.request_rate and len(spec.candidates.hardware) == 3
+
+
+def test_the_solver_cannot_write_into_json_output(capfd: pytest.CaptureFixture[str]) -> None:
+    # HiGHS prints some MIP diagnostics from C++ straight to file descriptor 1, which would
+    # break `llmsim plan --json`; the fleet program silences the descriptor while it solves.
+    from simulator.planning.fleet import _native_stdout_silenced
+
+    with _native_stdout_silenced():
+        os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution\n")
+    print("after")
+    out, _ = capfd.readouterr()
+    assert out == "after\n"

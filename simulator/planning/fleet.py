@@ -16,7 +16,10 @@ The planner checks the chosen fleet with one simulation at the target rate.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -224,10 +227,30 @@ class _Program:
         cost = np.zeros(width)
         for column, value in objective.items():
             cost[column] = value
-        result = milp(
-            cost,
-            constraints=LinearConstraint(matrix, self.lows, self.highs),
-            integrality=np.ones(width),
-            bounds=Bounds(np.zeros(width), np.array(self.upper)),
-        )
+        with _native_stdout_silenced():
+            result = milp(
+                cost,
+                constraints=LinearConstraint(matrix, self.lows, self.highs),
+                integrality=np.ones(width),
+                bounds=Bounds(np.zeros(width), np.array(self.upper)),
+            )
         return result if result.success else None
+
+
+@contextmanager
+def _native_stdout_silenced() -> Iterator[None]:
+    """File descriptor 1 goes to /dev/null meanwhile: HiGHS prints some MIP diagnostics from
+    C++ whatever `disp` says, which would corrupt `llmsim plan --json`."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no real stdout (an embedding host): nothing to protect
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
