@@ -383,3 +383,23 @@ def test_priority_mix_and_policy_in_a_scenario() -> None:
         WorkloadSpec(
             dataset=RandomDataset(input_len=8, output_len=8), num_prompts=2, priority_mix=[0.5]
         )
+
+
+def test_bench_serve_save_result_as_vllm(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["bench", "serve", "--hardware", "h100_sxm", "--model", "llama-3.1-8b"]
+    args += ["--num-prompts", "10", "--request-rate", "5", "--max-concurrency", "4"]
+    args += ["--random-input-len", "64", "--random-output-len", "8", "--save-result"]
+    # vLLM's default name, in --result-dir: {backend}-{rate}qps-concurrency{C}-{model}-{time}
+    code, _, _ = cli(capsys, *args, "--result-dir", str(tmp_path / "runs"))
+    assert code == 0
+    (saved,) = (tmp_path / "runs").iterdir()
+    assert saved.name.startswith("vllm-5.0qps-concurrency4-llama-3.1-8b-")
+    data = json.loads(saved.read_text())
+    assert set(data) >= SERVE_KEYS and data["completed"] == 10
+    assert (data["request_rate"], data["max_concurrency"], data["num_prompts"]) == (5.0, 4, 10)
+    # --result-filename names it; without --result-dir it goes to the working directory
+    monkeypatch.chdir(tmp_path)
+    code, _, _ = cli(capsys, *args, "--result-filename", "mine.json")
+    assert code == 0 and json.loads((tmp_path / "mine.json").read_text())["completed"] == 10

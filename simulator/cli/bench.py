@@ -31,6 +31,9 @@ from simulator.cli.bench_flags import (
     PreemptOpt,
     PrefixCachingOpt,
     QuantOpt,
+    ResultDirOpt,
+    ResultFileOpt,
+    SaveResultOpt,
     SeqsOpt,
     SpecOpt,
     StepsOpt,
@@ -39,6 +42,7 @@ from simulator.cli.bench_flags import (
     TpOpt,
     engine_args,
     parse_offload_flag,
+    save_result,
 )
 from simulator.cli.common import HardwareOpt, JsonOpt, out, print_json, write_json
 from simulator.errors import SpecError
@@ -266,6 +270,9 @@ def bench_serve_cmd(
     enable_expert_parallel: EpOpt = False,
     pipeline_micro_batching: MicroBatchOpt = False,
     output_json: OutJsonOpt = None,
+    save: SaveResultOpt = False,
+    result_dir: ResultDirOpt = None,
+    result_filename: ResultFileOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Online serving: requests arrive at --request-rate (simulated), vLLM's metrics out."""
@@ -305,6 +312,18 @@ def bench_serve_cmd(
     )
     result = runner.run(scenario)
     write_json(output_json, result.summary)
+    if save:
+        setup = {
+            "backend": engine,
+            "model_id": model,
+            "num_prompts": num_prompts,
+            "request_rate": request_rate,
+            "burstiness": burstiness,
+            "max_concurrency": max_concurrency,
+        }
+        save_result(
+            result.summary, result_dir=result_dir, result_filename=result_filename, setup=setup
+        )
     if as_json:
         print_json(result.summary)
     else:

@@ -9,8 +9,11 @@ an `EngineArgs` field must carry the field's name.
 from __future__ import annotations
 
 import dataclasses
+import json
+from datetime import datetime
 from enum import Enum
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -40,6 +43,18 @@ ChunkedOpt = Annotated[
     bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill")
 ]
 OutJsonOpt = Annotated[str | None, typer.Option("--output-json")]
+SaveResultOpt = Annotated[
+    bool,
+    typer.Option("--save-result", help="write the metrics to --result-dir as vLLM names them"),
+]
+ResultDirOpt = Annotated[str | None, typer.Option("--result-dir", help="default: here")]
+ResultFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--result-filename",
+        help="default: vLLM's {backend}-{rate}qps[-concurrency{C}]-{model}-{time}.json",
+    ),
+]
 
 
 class SchedulingPolicy(str, Enum):
@@ -148,6 +163,31 @@ def engine_args(ctx: typer.Context) -> EngineArgs:
         if name in names
     }
     return EngineArgs(**values)
+
+
+def save_result(
+    summary: dict[str, Any],
+    *,
+    result_dir: str | None,
+    result_filename: str | None,
+    setup: dict[str, Any],
+) -> Path:
+    """vLLM's --save-result: the serve metrics with the run's setup (`setup`: backend,
+    model_id, num_prompts, request_rate, burstiness, max_concurrency) and the date, in
+    `result_dir` (default: the working directory) under `result_filename` or vLLM's
+    default name."""
+    now = datetime.now()
+    if result_filename is None:
+        concurrency = setup["max_concurrency"]
+        tail = f"-concurrency{concurrency}" if concurrency is not None else ""
+        model = str(setup["model_id"]).rstrip("/").split("/")[-1]
+        rate, stamp = setup["request_rate"], now.strftime("%Y%m%d-%H%M%S")
+        result_filename = f"{setup['backend']}-{rate}qps{tail}-{model}-{stamp}.json"
+    path = Path(result_dir or ".") / result_filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"date": now.strftime("%Y%m%d-%H%M%S"), **setup, **summary}
+    path.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+    return path
 
 
 def parse_offload_flag(text: str | None) -> OffloadSpec | None:
