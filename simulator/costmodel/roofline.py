@@ -95,6 +95,13 @@ def gemm_efficiency(hw: HardwareSpec, op: Op) -> np.ndarray:
 
 
 PREFILL_TILE = 128.0  # query rows per thread block in flash-attention prefill
+# FlashAttention-2 as vLLM calls it for prefill: a paged KV cache forces the split-KV kernel
+# (flash_api.cpp mha_varlen_fwd: `run_mha_fwd(params, stream, paged_KV)`), whose blocks hold
+# 64 query rows (kBlockM, set_params_splitkv) of ONE query head: the grid runs over all query
+# heads, and only a one-token query packs a GQA group (`seqlenq_ngroups_swapped`).
+# FlashAttention-3 packs the group's query heads into a block's 128 rows (hopper/heuristics.h
+# should_pack_gqa: varlen with max_seqlen_q <= kBlockM; a paged, non-TMA cache always packs).
+FA2_PREFILL_TILE = 64.0
 DECODE_SPLIT = 256.0  # KV tokens per unit of decode work (the size measure of the curves)
 # Decode kernels of FlashAttention 2 and 3 at head_dim <= 128 on a paged cache: 128 KV tokens
 # per tile (kBlockN; a split holds at least one), 64 packed query rows per block (kBlockM).
@@ -120,6 +127,26 @@ def attention_work(op: Op, *, tile: float) -> np.ndarray:
         length = length * _group(op)
     tiles = np.maximum(length / tile, 1.0)
     return np.maximum(np.asarray(op.batch, dtype=float), 1.0) * max(op.kv_heads, 1.0) * tiles
+
+
+def prefill_work(op: Op, split: DecodeSplit) -> np.ndarray:
+    """Thread blocks of a prefill attention kernel (continuous, as `attention_work`): under
+    FlashAttention-2 (`split` "fa2") sequences x query heads x 64-row tiles, the query heads
+    of a GQA group each in their own blocks; otherwise `attention_work` with 128-row tiles
+    of packed groups. See FA2_PREFILL_TILE for the sources. The cost model passes the
+    device's own kernel (`attention.decode_split`), the one its prefill factors were fitted
+    to: an engine's decode split (`EngineSpec.decode_split`) does not change prefill blocks.
+    Not modelled: the real causal tile counts and wave quantisation of the blocks."""
+    if split != "fa2":
+        return attention_work(op, tile=PREFILL_TILE)
+    length = np.asarray(op.seq_len, dtype=float)
+    kv = max(op.kv_heads, 1.0)
+    per_seq = np.where(
+        length <= 1.0,
+        kv * max(_group(op) / FA2_PREFILL_TILE, 1.0),
+        kv * _group(op) * np.maximum(length / FA2_PREFILL_TILE, 1.0),
+    )
+    return np.maximum(np.asarray(op.batch, dtype=float), 1.0) * per_seq
 
 
 def _group(op: Op) -> float:
@@ -284,7 +311,7 @@ def _kernel_cost(
                 * k.attention_factor
                 * kv
                 * at.prefill_len_curve(op.seq_len)
-                * at.prefill_parallel_curve(attention_work(op, tile=PREFILL_TILE))
+                * at.prefill_parallel_curve(prefill_work(op, at.decode_split))
                 * at.prefill_group_curve(_group(op))
             )
         case "attention_decode":
@@ -318,7 +345,7 @@ def _fixed_s(hw: HardwareSpec, op: Op, split: DecodeSplit) -> float | np.ndarray
         case "attention_prefill":
             fixed = attn.prefill_fixed_s
             base = hw.efficiency.kernel_latency_s if fixed is None else fixed
-            return base + attn.prefill_wave_s * attention_work(op, tile=PREFILL_TILE) / units
+            return base + attn.prefill_wave_s * prefill_work(op, attn.decode_split) / units
         case "attention_decode":
             fixed = attn.decode_fixed_s
             base = hw.efficiency.kernel_latency_s if fixed is None else fixed

@@ -196,8 +196,10 @@ class AttentionEfficiency(Frozen):
     """Flash-style attention kernels.
 
     Prefill: fraction of the 16-bit dense peak, times curves of the mean query length per
-    sequence, of the parallel work (sequences x query heads x 128-token query tiles) and of the
-    GQA group size (query heads per KV head). Decode: fraction of DRAM bandwidth reading the KV
+    sequence, of the parallel work (thread blocks, `roofline.prefill_work`: sequences x KV
+    heads x 128-row tiles of a packed GQA group; under `decode_split` `fa2`, FlashAttention-2,
+    sequences x query heads x 64-token tiles, no packing) and of the GQA group size (query
+    heads per KV head). Decode: fraction of DRAM bandwidth reading the KV
     cache, times curves of the mean KV length per sequence, of the KV work (sequences x KV heads
     x KV length in 256-token tiles) and of the GQA group size. An fp8 KV cache multiplies both
     by `fp8_kv_factor` (dequantisation). Each call also costs a fixed time (None: the device's
