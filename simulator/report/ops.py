@@ -25,7 +25,7 @@ from simulator.costmodel.latency import engine_overhead_rows
 from simulator.costmodel.step import StepCost, step_cost
 from simulator.runner import group_deployment
 from simulator.scenario import Scenario
-from simulator.serving.cluster import default_scheduler
+from simulator.serving.group import default_scheduler
 from simulator.specs import load_model
 
 OP_COLUMNS = (

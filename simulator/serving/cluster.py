@@ -4,10 +4,24 @@ The clients send each request at its arrival time (open loop), or, with `max_con
 soon as fewer than that many are outstanding (vLLM bench serve's --max-concurrency: the clock
 of a request starts when it is sent). Deterministic: the same inputs and seed give identical
 results (simpy orders simultaneous events by schedule order; the only randomness, the
-power-of-two router, draws from a generator seeded here).
+power-of-two router, draws from a generator seeded here). Replica groups and how one is built
+are in `serving.group` (re-exported here).
 """
 
 from __future__ import annotations
+
+__all__ = [
+    "ReplicaGroup",
+    "SimResult",
+    "build_replica",
+    "check_budgets",
+    "default_scheduler",
+    "replica_group",
+    "run_to_end",
+    "serve",
+    "sim_result",
+    "simulate",
+]
 
 import dataclasses
 import time
@@ -19,33 +33,25 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from simulator.costmodel.memory import MemoryPlan, plan_memory, require_fit
+from simulator.costmodel.memory import MemoryPlan
 from simulator.errors import SpecError
 from simulator.metrics.phases import with_phases
 from simulator.metrics.recorder import Recorder
-from simulator.serving.dp_group import DPAttention, with_dp_attention
-from simulator.serving.drafter import resolve_drafter
-from simulator.serving.kv_cache import BlockManager
+from simulator.serving.dp_group import with_dp_attention
+from simulator.serving.group import ReplicaGroup, default_scheduler, replica_group
 from simulator.serving.kv_tiers import (
-    KVOffloadSpec,
-    KVTiers,
     TieredBlockManager,
-    block_manager,
-    plan_tiers,
 )
-from simulator.serving.pipeline import MicroBatching
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 from simulator.serving.router import Router, RouterSpec
 from simulator.serving.scheduler import SchedulerSpec
 from simulator.serving.speculative import Acceptance, SpeculativeSpec
-from simulator.serving.steptime import StepTimer
 from simulator.serving.workload import RequestTable
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
-from simulator.specs.offload import OffloadSpec
 
 
 @dataclass(frozen=True)
@@ -63,159 +69,6 @@ class SimResult:
     num_replicas: int
     wall_s: float
     kv_tiers: pd.DataFrame | None = None
-
-
-def default_scheduler(engine: EngineSpec, **overrides: Any) -> SchedulerSpec:
-    """The engine's scheduler defaults, with `overrides` (None values ignored)."""
-    sched = engine.scheduler
-    given = {k: v for k, v in overrides.items() if v is not None}
-    chunked = given.get("chunked_prefill", sched.chunked_prefill)
-    values = {
-        "kind": "continuous" if chunked else "prefill_first",  # unless `kind` is given
-        "max_num_seqs": sched.max_num_seqs,
-        "max_num_batched_tokens": sched.max_num_batched_tokens,
-        "chunked_prefill": chunked,
-    }
-    return SchedulerSpec(**(values | given))
-
-
-def _check_multi_step(spec: SchedulerSpec, engine: EngineSpec, *, speculative: bool) -> None:
-    """SpecError for multi-step scheduling on an engine without it, or with speculation."""
-    if spec.num_scheduler_steps == 1:
-        return
-    if not engine.multi_step_scheduling:
-        raise SpecError(
-            f"engine {engine.id or engine.name} has no multi-step scheduling (vLLM V0's "
-            "--num-scheduler-steps; try --engine vllm-0.6)",
-            field="num_scheduler_steps",
-        )
-    if speculative:
-        raise SpecError(
-            "multi-step scheduling with speculative decoding is not modelled",
-            field="num_scheduler_steps",
-        )
-
-
-def _check_requests(
-    requests: RequestTable, model: ModelSpec, plan: MemoryPlan, spec: SchedulerSpec
-) -> None:
-    total = requests.prompt_len + requests.output_len
-    too_long = np.flatnonzero(total > model.max_position_embeddings)
-    if too_long.size:
-        i = int(too_long[0])
-        raise SpecError(
-            f"{too_long.size} requests exceed the model's context length "
-            f"{model.max_position_embeddings} (first: request {i}, {int(total[i])} "
-            "tokens)",
-            field="workload",
-        )
-    blocks = -(-(total + spec.num_speculative_tokens) // plan.block_size)  # + lookahead slots
-    if blocks.max() > plan.kv_capacity_blocks:
-        i = int(blocks.argmax())
-        raise SpecError(
-            f"request {i} needs {int(blocks[i])} KV blocks, the cache holds "
-            f"{plan.kv_capacity_blocks}",
-            field="workload",
-        )
-
-
-def replica_group(
-    *,
-    model: ModelSpec,
-    hw: HardwareSpec,
-    layout: Parallelism,
-    prec: Precision,
-    engine: EngineSpec,
-    requests: RequestTable,
-    scheduler: SchedulerSpec | None = None,
-    enforce_eager: bool = False,
-    gpu_memory_utilization: float | None = None,
-    swap_space_gib: float = 4.0,
-    speculative: SpeculativeSpec | None = None,
-    enable_prefix_caching: bool = False,
-    offload: OffloadSpec | None = None,
-    kv_offload: KVOffloadSpec | None = None,
-) -> tuple[ReplicaGroup, MemoryPlan]:
-    """`layout.dp` replicas of a deployment, sized for `requests`: the memory plan (must fit),
-    the KV cache in blocks, and the step timer. Requests the replicas could never serve are a
-    SpecError. `speculative`: speculative decoding (its drafter's memory and passes);
-    `offload`: weights streamed from host memory (`costmodel.offload`), every step pays it;
-    `kv_offload`: KV-cache tiers below HBM behind prefix caching (`serving.kv_tiers`)."""
-    layout.check(model, hw)
-    spec = scheduler or default_scheduler(engine)
-    _check_multi_step(spec, engine, speculative=speculative is not None)
-    drafter = None
-    if speculative is not None:
-        drafter = resolve_drafter(
-            speculative, model=model, hw=hw, layout=layout, prec=prec, engine=engine
-        )
-        spec = spec.model_copy(
-            update={"num_speculative_tokens": speculative.num_speculative_tokens}
-        )
-    plan = plan_memory(
-        model,
-        hw,
-        layout,
-        prec,
-        engine,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_num_batched_tokens=spec.max_num_batched_tokens,
-        max_num_seqs=spec.max_num_seqs,
-        offload=offload,
-        host_reserved_bytes=swap_space_gib * 2**30,
-    )
-    if drafter is not None and plan.offload is not None:
-        raise SpecError(
-            "speculative decoding with offloaded weights is not modelled", field="offload"
-        )
-    if drafter is not None:
-        plan = drafter.memory(plan)
-    require_fit(
-        plan, what=f"{model.id} on {hw.id} (tp={layout.tp}, pp={layout.pp}, {prec.weights})"
-    )
-    if len(requests):
-        _check_requests(requests, model, plan, spec)
-    longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 1
-    if drafter is not None:  # decodes verify 1 + k tokens; the drafter's passes are added
-        timer = drafter.step_timer(
-            max_num_seqs=spec.max_num_seqs,
-            max_num_batched_tokens=spec.max_num_batched_tokens,
-            max_context=longest + spec.num_speculative_tokens,
-            enforce_eager=enforce_eager,
-        )
-    else:
-        timer = StepTimer(
-            model=model,
-            hw=hw,
-            layout=layout,
-            prec=prec,
-            engine=engine,
-            max_num_seqs=spec.max_num_seqs,
-            max_num_batched_tokens=spec.max_num_batched_tokens,
-            max_context=longest,
-            enforce_eager=enforce_eager,
-            offload=plan.offload,
-        )
-    # vLLM's --swap-space is per GPU; a replica's devices each hold their share of a block.
-    block_bytes = plan.kv_bytes_per_token * plan.block_size
-    host_link = hw.host.pcie_bw_bytes_per_s * hw.efficiency.host_link_fraction
-    group = ReplicaGroup(
-        scheduler=spec,
-        timer=timer,
-        num_blocks=plan.kv_capacity_blocks,
-        block_size=plan.block_size,
-        count=layout.dp,
-        host_blocks=int(swap_space_gib * 2**30 // block_bytes),
-        swap_s_per_block=block_bytes / host_link,
-        speculative=speculative,
-        enable_prefix_caching=enable_prefix_caching,
-        kv_tiers=None
-        if kv_offload is None
-        else plan_tiers(
-            kv_offload, hw=hw, plan=plan, gpus=layout.tp * layout.pp, swap_space_gib=swap_space_gib
-        ),
-    )
-    return group, plan
 
 
 def simulate(
@@ -265,37 +118,6 @@ def simulate(
         requests, groups=[group], router=router, max_concurrency=max_concurrency, seed=seed
     )
     return dataclasses.replace(result, memory=plan, wall_s=time.perf_counter() - wall)
-
-
-@dataclass(frozen=True)
-class ReplicaGroup:
-    """`count` identical replicas: their scheduler, step-time model (`decode_run` and `mixed`,
-    as StepTimer) and KV cache of `num_blocks` blocks of `block_size` tokens each."""
-
-    scheduler: SchedulerSpec
-    timer: StepTimer
-    num_blocks: int
-    block_size: int
-    count: int = 1
-    host_blocks: int = 0  # swap space per replica, in blocks
-    swap_s_per_block: float = 0.0  # time to copy one block between host and GPU
-    speculative: SpeculativeSpec | None = None  # its acceptance rates; the timer has the rest
-    enable_prefix_caching: bool = False  # vLLM's --enable-prefix-caching
-    kv_tiers: KVTiers | None = None  # tiers below HBM (prefix caching on: serving.kv_tiers)
-    # How each replica is built when not a plain Replica: DP-attention ranks in lockstep
-    # (serving.dp_group) or pipeline micro-batches in flight (serving.pipeline).
-    loop: DPAttention | MicroBatching | None = None
-
-    def new_kv(self) -> BlockManager:
-        """An empty KV cache for one replica (or attention rank) of the group."""
-        return block_manager(
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            watermark=self.scheduler.watermark,
-            host_blocks=self.host_blocks,
-            prefix_caching=self.enable_prefix_caching,
-            tiers=self.kv_tiers,
-        )
 
 
 def serve(

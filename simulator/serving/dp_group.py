@@ -54,7 +54,7 @@ from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
 
 if TYPE_CHECKING:
-    from simulator.serving.cluster import ReplicaGroup
+    from simulator.serving.group import ReplicaGroup
 
 Batch = tuple[list[Chunk], list[int]]  # prefill chunks, decode KV lengths
 

@@ -18,7 +18,7 @@ from simulator.specs.model import ModelSpec
 if TYPE_CHECKING:
     from simulator.api import Deployment
     from simulator.scenario import ReplicaGroupSpec
-    from simulator.serving.cluster import ReplicaGroup
+    from simulator.serving.group import ReplicaGroup
 
 
 def expert_layout(model: ModelSpec, spec: ReplicaGroupSpec) -> dict[str, Any]:

@@ -61,7 +61,7 @@ from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
 
 if TYPE_CHECKING:
-    from simulator.serving.cluster import ReplicaGroup
+    from simulator.serving.group import ReplicaGroup
 
 
 @dataclass(frozen=True, slots=True)

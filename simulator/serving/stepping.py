@@ -21,7 +21,7 @@ from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 
 if TYPE_CHECKING:
-    from simulator.serving.cluster import ReplicaGroup
+    from simulator.serving.group import ReplicaGroup
 
 
 def check_plain_steps(group: ReplicaGroup, *, what: str) -> None:

@@ -212,13 +212,13 @@ class AttentionEfficiency(Frozen):
     per (sequence, KV head); `fa2`, vLLM's FlashAttention-2 paged path, which splits the KV of
     GQA layers to fill two blocks per SM and never splits MHA layers; `fa3`, FlashAttention-3's
     dynamic split, which fills the SMs; `paged_v2`, vLLM 0.2's PagedAttention V2, 512-token
-    partitions per (sequence, query head) (see `roofline.decode_blocks`). An engine profile
+    partitions per (sequence, query head) (see `attention_kernels.decode_blocks`). An engine profile
     may name its own (`EngineSpec.decode_split`). With
     `decode_block_bytes_per_s` set, the KV read also takes at least its bytes over that rate
     times the resident blocks: one block walks its pages one after another, so a few long
     blocks are latency-bound whatever the bandwidth. With `decode_walk_tokens_per_s` set, an
     `fa3` decode also takes at least the KV tokens of up to `decode_walk_seqs` sequences over
-    that rate, counted in tokens whatever the KV heads or dtype (`roofline._walk_tokens`:
+    that rate, counted in tokens whatever the KV heads or dtype (`attention_kernels.walk_tokens`:
     measured on H100's FlashAttention-3, where few sequences with one KV head stream at a
     third of the rate of eight). `decode_gqa_copy_s` is the extra cost of the `fa2` path's
     query and output re-layout for GQA with two or more KV heads and sequences.

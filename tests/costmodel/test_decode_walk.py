@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulator.costmodel.attention_kernels import decode_kv_s, kernels
 from simulator.costmodel.batch import BatchShape, Num
 from simulator.costmodel.ops import Op, attention_ops
-from simulator.costmodel.roofline import _decode_kv_s, _kernels, evaluate
+from simulator.costmodel.roofline import evaluate
 from simulator.specs import HardwareSpec, load_hardware
 from simulator.specs.deployment import Precision
 
@@ -93,8 +94,8 @@ def test_the_walk_and_the_bandwidth_time_join_by_a_four_norm() -> None:
     op = decode_op(heads=8, kv_heads=8, batch=1, context=131072)
     on = walk_only(H100).model_copy(update={"memory": H100.memory})
     off = walk_only(H100, decode_walk_tokens_per_s=None).model_copy(update={"memory": H100.memory})
-    t = float(np.ravel(_decode_kv_s(off, op, _kernels(off, None)))[0])
-    both = float(np.ravel(_decode_kv_s(on, op, _kernels(on, None)))[0])
+    t = float(np.ravel(decode_kv_s(off, op, kernels(off, None)))[0])
+    both = float(np.ravel(decode_kv_s(on, op, kernels(on, None)))[0])
     assert both == pytest.approx((t**4 + 131.072e-6**4) ** 0.25, rel=1e-9)
 
 
