@@ -9,7 +9,6 @@ an `EngineArgs` field must carry the field's name.
 from __future__ import annotations
 
 import dataclasses
-import json
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from simulator.cli.common import write_json
 from simulator.engine_args import EngineArgs
 from simulator.specs.offload import OffloadSpec, parse_offload
 
@@ -176,17 +176,16 @@ def save_result(
     model_id, num_prompts, request_rate, burstiness, max_concurrency) and the date, in
     `result_dir` (default: the working directory) under `result_filename` or vLLM's
     default name."""
-    now = datetime.now()
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     if result_filename is None:
         concurrency = setup["max_concurrency"]
         tail = f"-concurrency{concurrency}" if concurrency is not None else ""
         model = str(setup["model_id"]).rstrip("/").split("/")[-1]
-        rate, stamp = setup["request_rate"], now.strftime("%Y%m%d-%H%M%S")
+        rate = setup["request_rate"]
         result_filename = f"{setup['backend']}-{rate}qps{tail}-{model}-{stamp}.json"
     path = Path(result_dir or ".") / result_filename
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"date": now.strftime("%Y%m%d-%H%M%S"), **setup, **summary}
-    path.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+    write_json(str(path), {"date": stamp, **setup, **summary})
     return path
 
 
