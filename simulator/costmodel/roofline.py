@@ -27,7 +27,6 @@ from simulator.costmodel.attention_kernels import (
     kernels,
     prefill_work,
 )
-from simulator.costmodel.batch import Num
 from simulator.costmodel.ops import Op
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import DecodeSplit, HardwareSpec
@@ -59,10 +58,6 @@ class OpCost:
         )
         names = np.asarray(BOUNDS)[np.argmax(parts, axis=0)]
         return np.where(parts.max(axis=0) > 0, names, "latency")
-
-
-def _ceil_div(a: Num, b: float) -> np.ndarray:
-    return np.ceil(np.asarray(a, dtype=float) / b)
 
 
 def _pow2_tiles(lo: int, hi: int) -> list[float]:

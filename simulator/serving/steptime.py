@@ -326,4 +326,4 @@ class StepTimer:
 
     def _engine_time(self, gpu_s: float, launches: float, tokens: int, seqs: int) -> float:
         """`costmodel.step.engine_time` for one step, in plain floats."""
-        return max(gpu_s, self._launch_s(launches, tokens)) + self._step_s + self._per_seq_s * seqs
+        return max(gpu_s, self._launch_s(launches, tokens)) + self.cpu_s(seqs)
