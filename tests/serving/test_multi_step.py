@@ -8,6 +8,8 @@ The timer (`factories.FixedTimer` plus 1 ms of scheduling CPU per step): a prefi
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from clitools import run_cli
 from factories import MS, FixedTimer, fixed_group, make_requests, make_scheduler, times_ms
@@ -21,6 +23,8 @@ from simulator.scenario import Scenario
 from simulator.serving.cluster import SimResult, serve
 from simulator.serving.scheduler import SchedulerSpec
 from simulator.serving.workload import RequestTable, WorkloadSpec
+
+SPEC = '{"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.6}'
 
 
 class SchedulingTimer(FixedTimer):
@@ -84,7 +88,7 @@ def test_every_request_finishes_once_with_its_tokens(
     assert result.itl_weight.sum() == pytest.approx(float((df["output_tokens"] - 1).sum()))
 
 
-def scenario(engine: str, steps: int) -> Scenario:
+def scenario(engine: str, steps: int, **engine_args: Any) -> Scenario:
     workload = WorkloadSpec(
         dataset={"name": "random", "input_len": 256, "output_len": 64},
         num_prompts=40,
@@ -94,7 +98,7 @@ def scenario(engine: str, steps: int) -> Scenario:
         model="llama-3.1-8b",
         hardware="a100_sxm_80gb",
         workload=workload,
-        engine_args=EngineArgs(engine=engine, num_scheduler_steps=steps),
+        engine_args=EngineArgs(engine=engine, num_scheduler_steps=steps, **engine_args),
         seed=0,
     )
 
@@ -106,6 +110,22 @@ def test_only_an_engine_with_multi_step_scheduling_takes_it() -> None:
     one = run(scenario("vllm-0.6", 1))
     # arrivals wait for the decode block: a higher median TTFT
     assert ten.summary["median_ttft_ms"] > one.summary["median_ttft_ms"]
+
+
+@pytest.mark.parametrize(
+    ("engine_args", "field"),
+    [
+        ({"speculative_config": SPEC}, "num_scheduler_steps"),
+        ({"pipeline_parallel_size": 2, "pipeline_micro_batching": True}, "num_scheduler_steps"),
+    ],
+)
+def test_multi_step_is_refused_where_it_is_not_modelled(
+    engine_args: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(SpecError, match="multi-step scheduling") as exc:
+        run(scenario("vllm-0.6", 4, **engine_args))
+    assert exc.value.field == field
+    run(scenario("vllm-0.6", 1, **engine_args))  # one step per scheduler call: allowed
 
 
 def test_the_cli_flag(capsys: pytest.CaptureFixture[str]) -> None:
