@@ -232,8 +232,9 @@ def check_budgets(requests: RequestTable, groups: Sequence[ReplicaGroup]) -> Non
     max_model_len then, for this reason)."""
     longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 0
     for group in groups:
-        budget = group.scheduler.max_num_batched_tokens
-        if group.scheduler.kind == "prefill_first" and longest > budget:
+        spec = group.scheduler
+        budget = spec.max_num_batched_tokens
+        if spec.kind == "prefill_first" and not spec.chunked_prefill and longest > budget:
             raise SpecError(
                 f"without chunked prefill, max_num_batched_tokens ({budget}) must "
                 f"hold the longest request ({longest} tokens)",

@@ -64,8 +64,9 @@ def default_scheduler(engine: EngineSpec, **overrides: Any) -> SchedulerSpec:
     sched = engine.scheduler
     given = {k: v for k, v in overrides.items() if v is not None}
     chunked = given.get("chunked_prefill", sched.chunked_prefill)
+    mixed = chunked and sched.mixed_prefill
     values = {
-        "kind": "continuous" if chunked else "prefill_first",  # unless `kind` is given
+        "kind": "continuous" if mixed else "prefill_first",  # unless `kind` is given
         "max_num_seqs": sched.max_num_seqs,
         "max_num_batched_tokens": sched.max_num_batched_tokens,
         "chunked_prefill": chunked,

@@ -10,8 +10,11 @@ the plan and advances time. Three policies (`kind`):
   they can. Then waiting requests in queue order while the token budget, max_num_seqs and the
   KV cache (above the watermark) allow; the first that does not fit stops admission
   (head-of-line, as vLLM). No admissions in a step that preempted.
-- `prefill_first`: vLLM V0 without chunked prefill. A step either prefills whole prompts of
-  waiting requests (as many as the budget holds) or decodes every running request.
+- `prefill_first`: a step either prefills or decodes every running request, and prefill goes
+  first. Without chunked prefill (vLLM V0) it prefills whole prompts of waiting requests, as
+  many as the budget holds. With chunked prefill (SGLang without --enable-mixed-chunk) the
+  prompt begun in an earlier step continues first, then waiting requests are admitted, the
+  last one in a chunk that fills the budget.
 - `static`: a batch of up to max_num_seqs requests is admitted when nothing runs, prefilled
   together, and decoded until the last of them finishes; requests arriving meanwhile wait.
 
@@ -209,6 +212,23 @@ def _admit(
     return budget
 
 
+def _continue_prompts(running: list[Request], kv: BlockManager, budget: int, plan: StepPlan) -> int:
+    """Prefill-first with chunks: running requests whose prompt (or recomputation) is not
+    done yet take their next chunk, in order, while the budget and KV blocks allow."""
+    for req in running:
+        if budget <= 0:
+            break
+        n = req.remaining
+        if req.num_output > 0 and n == 1:  # decoding: waits for a decode step
+            continue
+        n = min(n, budget)
+        if not kv.allocate(req, n):
+            break
+        plan.entries.append((req, n))
+        budget -= n
+    return budget
+
+
 def _drop_loaded(waiting: deque[Request], kv: BlockManager) -> bool:
     """Nothing runs and the head does not fit: free the blocks of the last waiting request
     holding any (KV tiers: its loaded blocks, back to the cache, looked up again on admission)
@@ -236,7 +256,9 @@ def schedule(
             if not plan.preempted:
                 _admit(spec, running, waiting, kv, budget, plan, chunked=spec.chunked_prefill)
         case "prefill_first":
-            _admit(spec, running, waiting, kv, budget, plan, chunked=False)
+            if spec.chunked_prefill:
+                budget = _continue_prompts(running, kv, budget, plan)
+            _admit(spec, running, waiting, kv, budget, plan, chunked=spec.chunked_prefill)
             if not plan.entries:
                 _schedule_running(spec, running, kv, waiting, budget, plan)
         case "static":

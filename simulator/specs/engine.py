@@ -26,6 +26,12 @@ class SchedulerDefaults(Frozen):
     max_num_seqs: int = Field(gt=0)
     max_num_batched_tokens: int = Field(gt=0)
     chunked_prefill: bool
+    mixed_prefill: bool = Field(
+        default=True,
+        description="prefill chunks share a step with the running decodes (vLLM V1, TensorRT-LLM "
+        "in-flight batching); false: a step is all prefill or all decode, prefill first (SGLang "
+        "without --enable-mixed-chunk)",
+    )
     block_size: int = Field(gt=0)
     gpu_memory_utilization: float = Field(gt=0, le=1)
 

@@ -82,10 +82,42 @@ def test_without_chunked_prefill_prompts_go_whole() -> None:
     # r0 prefill 0-11.5 ms, r1 prefill 11.5-23 ms (decodes wait), then both decode together.
     result = run(
         make_requests((0.0, 150, 2), (0.0, 150, 2)),
-        scheduler=make_scheduler(kind="prefill_first", max_num_batched_tokens=200),
+        scheduler=make_scheduler(
+            kind="prefill_first", chunked_prefill=False, max_num_batched_tokens=200
+        ),
     )
     assert times_ms(result.requests, "first_token_s") == [11.5, 23.0]
     assert times_ms(result.requests, "finish_s") == [28.0, 28.0]
+
+
+def test_prefill_first_with_chunks_runs_prefill_steps_apart_from_decodes() -> None:
+    # SGLang's policy (chunked, not mixed), budget 100. r0 (prompt 60, 3 out) at 0: prefill
+    # 0-10.6 ms. r1 (prompt 150, 2 out) arrives at 12 ms, during r0's decode step 10.6-15.6.
+    # Then r1 prefills in chunks of 100 (15.6-26.6) and 50 (26.6-37.1), decodes waiting (a
+    # mixed scheduler would have put r0's decode beside each chunk). Then one decode step of
+    # both, 37.1-42.1: r0's 3rd token and r1's 2nd.
+    result = run(
+        make_requests((0.0, 60, 3), (0.012, 150, 2)),
+        scheduler=make_scheduler(kind="prefill_first", max_num_batched_tokens=100),
+    )
+    steps = result.steps
+    assert steps["prefill_tokens"].tolist() == [60, 0, 100, 50, 0]
+    assert steps["decode_tokens"].tolist() == [0, 1, 0, 0, 2]
+    assert times_ms(result.requests, "first_token_s") == [10.6, 37.1]
+    assert times_ms(result.requests, "finish_s") == [42.1, 42.1]
+
+
+def test_prefill_first_continues_the_chunked_prompt_before_new_ones() -> None:
+    # Budget 100; r0 (prompt 150) and r1 (prompt 30) both wait at 0. Step 1: r0's first 100
+    # tokens. Step 2: r0's last 50, then r1's 30 in the budget left (SGLang's chunked_req
+    # goes first into the next prefill batch): 11 + 10.8 ms to both first tokens.
+    result = run(
+        make_requests((0.0, 150, 2), (0.0, 30, 2)),
+        scheduler=make_scheduler(kind="prefill_first", max_num_batched_tokens=100),
+    )
+    steps = result.steps
+    assert steps["prefill_tokens"].tolist()[:2] == [100, 80]
+    assert times_ms(result.requests, "first_token_s") == [21.8, 21.8]
 
 
 def test_preemption_when_the_kv_cache_runs_out() -> None:
@@ -106,7 +138,9 @@ def test_without_chunking_a_step_must_hold_the_longest_request() -> None:
     with pytest.raises(SpecError, match="max_num_batched_tokens"):
         run(
             make_requests((0.0, 150, 100)),
-            scheduler=make_scheduler(kind="prefill_first", max_num_batched_tokens=200),
+            scheduler=make_scheduler(
+                kind="prefill_first", chunked_prefill=False, max_num_batched_tokens=200
+            ),
         )
 
 
@@ -167,17 +201,17 @@ workloads = st.lists(
     kind=st.sampled_from(["continuous", "prefill_first", "static"]),
     blocks=st.integers(40, 200),
     budget=st.integers(300, 1024),
+    chunked=st.booleans(),
 )
 def test_every_request_finishes_once_with_its_tokens(
-    rows: list[tuple[float, int, int]], kind: str, blocks: int, budget: int
+    rows: list[tuple[float, int, int]], kind: str, blocks: int, budget: int, chunked: bool
 ) -> None:
     rows.sort()
     reqs = make_requests(*rows)
-    if kind == "prefill_first":  # without chunking a step must hold a whole request (vLLM too)
+    if not chunked:  # without chunking a step must hold a whole request (vLLM too)
         budget = max(budget, max(p + o for _, p, o in rows))
-    result = run(
-        reqs, num_blocks=blocks, scheduler=make_scheduler(kind=kind, max_num_batched_tokens=budget)
-    )
+    scheduler = make_scheduler(kind=kind, max_num_batched_tokens=budget, chunked_prefill=chunked)
+    result = run(reqs, num_blocks=blocks, scheduler=scheduler)
     df = result.requests.sort_values("request_id")
     assert len(df) == len(rows)
     assert df["output_tokens"].tolist() == [r[2] for r in rows]

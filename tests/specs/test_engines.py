@@ -99,6 +99,18 @@ def test_engines_differ_where_expected(engines: dict[str, EngineSpec]) -> None:
     assert "fp8" not in llamacpp.quantized_kernels
 
 
+def test_sglang_runs_prefill_steps_apart_from_decodes(engines: dict[str, EngineSpec]) -> None:
+    """SGLang (no --enable-mixed-chunk) prefills first in steps of their own, still chunked;
+    vLLM mixes chunks into decode steps; turning chunking off gives vLLM V0's whole prompts."""
+    from simulator.serving.group import default_scheduler
+
+    sglang = default_scheduler(engines["sglang"])
+    assert (sglang.kind, sglang.chunked_prefill) == ("prefill_first", True)
+    assert default_scheduler(engines["vllm"]).kind == "continuous"
+    assert default_scheduler(engines["vllm"], chunked_prefill=False).kind == "prefill_first"
+    assert default_scheduler(engines["sglang"], kind="continuous").kind == "continuous"
+
+
 @pytest.mark.parametrize("bad_id", ["no-such-engine", "VLLM", "tgi"])
 def test_unknown_engine_raises_spec_error(bad_id: str) -> None:
     with pytest.raises(SpecError) as info:
