@@ -135,8 +135,11 @@ def _round(x: np.ndarray) -> np.ndarray:
 
 
 def calibrate(hw_id: str, device: str) -> tuple[EfficiencySpec, list[FitReport]]:
-    """Fit every family in order on the hand-written spec of `hw_id` (no overlay)."""
-    hw = load_hardware(hw_id, calibrated=False)
+    """Fit every family in order on the hand-written spec of `hw_id` (no overlay), as the
+    operator data were measured (GEMMs on uninitialised weights: no data ceiling, which the
+    returned efficiency keeps)."""
+    base = load_hardware(hw_id, calibrated=False)
+    hw = base.without_data_ceiling()
     reports = []
     for family in FAMILIES:
         hw, report = fit_family(hw, device, family)
@@ -146,5 +149,8 @@ def calibrate(hw_id: str, device: str) -> tuple[EfficiencySpec, list[FitReport]]
     peaks["fp16"] = peaks["bf16"]  # the same tensor-core path as bf16
     if "fp8" in peaks and "int8" in peaks:
         peaks["int8"] = peaks["fp8"]  # the same tensor rate; no int8 measurements bundled
-    eff = eff.model_copy(update={"gemm": eff.gemm.model_copy(update={"peak_fraction": peaks})})
+    gemm = eff.gemm.model_copy(
+        update={"peak_fraction": peaks, "data_ceiling": base.efficiency.gemm.data_ceiling}
+    )
+    eff = eff.model_copy(update={"gemm": gemm})
     return eff, reports

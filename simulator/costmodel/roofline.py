@@ -70,9 +70,10 @@ def _pow2_tiles(lo: int, hi: int) -> list[float]:
 
 def gemm_efficiency(hw: HardwareSpec, op: Op) -> np.ndarray:
     """Fraction of the dense peak a GEMM reaches: library peak fraction x tile padding x wave
-    quantisation x size ramp (of the work the tile costs). The tile (powers of two between the
-    spec's minimum and maximum) is the fastest for the shape; split-K fills the machine when
-    there are fewer output tiles than SMs and k is long."""
+    quantisation x size ramp (of the work the tile costs), at most the device's data ceiling
+    (real weights). The tile (powers of two between the spec's minimum and maximum) is the
+    fastest for the shape; split-K fills the machine when there are fewer output tiles than
+    SMs and k is long."""
     eff = hw.efficiency.gemm
     m = np.maximum(np.asarray(op.m, dtype=float), 1.0)
     n = np.maximum(np.asarray(op.n, dtype=float), 1.0)
@@ -96,7 +97,8 @@ def gemm_efficiency(hw: HardwareSpec, op: Op) -> np.ndarray:
             # curve's bounded elasticity keeps that monotone). The library takes the fastest.
             occupied = padding * waves
             best = np.maximum(best, occupied * curve(flops / occupied))
-    return frac * best
+    ceiling = eff.data_ceiling.get(op.dtype)  # type: ignore[call-overload]
+    return frac * best if ceiling is None else np.minimum(frac * best, ceiling)
 
 
 def _peak(hw: HardwareSpec, dtype: str) -> float:

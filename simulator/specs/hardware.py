@@ -180,6 +180,13 @@ class GemmEfficiency(Frozen):
         default_factory=lambda: flat(1.0),
         description="multiplier on quant_fraction by the bytes the quantisation kernel moves",
     )
+    data_ceiling: dict[ComputeDtype, float] = Field(
+        default_factory=dict,
+        description="per-dtype highest fraction of the dense peak a GEMM reaches on real "
+        "(random-like) weights, whose switching power holds the clock down at the power limit; "
+        "caps the efficiency above. Set where the fitted operator data ran on uninitialised "
+        "(zero) weights, which draw less power (see without_data_ceiling)",
+    )
 
 
 class MemoryEfficiency(Frozen):
@@ -292,3 +299,10 @@ class HardwareSpec(Frozen):
 
     def supports(self, dtype: str) -> bool:
         return self.peak_flops(dtype) > 0.0
+
+    def without_data_ceiling(self) -> HardwareSpec:
+        """This device as the bundled operator data measured it: GEMMs on uninitialised
+        (zero) weights, so no `gemm.data_ceiling` (calibration and the `ops` suite use it)."""
+        gemm = self.efficiency.gemm.model_copy(update={"data_ceiling": {}})
+        eff = self.efficiency.model_copy(update={"gemm": gemm})
+        return self.model_copy(update={"efficiency": eff})
