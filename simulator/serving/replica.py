@@ -149,9 +149,7 @@ class Replica:
                 yield from self._decode_segment(reqs, self._segment_steps(reqs))
             else:
                 yield from self._step(plan)
-                self._decoding = self._segments and all(
-                    r.num_output > 0 and r.num_computed + 1 == r.known for r in self.running
-                )
+                self._decoding = self._segments and all(r.is_decoding for r in self.running)
 
     def _admissible(self) -> bool:
         """Could the next step admit a waiting request (so the batch may change)? Never inside

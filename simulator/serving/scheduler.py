@@ -218,10 +218,9 @@ def _continue_prompts(running: list[Request], kv: BlockManager, budget: int, pla
     for req in running:
         if budget <= 0:
             break
-        n = req.remaining
-        if req.num_output > 0 and n == 1:  # decoding: waits for a decode step
+        if req.is_decoding:  # waits for a decode step
             continue
-        n = min(n, budget)
+        n = min(req.remaining, budget)
         if not kv.allocate(req, n):
             break
         plan.entries.append((req, n))

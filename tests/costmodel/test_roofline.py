@@ -17,7 +17,13 @@ from simulator.api import Deployment, allreduce_cost, attention_cost, deployment
 from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.memory import layer_weight_bytes
 from simulator.costmodel.ops import Op, collective, gemm, step_ops
-from simulator.costmodel.roofline import OpCost, collective_bandwidth, evaluate, wire_bytes
+from simulator.costmodel.roofline import (
+    OpCost,
+    collective_bandwidth,
+    evaluate,
+    gemm_efficiency,
+    wire_bytes,
+)
 from simulator.costmodel.step import kernel_launches, step_cost
 from simulator.specs import load_engine, load_hardware
 from simulator.specs.deployment import Precision
@@ -126,8 +132,6 @@ def test_real_weights_cap_gemm_efficiency_at_the_data_ceiling() -> None:
     # the bf16 peak on a large GEMM; real weights hold the clock down to the random-input
     # maximum (0.803). A skinny GEMM, far below it, is unchanged; the spec without the
     # ceiling (the operator data's conditions) keeps the fitted value.
-    from simulator.costmodel.roofline import gemm_efficiency
-
     hw = load_hardware("h100_sxm")
     assert hw.efficiency.gemm.data_ceiling["bf16"] == 0.803
     as_measured = hw.without_data_ceiling()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from simulator.errors import SpecError
+from simulator.serving.group import default_scheduler
 from simulator.specs import EngineSpec, list_engines, load_engine
 
 ENGINE_DIR = Path(__file__).resolve().parents[2] / "simulator" / "specs" / "engines"
@@ -102,8 +103,6 @@ def test_engines_differ_where_expected(engines: dict[str, EngineSpec]) -> None:
 def test_sglang_runs_prefill_steps_apart_from_decodes(engines: dict[str, EngineSpec]) -> None:
     """SGLang (no --enable-mixed-chunk) prefills first in steps of their own, still chunked;
     vLLM mixes chunks into decode steps; turning chunking off gives vLLM V0's whole prompts."""
-    from simulator.serving.group import default_scheduler
-
     sglang = default_scheduler(engines["sglang"])
     assert (sglang.kind, sglang.chunked_prefill) == ("prefill_first", True)
     assert default_scheduler(engines["vllm"]).kind == "continuous"
