@@ -20,6 +20,7 @@ from simulator.serving.router import RouterSpec
 from simulator.serving.speculative import SpeculativeSpec
 from simulator.serving.workload import TraceDataset, WorkloadSpec
 from simulator.specs._base import Frozen, Watts
+from simulator.specs.deployment import Quantization
 from simulator.specs.loader import read_yaml, validate
 from simulator.specs.offload import ExpertOffloadSpec, OffloadSpec
 
@@ -70,7 +71,7 @@ class ReplicaGroupSpec(Frozen):
         default=None, ge=0, description="Zipf exponent of expert popularity -> the imbalance"
     )
     dtype: str = "auto"
-    quantization: Literal["fp8", "int8", "int4"] | None = None
+    quantization: Quantization | None = None
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)

@@ -140,14 +140,14 @@ def gemm_cost(
     engine: str | EngineSpec | None = None,
     enforce_eager: bool = False,
 ) -> OpCost | EngineOpCost:
-    """One m x k by k x n GEMM. fp8/int8 need the device's matrix unit for that dtype and
-    quantise the bf16 activations in a kernel of their own first. With an engine, an
+    """One m x k by k x n GEMM. fp8/int8/fp4 (NVFP4) need the device's matrix unit for that
+    dtype and quantise the bf16 activations in a kernel of their own first. With an engine, an
     EngineOpCost: the kernel as the engine runs it (its quantisation fused away where it
     fuses it) plus its launch (`m` is the step's tokens)."""
     _positive(m=m, n=n, k=k)
     hw = _hw(hardware)
-    if dtype not in ("bf16", "fp16", "fp8", "int8"):
-        raise SpecError(f"unknown dtype {dtype!r} (bf16, fp16, fp8, int8)", field="dtype")
+    if dtype not in ("bf16", "fp16", "fp8", "int8", "fp4"):
+        raise SpecError(f"unknown dtype {dtype!r} (bf16, fp16, fp8, int8, fp4)", field="dtype")
     if not hw.supports(dtype):
         raise SpecError(f"{hw.name} has no {dtype} matrix unit", source=hw.id, field="dtype")
     act = dtype if dtype in ("bf16", "fp16") else "bf16"

@@ -95,6 +95,22 @@ def test_deployment_resolves_precision() -> None:
     assert (dep.precision.activations, dep.precision.kv_cache) == ("fp16", "fp8")
 
 
+def test_nvfp4_runs_w4a4_on_blackwell_and_weight_only_elsewhere() -> None:
+    b200 = simulator.deployment(
+        model="llama-3.1-70b", hardware="b200", engine="trtllm", quantization="fp4"
+    )
+    assert (b200.precision.weights, b200.precision.compute) == ("fp4", "fp4")
+    assert not b200.precision.weight_only
+    h100 = simulator.deployment(model="llama-3.1-70b", hardware="h100_sxm", quantization="fp4")
+    assert (h100.precision.weights, h100.precision.compute) == ("fp4", "bf16")  # Marlin FP4
+    assert h100.precision.weight_only
+    # an engine of the era before NVFP4 says so
+    with pytest.raises(SpecError, match="no fp4 kernels"):
+        simulator.deployment(
+            model="llama-3.1-70b", hardware="b200", engine="vllm-0.6", quantization="fp4"
+        )
+
+
 def test_expert_parallel_on_a_moe_model() -> None:
     dep = simulator.deployment(
         model="mixtral-8x7b", hardware="h100_sxm", tensor_parallel_size=8, expert_parallel_size=8

@@ -19,6 +19,7 @@ class GemmDtype(str, Enum):
     fp16 = "fp16"
     fp8 = "fp8"
     int8 = "int8"
+    fp4 = "fp4"
 
 
 class Phase(str, Enum):

@@ -22,12 +22,18 @@ Collective = Literal["", "all_reduce", "all_gather", "all_to_all", "send_recv"]
 ScalesWith = Literal["tokens", "sampled", "batch", "ep_group"]
 
 INT4_GROUP_SIZE = 128  # AWQ/GPTQ: one fp16 scale per 128 weights
+# NVFP4: one fp8 (E4M3) scale per block of 16 e2m1 values, plus one fp32 scale per tensor
+# (NVIDIA technical blog "Introducing NVFP4 for Efficient and Accurate Low-Precision
+# Inference", 2025-06-24); the per-tensor scale is negligible.
+FP4_BLOCK_SIZE = 16
 
 
 def weight_bytes_per_param(dtype: str) -> float:
-    """Storage bytes per weight including quantisation scales."""
+    """Storage bytes per weight (or quantised activation) including its block scales."""
     if dtype == "int4":
         return 0.5 + 2.0 / INT4_GROUP_SIZE
+    if dtype == "fp4":
+        return 0.5 + 1.0 / FP4_BLOCK_SIZE
     return DTYPE_BYTES[dtype]
 
 
@@ -84,13 +90,13 @@ def gemm(
     scales_with: ScalesWith = "tokens",
 ) -> Op:
     """A (groups x) m-by-k times k-by-n GEMM whose k-by-n operand is a stored weight. A W8A8
-    GEMM (8-bit compute, 16-bit activations) reads activations quantised by a kernel before it
-    (`pre_bytes`: read 16-bit, write 8-bit)."""
+    or NVFP4 W4A4 GEMM (8- or 4-bit compute, 16-bit activations) reads activations quantised
+    by a kernel before it (`pre_bytes`: read 16-bit, write 8-bit, or 4-bit with block scales)."""
     a = DTYPE_BYTES[prec.activations]
     wb = weight_bytes_per_param(weight_dtype or prec.weights)
     dtype = prec.compute if (weight_dtype or prec.weights) == prec.weights else prec.activations
-    quantised = dtype in ("fp8", "int8") and a > 1
-    a_in = DTYPE_BYTES[dtype] if quantised else a
+    quantised = dtype in ("fp8", "int8", "fp4") and a > 1
+    a_in = weight_bytes_per_param(dtype) if quantised else a
     g = np.asarray(groups, dtype=float)
     flops = 2.0 * m * n * k * g
     bytes_ = g * (n * k * wb + m * k * a_in + m * n * a)

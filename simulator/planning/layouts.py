@@ -17,13 +17,14 @@ from simulator.errors import SpecError
 from simulator.planning.bounds import LatencyFloors, capacity_ceiling, hopeless, latency_floors
 from simulator.planning.fleet import FleetOption
 from simulator.planning.search import SearchOutcome, Verdict
-from simulator.planning.spec import HardwareCandidate, PlanSpec, PlanWorkload, Quantization
+from simulator.planning.spec import HardwareCandidate, PlanSpec, PlanWorkload
 from simulator.runner import build_group
 from simulator.scenario import ReplicaGroupSpec, Scenario, SLOSpec
 from simulator.serving.scheduler import SchedulerSpec
 from simulator.serving.steptime import StepTimer
 from simulator.serving.workload import RequestTable, WorkloadSpec, generate_requests
 from simulator.specs import ModelSpec, load_hardware
+from simulator.specs.deployment import Quantization
 
 
 @dataclass(frozen=True)

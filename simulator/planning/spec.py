@@ -25,6 +25,7 @@ from simulator.serving.router import RouterSpec
 from simulator.serving.workload import DatasetSpec, TraceDataset, WorkloadSpec
 from simulator.specs import load_engine, load_hardware, load_model
 from simulator.specs._base import Frozen
+from simulator.specs.deployment import Quantization
 from simulator.specs.loader import read_yaml, validate
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -124,7 +125,6 @@ def _quantization(value: Any) -> Any:
     return [None if q in (None, "none") else q for q in _as_list(value)]
 
 
-Quantization = Literal["fp8", "int8", "int4"]
 PositiveInt = Annotated[int, Field(ge=1)]
 
 

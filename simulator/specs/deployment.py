@@ -11,7 +11,10 @@ from simulator.specs._base import Frozen
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
 
-Quantization = Literal["fp8", "int8", "int4"]
+# Weight formats a checkpoint may be quantised to: 8-bit (W8A8 where the device has the matrix
+# unit), AWQ/GPTQ int4 (weight-only) and NVFP4 (4-bit e2m1 in blocks of 16 with an fp8 scale;
+# W4A4 on devices with an fp4 matrix unit, weight-only elsewhere).
+Quantization = Literal["fp8", "int8", "int4", "fp4"]
 
 
 class Parallelism(Frozen):
@@ -88,15 +91,15 @@ class Precision(Frozen):
     """Resolved precisions: what the weights are stored in, what the matrix units compute in,
     what the KV cache holds, and what activations are kept in between kernels."""
 
-    weights: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
-    compute: Literal["fp32", "bf16", "fp16", "fp8", "int8"]
+    weights: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
+    compute: Literal["fp32", "bf16", "fp16", "fp8", "int8", "fp4"]
     kv_cache: Literal["fp32", "bf16", "fp16", "fp8"]
     activations: Literal["fp32", "bf16", "fp16"]
 
     @property
     def weight_only(self) -> bool:
         """True when quantized weights are dequantised and multiplied in 16-bit."""
-        return self.weights in ("fp8", "int8", "int4") and self.compute in ("bf16", "fp16")
+        return self.weights in ("fp8", "int8", "int4", "fp4") and self.compute in ("bf16", "fp16")
 
 
 def resolve_precision(
@@ -108,8 +111,8 @@ def resolve_precision(
     kv_cache_dtype: str = "auto",
 ) -> Precision:
     """vLLM's rules: `auto` takes the model's dtype (fp32 checkpoints serve in bf16);
-    fp8/int8 weights run W8A8 where the device has the matrix unit, weight-only otherwise
-    (Marlin); int4 is always weight-only."""
+    fp8/int8 weights run W8A8 and NVFP4 (fp4) W4A4 where the device has the matrix unit,
+    weight-only otherwise (Marlin); int4 is always weight-only."""
     dtypes = {"auto": model.dtype, "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
     if dtype not in dtypes and dtype not in ("bf16", "fp16"):
         raise SpecError(f"unknown dtype {dtype!r} (auto, bfloat16, float16)", field="dtype")
@@ -119,7 +122,7 @@ def resolve_precision(
     weights = quantization or (model.weight_dtype if model.weight_dtype != "fp32" else act)
     if weights in ("bf16", "fp16"):
         weights = act
-    compute = weights if weights in ("fp8", "int8") and hw.supports(weights) else act
+    compute = weights if weights in ("fp8", "int8", "fp4") and hw.supports(weights) else act
     if kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16"):
         raise SpecError(
             f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8)", field="kv_cache_dtype"

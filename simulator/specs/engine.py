@@ -7,11 +7,10 @@ engine keeps outside the KV cache, default scheduler knobs, and which quantized 
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
 from simulator.specs._base import Bytes, Frozen, Seconds
+from simulator.specs.deployment import Quantization
 from simulator.specs.hardware import DecodeSplit
 
 
@@ -66,4 +65,4 @@ class EngineSpec(Frozen):
         "library workspaces, communication buffers, graph pool",
     )
     scheduler: SchedulerDefaults
-    quantized_kernels: tuple[Literal["fp8", "int8", "int4"], ...] = ("fp8", "int8", "int4")
+    quantized_kernels: tuple[Quantization, ...] = ("fp8", "int8", "int4")

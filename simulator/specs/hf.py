@@ -127,6 +127,12 @@ def _weight_dtype(cfg: dict[str, Any], dtype: str) -> str:
     method = str(quant.get("quant_method", "")).lower()
     if method == "fp8":
         return "fp8"
+    if method == "modelopt":  # NVIDIA ModelOpt exports: quant_algo FP8 or NVFP4
+        algo = str(quant.get("quant_algo", "")).upper()
+        if algo.startswith("FP8"):
+            return "fp8"
+        if algo == "NVFP4":
+            return "fp4"
     if method in ("awq", "gptq") and _first_int(quant, "bits", default=16) == 4:
         return "int4"
     return dtype

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from simulator.specs._base import Frozen
 
-WeightDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+WeightDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "tf32": 4.0,

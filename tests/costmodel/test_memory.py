@@ -104,6 +104,18 @@ def test_fp8_kv_cache_doubles_the_token_capacity() -> None:
     assert fp8.kv_capacity_tokens <= 2 * bf16.kv_capacity_tokens + bf16.block_size
 
 
+def test_nvfp4_weights_are_half_a_byte_plus_an_fp8_scale_per_16() -> None:
+    bf16 = make_deployment(hardware="b200")
+    fp4 = make_deployment(hardware="b200", quantization="fp4")
+    per_param = 0.5 + 1 / 16  # e2m1 values + one fp8 (E4M3) scale per block of 16
+    norms = 2 * 4096 * 2  # the norms stay 16-bit
+    layers_bf16 = layer_weight_bytes(bf16.model, bf16.layout, bf16.precision)
+    layers_fp4 = layer_weight_bytes(fp4.model, fp4.layout, fp4.precision)
+    np.testing.assert_allclose(
+        layers_fp4 - norms, (layers_bf16 - norms) * per_param / 2, rtol=1e-12
+    )
+
+
 def test_int4_weights_are_a_quarter_of_bf16_plus_scales() -> None:
     bf16 = make_deployment()
     int4 = make_deployment(quantization="int4")

@@ -167,6 +167,21 @@ def test_an_engine_that_fuses_activation_quantisation_skips_its_kernel() -> None
     assert len(times) == 1
 
 
+def test_an_nvfp4_gemm_quantises_activations_to_4_bits_and_runs_on_the_fp4_units() -> None:
+    b200 = load_hardware("b200")
+    fp4 = Precision(weights="fp4", compute="fp4", kv_cache="bf16", activations="bf16")
+    fp8 = Precision(weights="fp8", compute="fp8", kv_cache="bf16", activations="bf16")
+    m = n = k = 8192.0
+    op4, op8 = (gemm("g", m=m, n=n, k=k, count=1, prec=p) for p in (fp4, fp8))
+    per_elem = 0.5 + 1 / 16
+    assert scalar(op4.bytes) == pytest.approx(n * k * per_elem + m * k * per_elem + m * n * 2)
+    assert scalar(op4.pre_bytes) == pytest.approx(m * k * (2 + per_elem))  # read bf16, write fp4
+    c4, c8 = (evaluate([op], b200)[0] for op in (op4, op8))
+    peak4 = b200.peak_flops("fp4") * b200.efficiency.gemm.peak_fraction["fp4"]
+    assert scalar(c4.compute_s) == pytest.approx(2 * m * n * k / peak4, rel=0.05)
+    assert scalar(c4.compute_s) < scalar(c8.compute_s)
+
+
 def test_the_quantisation_kernel_runs_at_its_own_measured_speed() -> None:
     # Calibrated H100: vLLM 0.14's fp8 quantisation kernel alone reaches `quant_fraction` of
     # DRAM bandwidth (x its size curve), not the STREAM fraction.

@@ -229,6 +229,25 @@ def test_config_json_by_path(tmp_path: Path) -> None:
     assert load_model(str(path.parent)).num_params == spec.num_params
 
 
+@pytest.mark.parametrize(
+    ("quant", "weights"),
+    [
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "fp4"),
+        ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8"),
+        ({"quant_method": "fp8"}, "fp8"),
+        ({"quant_method": "awq", "bits": 4}, "int4"),
+        ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "bf16"),  # not modelled
+    ],
+)
+def test_quantised_checkpoints_give_their_weight_format(
+    tmp_path: Path, quant: dict[str, object], weights: str
+) -> None:
+    path = _write(
+        tmp_path / "q" / "config.json", json.dumps({**TINY, "quantization_config": quant})
+    )
+    assert load_model(str(path)).weight_dtype == weights
+
+
 def test_missing_key_names_file_and_key(tmp_path: Path) -> None:
     cfg = {k: v for k, v in TINY.items() if k != "num_attention_heads"}
     path = _write(tmp_path / "no_heads" / "config.json", json.dumps(cfg))
