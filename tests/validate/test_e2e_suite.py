@@ -36,7 +36,7 @@ def test_bundled_rows_name_known_ids_and_a_source() -> None:
     serve = data.read_measured("e2e/serving.csv", SERVING_COLUMNS)
     assert len(tput) >= 6 and len(serve) >= 3
     for df in (tput, serve):
-        assert set(df["source"]) <= {"T1", "S1"}
+        assert set(df["source"]) <= {"T1", "T2", "S1"}
         for hw in df["hardware"].unique():
             load_hardware(hw)
         for model in df["model"].unique():
@@ -71,6 +71,17 @@ def test_trtllm_bench_settings_by_hand() -> None:
         model, hw, tp=1, input_len=5000, output_len=500, weight_bytes=1.0, kv_bytes=1.0
     )
     assert (batch, tokens) == (224, 5224)
+
+
+def test_trtllm_bench_settings_count_nvfp4_at_half_a_byte() -> None:
+    # tuning.py BYTES_PER_ELEM: NVFP4 0.5. Llama 3.3 70B FP4 on one B200 (179.06 GiB), 1000/1000,
+    # FP8 KV: engine 70.55e9 x 0.5 B = 32.85 GiB; KV 2 x 80 x 8 x 128 x 1 B per token;
+    # requests = (179.06 - 32.85) x 0.95 / (1.5259e-4 x 2000) = 455 -> 128 x 4 = 512
+    model, hw = load_model("llama-3.1-70b"), load_hardware("b200")
+    batch, _ = trtllm_bench_settings(
+        model, hw, tp=1, input_len=1000, output_len=1000, weight_bytes=0.5, kv_bytes=1.0
+    )
+    assert batch == 512
 
 
 def test_trtllm_bench_batch_is_capped_at_4096() -> None:
@@ -148,7 +159,7 @@ def test_cli_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     entry = out["suites"][THROUGHPUT]
     assert set(entry) == STATS | {"fitted", "by_device"}
     assert entry["fitted"] is False
-    assert set(entry["by_device"]) == {"a100_sxm_80gb", "h100_sxm", "h200_sxm"}
+    assert set(entry["by_device"]) == {"a100_sxm_80gb", "h100_sxm", "h200_sxm", "b200"}
     assert sum(d["n"] for d in entry["by_device"].values()) == entry["n"]
     assert all(math.isfinite(entry[k]) for k in STATS)
 
@@ -159,8 +170,9 @@ def test_cli_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
 # fit it to them.
 COMMITTED_MAPE_PCT = {
     (THROUGHPUT, "a100_sxm_80gb"): 17.8,
-    (THROUGHPUT, "h100_sxm"): 14.7,
-    (THROUGHPUT, "h200_sxm"): 3.3,
+    (THROUGHPUT, "h100_sxm"): 14.2,
+    (THROUGHPUT, "h200_sxm"): 3.9,
+    (THROUGHPUT, "b200"): 15.7,
     (SERVING, "a100_sxm_80gb"): 16.4,
     (SERVING, "h100_sxm"): 30.4,
 }
