@@ -15,7 +15,7 @@ from simulator.costmodel.ops import Op, attention_ops, collective, gemm
 from simulator.costmodel.roofline import OpCost, evaluate
 from simulator.errors import SpecError
 from simulator.specs import EngineSpec, HardwareSpec, load_engine, load_hardware
-from simulator.specs.deployment import Precision
+from simulator.specs.deployment import QUANTISED_COMPUTE, Precision
 from simulator.specs.model import DTYPE_BYTES
 
 
@@ -146,8 +146,9 @@ def gemm_cost(
     fuses it) plus its launch (`m` is the step's tokens)."""
     _positive(m=m, n=n, k=k)
     hw = _hw(hardware)
-    if dtype not in ("bf16", "fp16", "fp8", "int8", "fp4"):
-        raise SpecError(f"unknown dtype {dtype!r} (bf16, fp16, fp8, int8, fp4)", field="dtype")
+    dtypes = ("bf16", "fp16", *QUANTISED_COMPUTE)
+    if dtype not in dtypes:
+        raise SpecError(f"unknown dtype {dtype!r} ({', '.join(dtypes)})", field="dtype")
     if not hw.supports(dtype):
         raise SpecError(f"{hw.name} has no {dtype} matrix unit", source=hw.id, field="dtype")
     act = dtype if dtype in ("bf16", "fp16") else "bf16"

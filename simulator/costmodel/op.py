@@ -10,7 +10,7 @@ from typing import Literal
 import numpy as np
 
 from simulator.costmodel.batch import Num
-from simulator.specs.deployment import Precision
+from simulator.specs.deployment import QUANTISED_COMPUTE, Precision
 from simulator.specs.model import DTYPE_BYTES
 
 OpKind = Literal["gemm", "attention_prefill", "attention_decode", "memory", "collective"]
@@ -95,7 +95,7 @@ def gemm(
     a = DTYPE_BYTES[prec.activations]
     wb = weight_bytes_per_param(weight_dtype or prec.weights)
     dtype = prec.compute if (weight_dtype or prec.weights) == prec.weights else prec.activations
-    quantised = dtype in ("fp8", "int8", "fp4") and a > 1
+    quantised = dtype in QUANTISED_COMPUTE and a > 1
     a_in = weight_bytes_per_param(dtype) if quantised else a
     g = np.asarray(groups, dtype=float)
     flops = 2.0 * m * n * k * g

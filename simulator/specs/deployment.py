@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
 from simulator.errors import SpecError
 from simulator.specs._base import Frozen
 from simulator.specs.hardware import HardwareSpec
-from simulator.specs.model import ModelSpec
+from simulator.specs.model import ModelSpec, WeightDtype
 
 # Weight formats a checkpoint may be quantised to: 8-bit (W8A8 where the device has the matrix
 # unit), AWQ/GPTQ int4 (weight-only) and NVFP4 (4-bit e2m1 in blocks of 16 with an fp8 scale;
 # W4A4 on devices with an fp4 matrix unit, weight-only elsewhere).
 Quantization = Literal["fp8", "int8", "int4", "fp4"]
+# Formats a matrix unit computes in directly (W8A8, NVFP4 W4A4), with the activations quantised
+# to the same format first; int4 has no such unit and is always weight-only.
+QUANTISED_COMPUTE = ("fp8", "int8", "fp4")
 
 
 class Parallelism(Frozen):
@@ -91,7 +94,7 @@ class Precision(Frozen):
     """Resolved precisions: what the weights are stored in, what the matrix units compute in,
     what the KV cache holds, and what activations are kept in between kernels."""
 
-    weights: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
+    weights: WeightDtype
     compute: Literal["fp32", "bf16", "fp16", "fp8", "int8", "fp4"]
     kv_cache: Literal["fp32", "bf16", "fp16", "fp8"]
     activations: Literal["fp32", "bf16", "fp16"]
@@ -99,7 +102,7 @@ class Precision(Frozen):
     @property
     def weight_only(self) -> bool:
         """True when quantized weights are dequantised and multiplied in 16-bit."""
-        return self.weights in ("fp8", "int8", "int4", "fp4") and self.compute in ("bf16", "fp16")
+        return self.weights in get_args(Quantization) and self.compute in ("bf16", "fp16")
 
 
 def resolve_precision(
@@ -122,7 +125,7 @@ def resolve_precision(
     weights = quantization or (model.weight_dtype if model.weight_dtype != "fp32" else act)
     if weights in ("bf16", "fp16"):
         weights = act
-    compute = weights if weights in ("fp8", "int8", "fp4") and hw.supports(weights) else act
+    compute = weights if weights in QUANTISED_COMPUTE and hw.supports(weights) else act
     if kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16"):
         raise SpecError(
             f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8)", field="kv_cache_dtype"

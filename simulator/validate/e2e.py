@@ -80,7 +80,8 @@ SEED = 0
 
 
 # -- trtllm-bench's own settings ---------------------------------------------------------------
-# Bytes per weight trtllm-bench assumes (tuning.py BYTES_PER_ELEM: FP8 1, NVFP4 0.5, else 2).
+# Bytes per weight or KV element trtllm-bench assumes (tuning.py BYTES_PER_ELEM: FP8 1, NVFP4
+# 0.5, else 2).
 TRTLLM_BENCH_BYTES = {"fp8": 1.0, "fp4": 0.5}
 
 
@@ -186,7 +187,7 @@ def _offline_setup(row: pd.Series) -> tuple[pd.Series, int]:
         return row, published
     model, hw = load_model(str(row["model"])), load_hardware(str(row["hardware"]))
     weight_bytes = TRTLLM_BENCH_BYTES.get(str(row["quantization"]), 2.0)
-    kv_bytes = 1.0 if row["kv_cache_dtype"] == "fp8" else 2.0
+    kv_bytes = TRTLLM_BENCH_BYTES.get(str(row["kv_cache_dtype"]), 2.0)
     isl, osl = int(row["input_len"]), int(row["output_len"])
     batch, tokens = trtllm_bench_settings(
         model,
