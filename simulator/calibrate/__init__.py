@@ -10,9 +10,14 @@ code path). The result is written to `hardware_specs/calibration/<id>.yaml`, whi
 lays over the hand-written values of `hardware_specs/<id>.yaml` (those keep their datasheet
 sources and remain the values for every device without measurements).
 
-Only operator-level rows are fitted. The `layers` and `iteration` validation suites are
-checks on data that was not used here. `--check` refits and fails if the committed files
-differ from what the data gives.
+Only operator-level rows are fitted. Then, on the fitted spec, the GEMM library of Vidur's
+per-layer profiles (`cublas-12.1`, the cuBLAS that PyTorch 2.1-2.4's CUDA 12.1 builds ship:
+engines of that build name it as their `gemm_library`) is fitted to the per-projection GEMM
+times of every profiled model but Llama-2-70B, written to `efficiency.gemm_libraries`. The
+Llama-2-70B rows (`layers`) and the `iteration` suites are checks on data not used here,
+but for the Splitwise llama-2-70b rows the `vllm-0.2` engine's CPU overheads are fitted to
+(`iteration_engine_fit`). `--check` refits and fails if the committed files differ from what
+the data gives.
 
 Curves are fitted at fixed knots (log-spaced over the measured range); the last knot of each
 multiplier curve is pinned to 1 so that the family's peak fraction stays identifiable.

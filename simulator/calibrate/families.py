@@ -16,6 +16,7 @@ import numpy as np
 
 from simulator.specs.hardware import HardwareSpec
 from simulator.validate import data
+from simulator.validate.layers import LIBRARY, projection_groups
 from simulator.validate.operators import Group, attention_groups, collective_groups, gemm_groups
 
 _US = 1e-6
@@ -165,4 +166,23 @@ FAMILIES = (
         ),
         {"collective.size_curve": MSG_KNOTS, "collective.latency_group_curve": (2.0, 4.0, 8.0)},
     ),
+)
+
+
+def _library_rows(hw: HardwareSpec, device: str) -> list[Group]:
+    """Vidur's per-projection times on `hw` (models not held out); none without a profile."""
+    folders = {hw_id: folder for folder, hw_id in data.VIDUR_DEVICES.items()}
+    return projection_groups(data.vidur(folders[hw.id])) if hw.id in folders else []
+
+
+# The GEMM library of Vidur's profiles (`validate.layers.LIBRARY`): its 16-bit peak fraction
+# and size curve, fitted on the device's calibrated spec after FAMILIES (`fit.calibrate`).
+LIBRARY_FAMILY = Family(
+    f"gemm_{LIBRARY}",
+    _library_rows,
+    (
+        Param("gemm.peak_fraction.fp16", 0.8, 0.3, 1.0),
+        *_knots("gemm.size_curve", FLOP_KNOTS, elasticity=0.9),
+    ),
+    {"gemm.size_curve": FLOP_KNOTS},
 )

@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-from simulator.calibrate.families import FAMILIES, Family
-from simulator.specs.hardware import EfficiencySpec, HardwareSpec
+from simulator.calibrate.families import FAMILIES, LIBRARY_FAMILY, Family
+from simulator.specs.hardware import EfficiencySpec, GemmLibrary, HardwareSpec
 from simulator.specs.loader import load_hardware
+from simulator.validate.layers import LIBRARY
 from simulator.validate.operators import Group, op_time
 
 SIGNIFICANT = 4  # digits written to the YAML; --check compares at this precision
@@ -134,10 +135,24 @@ def _round(x: np.ndarray) -> np.ndarray:
     return np.array([float(f"{v:.{SIGNIFICANT}g}") for v in x])
 
 
+def calibrate_library(hw: HardwareSpec) -> tuple[GemmLibrary | None, FitReport]:
+    """Fit LIBRARY_FAMILY's GEMM library on the calibrated spec `hw` (its data ceiling kept:
+    Vidur's layers hold weights); None where the device has no profile of it. bf16 takes the
+    fitted fp16 peak fraction (the same tensor path)."""
+    fitted, report = fit_family(hw, hw.id, LIBRARY_FAMILY)
+    if not report.rows:
+        return None, report
+    gemm = fitted.efficiency.gemm
+    peak = gemm.peak_fraction["fp16"]
+    library = GemmLibrary(peak_fraction={"bf16": peak, "fp16": peak}, size_curve=gemm.size_curve)
+    return library, report
+
+
 def calibrate(hw_id: str, device: str) -> tuple[EfficiencySpec, list[FitReport]]:
     """Fit every family in order on the hand-written spec of `hw_id` (no overlay), as the
     operator data were measured (GEMMs on uninitialised weights: no data ceiling, which the
-    returned efficiency keeps)."""
+    returned efficiency keeps); then, on that result, the GEMM library of LIBRARY_FAMILY
+    where the device has measurements of it (`efficiency.gemm_libraries`)."""
     base = load_hardware(hw_id, calibrated=False)
     hw = base.without_data_ceiling()
     reports = []
@@ -153,4 +168,8 @@ def calibrate(hw_id: str, device: str) -> tuple[EfficiencySpec, list[FitReport]]
         update={"peak_fraction": peaks, "data_ceiling": base.efficiency.gemm.data_ceiling}
     )
     eff = eff.model_copy(update={"gemm": gemm})
+    library, report = calibrate_library(base.model_copy(update={"efficiency": eff}))
+    reports.append(report)
+    if library is not None:
+        eff = eff.model_copy(update={"gemm_libraries": {LIBRARY: library}})
     return eff, reports

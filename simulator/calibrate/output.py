@@ -14,6 +14,7 @@ import yaml
 from simulator.calibrate.fit import SIGNIFICANT, FitReport
 from simulator.specs.hardware import EfficiencySpec
 from simulator.specs.loader import hardware_dirs
+from simulator.validate.layers import HELD_OUT
 
 CALIBRATION_DIR = "calibration"
 
@@ -56,6 +57,8 @@ def fitted_section(eff: EfficiencySpec) -> dict[str, Any]:
     out: dict[str, Any] = {"kernel_latency_s": dumped["kernel_latency_s"]}
     for group, keys in FITTED_KEYS.items():
         out[group] = {k: dumped[group][k] for k in keys}
+    if dumped["gemm_libraries"]:
+        out["gemm_libraries"] = dumped["gemm_libraries"]
     return _rounded(out)
 
 
@@ -85,6 +88,15 @@ def render(hw_id: str, device: str, eff: EfficiencySpec, reports: list[FitReport
         for r in reports
         if r.rows
     ]
+    if eff.gemm_libraries:
+        lines += [
+            f"# gemm_libraries: {', '.join(eff.gemm_libraries)}, the cuBLAS of Vidur's profiles",
+            "# (simulator/data/measured/vidur/, Sarathi-Serve on PyTorch's CUDA 12.1 build):",
+            "# its 16-bit peak fraction and size curve, fitted to the per-projection GEMM times",
+            f"# of every model but {', '.join(HELD_OUT)} (llmsim validate: layers_fit; layers",
+            "# holds the rest out), on the factors above. Engines of that build name it",
+            "# (`gemm_library`).",
+        ]
     lines.append("# fp16 takes bf16's peak fraction (same tensor path); int8 takes fp8's.")
     lines.append("# quant_fraction: vLLM's fp8 activation-quantisation kernel run alone (an engine")
     lines.append("# that fuses it into the kernel before, `fused_activation_quant`, skips it).")

@@ -11,7 +11,7 @@ import numpy as np
 
 from simulator.costmodel.ops import Op
 from simulator.specs.engine import EngineSpec
-from simulator.specs.hardware import DecodeSplit, HardwareSpec
+from simulator.specs.hardware import DecodeSplit, GemmEfficiency, HardwareSpec
 
 PREFILL_TILE = 128.0  # query rows per thread block in flash-attention prefill
 # FlashAttention-2 as vLLM calls it for prefill: a paged KV cache forces the split-KV kernel
@@ -138,12 +138,18 @@ class Kernels:
     attention_factor: float
     fused_quant: bool
     split: DecodeSplit
+    gemm: GemmEfficiency  # the engine's GEMM library on this device (`EfficiencySpec.gemm_for`)
 
 
 def kernels(hw: HardwareSpec, engine: EngineSpec | None) -> Kernels:
     if engine is None:  # every kernel as measured alone
-        return Kernels(1.0, False, decode_split(hw))
-    return Kernels(engine.attention_factor, engine.fused_activation_quant, decode_split(hw, engine))
+        return Kernels(1.0, False, decode_split(hw), hw.efficiency.gemm)
+    return Kernels(
+        engine.attention_factor,
+        engine.fused_activation_quant,
+        decode_split(hw, engine),
+        hw.efficiency.gemm_for(engine.gemm_library),
+    )
 
 
 def decode_kv_s(hw: HardwareSpec, op: Op, k: Kernels) -> np.ndarray:

@@ -29,7 +29,7 @@ from simulator.costmodel.attention_kernels import (
 )
 from simulator.costmodel.ops import Op
 from simulator.specs.engine import EngineSpec
-from simulator.specs.hardware import DecodeSplit, HardwareSpec
+from simulator.specs.hardware import GemmEfficiency, HardwareSpec
 
 BOUNDS = ("compute", "memory", "latency", "network")
 
@@ -68,13 +68,13 @@ def _pow2_tiles(lo: int, hi: int) -> list[float]:
     return tiles or [float(hi)]
 
 
-def gemm_efficiency(hw: HardwareSpec, op: Op) -> np.ndarray:
+def gemm_efficiency(hw: HardwareSpec, op: Op, eff: GemmEfficiency | None = None) -> np.ndarray:
     """Fraction of the dense peak a GEMM reaches: library peak fraction x tile padding x wave
     quantisation x size ramp (of the work the tile costs), at most the device's data ceiling
     (real weights). The tile (powers of two between the spec's minimum and maximum) is the
     fastest for the shape; split-K fills the machine when there are fewer output tiles than
-    SMs and k is long."""
-    eff = hw.efficiency.gemm
+    SMs and k is long. `eff`: the GEMM library's factors (default: the device's own)."""
+    eff = hw.efficiency.gemm if eff is None else eff
     m = np.maximum(np.asarray(op.m, dtype=float), 1.0)
     n = np.maximum(np.asarray(op.n, dtype=float), 1.0)
     groups = np.maximum(np.asarray(op.groups, dtype=float), 1.0)
@@ -124,7 +124,7 @@ def _kernel_cost(
     comp_eff: np.ndarray | float
     match op.kind:
         case "gemm":
-            comp_eff = gemm_efficiency(hw, op)
+            comp_eff = gemm_efficiency(hw, op, k.gemm)
         case "attention_prefill":
             comp_eff = (
                 at.prefill_fraction
@@ -145,18 +145,18 @@ def _kernel_cost(
             comp_eff = 1.0
     compute = np.divide(flops, peak * comp_eff, out=np.zeros_like(flops), where=flops > 0)
     busy = (flops > 0) | (nbytes > 0)
-    latency = np.where(busy, _fixed_s(hw, op, k.split), 0.0)
+    latency = np.where(busy, _fixed_s(hw, op, k), 0.0)
     pre = np.asarray(op.pre_bytes, dtype=float)
     serial = np.zeros(1)
     if not k.fused_quant and np.any(pre > 0):  # a separate kernel first: its time and launch
-        quant = eff.gemm.quant_fraction.get(op.dtype, eff.memory.stream_fraction)  # type: ignore[call-overload]
-        pre_eff = quant * eff.gemm.quant_size_curve(np.maximum(pre, 1.0))
+        quant = k.gemm.quant_fraction.get(op.dtype, eff.memory.stream_fraction)  # type: ignore[call-overload]
+        pre_eff = quant * k.gemm.quant_size_curve(np.maximum(pre, 1.0))
         serial = np.where(pre > 0, pre / (bw * pre_eff), 0.0)
         latency = latency + np.where(pre > 0, eff.kernel_latency_s, 0.0)
     return compute, memory, latency, serial
 
 
-def _fixed_s(hw: HardwareSpec, op: Op, split: DecodeSplit) -> float | np.ndarray:
+def _fixed_s(hw: HardwareSpec, op: Op, k: Kernels) -> float | np.ndarray:
     """Fixed cost of one call of the op's kernel(s) (attention: plus a time per wave of thread
     blocks)."""
     attn = hw.efficiency.attention
@@ -171,11 +171,11 @@ def _fixed_s(hw: HardwareSpec, op: Op, split: DecodeSplit) -> float | np.ndarray
             base = hw.efficiency.kernel_latency_s if fixed is None else fixed
             return (
                 base
-                + attn.decode_wave_s * decode_blocks(hw, op, split) / units
-                + attn.decode_gqa_copy_s * gqa_relayout(op, split)
+                + attn.decode_wave_s * decode_blocks(hw, op, k.split) / units
+                + attn.decode_gqa_copy_s * gqa_relayout(op, k.split)
             )
         case "gemm":
-            extra = hw.efficiency.gemm.extra_latency_s.get(op.dtype, 0.0)  # type: ignore[call-overload]
+            extra = k.gemm.extra_latency_s.get(op.dtype, 0.0)  # type: ignore[call-overload]
             return hw.efficiency.kernel_latency_s + extra
         case _:
             return hw.efficiency.kernel_latency_s

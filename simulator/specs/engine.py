@@ -50,6 +50,12 @@ class EngineSpec(Frozen):
         description="the split-KV rule of the engine's decode kernel where it is not the "
         "device's (`attention.decode_split`)",
     )
+    gemm_library: str | None = Field(
+        default=None,
+        description="the GEMM library the engine's release ships (e.g. cublas-12.1) where it is "
+        "not the one the device's GEMM factors were fitted to; used on devices with "
+        "measurements of it (`efficiency.gemm_libraries`), else the device's own",
+    )
     multi_step_scheduling: bool = Field(
         default=False,
         description="has vLLM V0's multi-step scheduling (--num-scheduler-steps)",

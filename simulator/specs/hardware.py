@@ -90,13 +90,13 @@ class PowerSpec(Frozen):
     tdp_w: Watts = Field(gt=0)
     idle_w: Watts = Field(gt=0)
     active_fraction: float = Field(
-        default=0.105, ge=0, le=1, description="of tdp - idle while any step runs (clocks up)"
+        default=0.115, ge=0, le=1, description="of tdp - idle while any step runs (clocks up)"
     )
     compute_fraction: float = Field(
-        default=1.374, ge=0, description="of tdp - idle per unit of FLOP/s over the dense peak"
+        default=1.476, ge=0, description="of tdp - idle per unit of FLOP/s over the dense peak"
     )
     memory_fraction: float = Field(
-        default=1.045, ge=0, description="of tdp - idle per unit of DRAM bytes/s over bandwidth"
+        default=0.991, ge=0, description="of tdp - idle per unit of DRAM bytes/s over bandwidth"
     )
     boost_w: Watts | None = Field(
         default=None, gt=0, description="highest draw above TDP the board allows (None: TDP)"
@@ -186,6 +186,20 @@ class GemmEfficiency(Frozen):
         "(random-like) weights, whose switching power holds the clock down at the power limit; "
         "caps the efficiency above. Set where the fitted operator data ran on uninitialised "
         "(zero) weights, which draw less power (see without_data_ceiling)",
+    )
+
+
+class GemmLibrary(Frozen):
+    """How another GEMM library runs this device's 16-bit GEMMs: the peak fraction and size
+    curve its measurements give, where it differs from the library `gemm` was fitted to. Every
+    other GEMM factor (tiles, fp8 curves, data ceiling) is the device's. An engine names its
+    library (`EngineSpec.gemm_library`); `EfficiencySpec.gemm_for` resolves it."""
+
+    peak_fraction: dict[ComputeDtype, float] = Field(
+        default_factory=dict, description="per-dtype peak fractions replacing the device's"
+    )
+    size_curve: Curve | None = Field(
+        default=None, description="size curve replacing the device's (None: the device's)"
     )
 
 
@@ -279,6 +293,23 @@ class EfficiencySpec(Frozen):
     collective: CollectiveEfficiency
     kernel_latency_s: Seconds = Field(ge=0, description="fixed cost of one kernel on the GPU")
     host_link_fraction: float = Field(gt=0, le=1, description="measured H2D / theoretical PCIe")
+    gemm_libraries: dict[str, GemmLibrary] = Field(
+        default_factory=dict,
+        description="GEMM libraries other than the one `gemm` was fitted to, by name (e.g. "
+        "cublas-12.1), where measurements of them exist for this device",
+    )
+
+    def gemm_for(self, library: str | None) -> GemmEfficiency:
+        """The GEMM efficiency under `library`: its factors over the device's where this
+        device has measurements of it, else the device's own (None: the device's)."""
+        lib = self.gemm_libraries.get(library) if library is not None else None
+        if lib is None:
+            return self.gemm
+        peaks = {**self.gemm.peak_fraction, **lib.peak_fraction}
+        update: dict[str, object] = {"peak_fraction": peaks}
+        if lib.size_curve is not None:
+            update["size_curve"] = lib.size_curve
+        return self.gemm.model_copy(update=update)
 
 
 class HardwareSpec(Frozen):
@@ -299,6 +330,12 @@ class HardwareSpec(Frozen):
 
     def supports(self, dtype: str) -> bool:
         return self.peak_flops(dtype) > 0.0
+
+    def with_gemm_library(self, library: str | None) -> HardwareSpec:
+        """This device with `library`'s GEMM efficiency as its own (`EfficiencySpec.gemm_for`);
+        for running a kernel alone as that library does."""
+        eff = self.efficiency.model_copy(update={"gemm": self.efficiency.gemm_for(library)})
+        return self.model_copy(update={"efficiency": eff})
 
     def without_data_ceiling(self) -> HardwareSpec:
         """This device as the bundled operator data measured it: GEMMs on uninitialised

@@ -1,4 +1,4 @@
-"""The `layers` suite: the four projection GEMMs of one transformer layer against Vidur.
+"""The `layers` suites: the four projection GEMMs of one transformer layer against Vidur.
 
 Vidur's profiles (fp16, Sarathi-Serve kernels) time each projection of one layer for
 `num_tokens` tokens on one GPU of a TP group. The shape columns (`n_head`, `n_kv_head`,
@@ -10,6 +10,11 @@ predicted = sum of the cost model's GEMM times of attn_pre_proj (fused QKV), att
 (o_proj), mlp_up_proj (gate+up fused when `use_gated_mlp`) and mlp_down_proj at m = num_tokens;
 measured = the sum of those four medians. Not compared: norms, rotary, activation, residual
 adds, attention itself (other suites cover attention).
+
+The GEMMs run under LIBRARY, the cuBLAS that Vidur's software stack shipped (not the newer
+one the device's default GEMM factors were fitted to): `python -m simulator.calibrate` fits
+that library's 16-bit peak fraction and size curve to the per-projection times of every
+model but HELD_OUT (suite `layers_fit`); the HELD_OUT model's rows are the check (`layers`).
 """
 
 from __future__ import annotations
@@ -19,14 +24,20 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from simulator.costmodel.ops import gemm
+from simulator.costmodel.ops import Op, gemm
 from simulator.specs.deployment import Precision
 from simulator.specs.hardware import HardwareSpec
 from simulator.validate import data
 from simulator.validate.frame import finish, median_repeats
-from simulator.validate.operators import default_hardware, op_time
+from simulator.validate.operators import Group, default_hardware, op_time
 
 SUITE = "layers"
+FIT = "layers_fit"
+# Sarathi-Serve (which Vidur profiles) pins torch 2.3 built for CUDA 12.1 (its requirements.txt
+# and README "tested with CUDA 12.1"); PyTorch's cu121 wheels of 2.1-2.4 all pin
+# nvidia-cublas-cu12 12.1.3.1.
+LIBRARY = "cublas-12.1"
+HELD_OUT = ("llama-2-70b",)
 FP16 = Precision(weights="fp16", compute="fp16", kv_cache="fp16", activations="fp16")
 SHAPE = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "use_gated_mlp"]
 MEDIANS = [f"time_stats.{op}.median" for op in data.VIDUR_OPS]
@@ -51,15 +62,41 @@ def projection_gemm_shapes(df: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.n
     }
 
 
+def profile_rows(measured: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, TP, num_tokens) of a Vidur profile (as `data.vidur` returns it):
+    the median of each projection's time over the repeats."""
+    keys = ["model", *SHAPE, "num_tensor_parallel_workers", "num_tokens"]
+    return median_repeats(measured, keys, MEDIANS)
+
+
+def projection_ops(rows: pd.DataFrame) -> dict[str, Op]:
+    """The GEMM of each projection for every row of `profile_rows`, vectorised."""
+    m = rows["num_tokens"].to_numpy(dtype=float)
+    return {
+        name: gemm(name, m=m, n=n, k=k, count=1, prec=FP16)
+        for name, (n, k) in projection_gemm_shapes(rows).items()
+    }
+
+
+def projection_groups(measured: pd.DataFrame) -> list[Group]:
+    """Each projection's time in the profile rows of the models not HELD_OUT, as operator
+    groups (`latency_ms`) for the calibration of LIBRARY."""
+    rows = profile_rows(measured[~measured["model"].isin(HELD_OUT)])
+    return [
+        Group("gemm", rows.assign(latency_ms=rows[f"time_stats.{name}.median"]), op, rows["model"])
+        for name, op in projection_ops(rows).items()
+    ]
+
+
 def layer_cases(hw: HardwareSpec, measured: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, TP, num_tokens) of a Vidur profile (as `data.vidur` returns it),
-    predicted on `hw`, vectorised over all rows."""
-    keys = ["model", *SHAPE, "num_tensor_parallel_workers", "num_tokens"]
-    rows = median_repeats(measured, keys, MEDIANS)
-    m = rows["num_tokens"].to_numpy(dtype=float)
+    predicted on `hw` under LIBRARY, vectorised over all rows: suite `layers` for the HELD_OUT
+    model, `layers_fit` for the rows LIBRARY was fitted to."""
+    rows = profile_rows(measured)
+    lib = hw.with_gemm_library(LIBRARY)
     predicted = np.zeros(len(rows))
-    for name, (n, k) in projection_gemm_shapes(rows).items():
-        t = op_time(gemm(name, m=m, n=n, k=k, count=1, prec=FP16), hw, len(rows))
+    for name, op in projection_ops(rows).items():
+        t = op_time(op, lib, len(rows))
         rows[f"predicted_{name}_s"] = t
         predicted += t
     case = (
@@ -69,18 +106,21 @@ def layer_cases(hw: HardwareSpec, measured: pd.DataFrame) -> pd.DataFrame:
         + " tokens="
         + rows["num_tokens"].astype(str)
     )
-    return rows.assign(
+    df = rows.assign(
         kind="layer",
         case=case,
         predicted_s=predicted,
         measured_s=rows[MEDIANS].sum(axis=1).to_numpy(dtype=float) / 1e3,
         device=hw.id,
     )
+    held_out = df["model"].isin(HELD_OUT)
+    checks = finish(df[held_out], suite=SUITE, fitted=False)
+    return pd.concat([checks, finish(df[~held_out], suite=FIT, fitted=True)], ignore_index=True)
 
 
 def layers_suite(hardware: Mapping[str, HardwareSpec] | None = None) -> pd.DataFrame:
-    """The `layers` suite on every Vidur device. `hardware` maps a data folder (`a100`,
-    `h100`) to the spec to predict with; default: data.VIDUR_DEVICES."""
+    """The `layers` and `layers_fit` suites on every Vidur device. `hardware` maps a data
+    folder (`a100`, `h100`) to the spec to predict with; default: data.VIDUR_DEVICES."""
     specs = default_hardware(data.VIDUR_DEVICES) if hardware is None else hardware
     frames = [layer_cases(hw, data.vidur(folder)) for folder, hw in specs.items()]
-    return finish(pd.concat(frames, ignore_index=True), suite=SUITE, fitted=False)
+    return pd.concat(frames, ignore_index=True)

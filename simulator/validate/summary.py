@@ -3,7 +3,8 @@
 `summarize(df)` gives INTERFACE's `llmsim validate --json` object: per suite n, mean / median /
 p90 / worst absolute percentage error, whether the suite's rows were used to fit parameters,
 and the same statistics per device. `iteration` is the union of its two held-out sub-suites;
-`iteration_engine_fit` holds the rows the engine's overheads were fitted to.
+`iteration_engine_fit` holds the rows the engine's overheads were fitted to, `layers_fit` the
+rows the GEMM library of Vidur's profiles was fitted to (`layers` holds the rest out).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pandas as pd
 from simulator.errors import SpecError
 from simulator.validate.e2e import SERVING, THROUGHPUT, e2e_serving_suite, e2e_throughput_suite
 from simulator.validate.iteration import DECODE, ENGINE_FIT, PREFILL, iteration_suite
+from simulator.validate.layers import FIT as LAYERS_FIT
+from simulator.validate.layers import SUITE as LAYERS
 from simulator.validate.layers import layers_suite
 from simulator.validate.operators import ops_suite
 from simulator.validate.power import POWER, POWER_FIT, power_suite
@@ -23,7 +26,8 @@ from simulator.validate.power import POWER, POWER_FIT, power_suite
 # Every name `--suite` accepts, in output order; a union names the suites it is made of.
 UNIONS: dict[str, tuple[str, ...]] = {"iteration": (PREFILL, DECODE)}
 SUITE_NAMES = (
-    "ops", "layers", "iteration", PREFILL, DECODE, ENGINE_FIT,  # kernels, layers, engine steps
+    "ops", LAYERS, LAYERS_FIT,  # kernels, a layer's GEMMs (held out / fitted)
+    "iteration", PREFILL, DECODE, ENGINE_FIT,  # engine steps (held out / fitted)
     THROUGHPUT, SERVING,  # whole benchmarks against published results (held out)
     POWER, POWER_FIT,  # board power (fractions of TDP, not time)
 )  # fmt: skip
@@ -95,8 +99,9 @@ def run_suites(names: list[str]) -> pd.DataFrame:
     frames, skipped = [], []
     if "ops" in needed:
         frames.append(ops_suite())
-    if "layers" in needed:
-        frames.append(layers_suite())
+    if needed & {LAYERS, LAYERS_FIT}:
+        layers = layers_suite()
+        frames.append(layers[layers["suite"].isin(needed)])
     if needed & {PREFILL, DECODE, ENGINE_FIT}:
         it = iteration_suite()
         skipped += list(it.attrs.get("skipped", []))

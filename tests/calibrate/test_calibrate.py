@@ -98,3 +98,20 @@ def test_the_engine_overlay_replaces_only_its_overheads() -> None:
     assert "rows of llama-2-70b only" in text and "held out" in text
     # today's engines carry no fitted overlay
     assert load_engine("vllm") == load_engine("vllm", calibrated=False)
+
+
+@pytest.mark.parametrize("hw_id", CALIBRATED)
+def test_the_vidur_gemm_library_is_fitted_with_the_device_and_keeps_its_bound(hw_id: str) -> None:
+    eff = load_hardware(hw_id).efficiency
+    assert set(eff.gemm_libraries) == {"cublas-12.1"}
+    lib = eff.gemm_libraries["cublas-12.1"]
+    assert lib.peak_fraction["fp16"] == lib.peak_fraction["bf16"]  # one 16-bit tensor path
+    # the older library reaches less of the peak than vLLM 0.14's on large GEMMs
+    assert lib.peak_fraction["fp16"] < eff.gemm.peak_fraction["fp16"]
+    assert lib.size_curve is not None
+    points = lib.size_curve.points
+    assert points[-1][1] == 1.0
+    for (x0, y0), (x1, y1) in pairwise(points):
+        assert y1 <= y0 * (1 + 0.9 * np.log(x1 / x0)) * (1 + 1e-3), (x0, x1)
+    text = calibrate.calibration_path(hw_id).read_text()
+    assert "simulator/data/measured/vidur/" in text and "llama-2-70b" in text  # held out

@@ -381,3 +381,35 @@ def test_evaluate_broadcasts_over_a_vector_of_shapes() -> None:
     for i, m in enumerate(ms):
         one = gemm_cost(hardware=hw, m=int(m), n=4096, k=4096)
         assert vec.time_s[i] == pytest.approx(scalar(one.time_s), rel=1e-12)
+
+
+# -- GEMM libraries of engine releases ---------------------------------------------------------
+def test_a_gemm_library_overrides_only_its_own_factors() -> None:
+    hw = load_hardware("h100_sxm")
+    lib = hw.efficiency.gemm_libraries["cublas-12.1"]
+    under = hw.efficiency.gemm_for("cublas-12.1")
+    assert under.peak_fraction["bf16"] == lib.peak_fraction["bf16"]
+    assert under.size_curve == lib.size_curve
+    # fp8 keeps the device's (the library holds 16-bit measurements only), as do the tiles
+    # and the real-weight ceiling
+    assert under.peak_fraction["fp8"] == hw.efficiency.gemm.peak_fraction["fp8"]
+    assert under.size_curves == hw.efficiency.gemm.size_curves
+    assert under.data_ceiling == hw.efficiency.gemm.data_ceiling
+    assert under.tile_m_min == hw.efficiency.gemm.tile_m_min
+    assert hw.efficiency.gemm_for(None) is hw.efficiency.gemm
+    assert hw.efficiency.gemm_for("no-such-library") is hw.efficiency.gemm
+
+
+def test_an_engine_runs_its_releases_gemm_library_where_the_device_has_measurements() -> None:
+    from simulator.api import gemm_cost
+
+    def seconds(hardware: str, engine: str, m: int) -> float:
+        cost = gemm_cost(hardware=hardware, engine=engine, m=m, n=8192, k=8192)
+        return float(np.ravel(cost.kernel.time_s)[0])
+
+    # vllm-0.6 ships PyTorch 2.4's cuBLAS 12.1: slower than today's vLLM on a large GEMM
+    assert seconds("h100_sxm", "vllm-0.6", 4096) > 1.05 * seconds("h100_sxm", "vllm", 4096)
+    # no measurements of that library on B200: the device's own factors for both
+    assert seconds("b200", "vllm-0.6", 4096) == seconds("b200", "vllm", 4096)
+    # the same library on the same device whatever the engine naming it
+    assert seconds("h100_sxm", "vllm-0.6", 4096) == seconds("h100_sxm", "vllm-0.2", 4096)
