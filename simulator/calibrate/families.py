@@ -176,7 +176,12 @@ def _library_rows(hw: HardwareSpec, device: str) -> list[Group]:
 
 
 # The GEMM library of Vidur's profiles (`validate.layers.LIBRARY`): its 16-bit peak fraction
-# and size curve, fitted on the device's calibrated spec after FAMILIES (`fit.calibrate`).
+# and size curve, fitted on the device's calibrated spec after FAMILIES (`fit.calibrate`), with
+# its smallest row tile chosen from LIBRARY_TILES_M_MIN by the fit's MAPE (the device's own
+# unless another fits better by more than TILE_MARGIN_PCT points, as the device's tiles were
+# chosen: hardware_specs/h100_sxm.yaml).
+LIBRARY_TILES_M_MIN = (32, 64, 128)
+TILE_MARGIN_PCT = 0.1
 LIBRARY_FAMILY = Family(
     f"gemm_{LIBRARY}",
     _library_rows,

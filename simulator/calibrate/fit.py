@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-from simulator.calibrate.families import FAMILIES, LIBRARY_FAMILY, Family
+from simulator.calibrate.families import (
+    FAMILIES,
+    LIBRARY_FAMILY,
+    LIBRARY_TILES_M_MIN,
+    TILE_MARGIN_PCT,
+    Family,
+)
 from simulator.specs.hardware import EfficiencySpec, GemmLibrary, HardwareSpec
 from simulator.specs.loader import load_hardware
 from simulator.validate.layers import LIBRARY
@@ -138,13 +144,30 @@ def _round(x: np.ndarray) -> np.ndarray:
 def calibrate_library(hw: HardwareSpec) -> tuple[GemmLibrary | None, FitReport]:
     """Fit LIBRARY_FAMILY's GEMM library on the calibrated spec `hw` (its data ceiling kept:
     Vidur's layers hold weights); None where the device has no profile of it. bf16 takes the
-    fitted fp16 peak fraction (the same tensor path)."""
-    fitted, report = fit_family(hw, hw.id, LIBRARY_FAMILY)
-    if not report.rows:
-        return None, report
+    fitted fp16 peak fraction (the same tensor path). The smallest row tile is the one of
+    LIBRARY_TILES_M_MIN whose fit has the lowest MAPE, the device's own unless another is
+    lower by more than TILE_MARGIN_PCT."""
+    own = hw.efficiency.gemm.tile_m_min
+    best: tuple[HardwareSpec, FitReport] | None = None
+    for tile in sorted(LIBRARY_TILES_M_MIN, key=lambda t: t != own):  # the device's first
+        gemm = hw.efficiency.gemm.model_copy(update={"tile_m_min": tile})
+        trial = hw.model_copy(
+            update={"efficiency": hw.efficiency.model_copy(update={"gemm": gemm})}
+        )
+        fitted, report = fit_family(trial, hw.id, LIBRARY_FAMILY)
+        if not report.rows:
+            return None, report
+        if best is None or report.mape_after_pct < best[1].mape_after_pct - TILE_MARGIN_PCT:
+            best = fitted, report
+    assert best is not None
+    fitted, report = best
     gemm = fitted.efficiency.gemm
     peak = gemm.peak_fraction["fp16"]
-    library = GemmLibrary(peak_fraction={"bf16": peak, "fp16": peak}, size_curve=gemm.size_curve)
+    library = GemmLibrary(
+        peak_fraction={"bf16": peak, "fp16": peak},
+        size_curve=gemm.size_curve,
+        tile_m_min=gemm.tile_m_min,
+    )
     return library, report
 
 

@@ -190,16 +190,20 @@ class GemmEfficiency(Frozen):
 
 
 class GemmLibrary(Frozen):
-    """How another GEMM library runs this device's 16-bit GEMMs: the peak fraction and size
-    curve its measurements give, where it differs from the library `gemm` was fitted to. Every
-    other GEMM factor (tiles, fp8 curves, data ceiling) is the device's. An engine names its
-    library (`EngineSpec.gemm_library`); `EfficiencySpec.gemm_for` resolves it."""
+    """How another GEMM library runs this device's 16-bit GEMMs: the peak fraction, size
+    curve and smallest row tile its measurements give, where they differ from the library
+    `gemm` was fitted to. Every other GEMM factor (largest tiles, fp8 curves, data ceiling) is
+    the device's. An engine names its library (`EngineSpec.gemm_library`);
+    `EfficiencySpec.gemm_for` resolves it."""
 
     peak_fraction: dict[ComputeDtype, float] = Field(
         default_factory=dict, description="per-dtype peak fractions replacing the device's"
     )
     size_curve: Curve | None = Field(
         default=None, description="size curve replacing the device's (None: the device's)"
+    )
+    tile_m_min: int | None = Field(
+        default=None, gt=0, description="smallest row tile it uses (None: the device's)"
     )
 
 
@@ -309,6 +313,8 @@ class EfficiencySpec(Frozen):
         update: dict[str, object] = {"peak_fraction": peaks}
         if lib.size_curve is not None:
             update["size_curve"] = lib.size_curve
+        if lib.tile_m_min is not None:
+            update["tile_m_min"] = lib.tile_m_min
         return self.gemm.model_copy(update=update)
 
 

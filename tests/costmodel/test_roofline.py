@@ -390,12 +390,14 @@ def test_a_gemm_library_overrides_only_its_own_factors() -> None:
     under = hw.efficiency.gemm_for("cublas-12.1")
     assert under.peak_fraction["bf16"] == lib.peak_fraction["bf16"]
     assert under.size_curve == lib.size_curve
-    # fp8 keeps the device's (the library holds 16-bit measurements only), as do the tiles
-    # and the real-weight ceiling
+    assert under.tile_m_min == lib.tile_m_min == 64  # the fit's choice; the device's is 32
+    assert hw.efficiency.gemm.tile_m_min == 32
+    # fp8 keeps the device's (the library holds 16-bit measurements only), as do the largest
+    # tiles and the real-weight ceiling
     assert under.peak_fraction["fp8"] == hw.efficiency.gemm.peak_fraction["fp8"]
     assert under.size_curves == hw.efficiency.gemm.size_curves
     assert under.data_ceiling == hw.efficiency.gemm.data_ceiling
-    assert under.tile_m_min == hw.efficiency.gemm.tile_m_min
+    assert (under.tile_m, under.tile_n) == (hw.efficiency.gemm.tile_m, hw.efficiency.gemm.tile_n)
     assert hw.efficiency.gemm_for(None) is hw.efficiency.gemm
     assert hw.efficiency.gemm_for("no-such-library") is hw.efficiency.gemm
 
