@@ -13,8 +13,9 @@ adds, attention itself (other suites cover attention).
 
 The GEMMs run under LIBRARY, the cuBLAS that Vidur's software stack shipped (not the newer
 one the device's default GEMM factors were fitted to): `python -m simulator.calibrate` fits
-that library's 16-bit peak fraction and size curve to the per-projection times of every
-model but HELD_OUT (suite `layers_fit`); the HELD_OUT model's rows are the check (`layers`).
+that library's 16-bit peak fraction, size curve and smallest row tile to the per-projection
+times of every model but HELD_OUT (suite `layers_fit`); the HELD_OUT model's rows are the
+check (`layers`).
 """
 
 from __future__ import annotations
