@@ -40,7 +40,13 @@ from simulator.calibrate.families import (
     Family,
     Param,
 )
-from simulator.calibrate.fit import SIGNIFICANT, FitReport, calibrate, fit_family
+from simulator.calibrate.fit import (
+    SIGNIFICANT,
+    FitReport,
+    calibrate,
+    calibrate_library,
+    fit_family,
+)
 from simulator.calibrate.output import (
     CALIBRATION_DIR,
     FITTED_KEYS,
@@ -70,6 +76,7 @@ __all__ = [
     "Param",
     "calibrate",
     "calibrate_engine",
+    "calibrate_library",
     "calibration_path",
     "fit_family",
     "fitted_section",

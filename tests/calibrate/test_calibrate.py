@@ -115,3 +115,9 @@ def test_the_vidur_gemm_library_is_fitted_with_the_device_and_keeps_its_bound(hw
         assert y1 <= y0 * (1 + 0.9 * np.log(x1 / x0)) * (1 + 1e-3), (x0, x1)
     text = calibrate.calibration_path(hw_id).read_text()
     assert "simulator/data/measured/vidur/" in text and "llama-2-70b" in text  # held out
+
+
+def test_a_device_without_vidur_profiles_gets_no_gemm_library() -> None:
+    library, report = calibrate.calibrate_library(load_hardware("b200"))
+    assert library is None and report.rows == 0
+    assert load_hardware("b200").efficiency.gemm_libraries == {}
