@@ -150,10 +150,7 @@ def calibrate_library(hw: HardwareSpec) -> tuple[GemmLibrary | None, FitReport]:
     own = hw.efficiency.gemm.tile_m_min
     best: tuple[HardwareSpec, FitReport] | None = None
     for tile in sorted(LIBRARY_TILES_M_MIN, key=lambda t: t != own):  # the device's first
-        gemm = hw.efficiency.gemm.model_copy(update={"tile_m_min": tile})
-        trial = hw.model_copy(
-            update={"efficiency": hw.efficiency.model_copy(update={"gemm": gemm})}
-        )
+        trial = hw.with_gemm(hw.efficiency.gemm.model_copy(update={"tile_m_min": tile}))
         fitted, report = fit_family(trial, hw.id, LIBRARY_FAMILY)
         if not report.rows:
             return None, report

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from simulator.calibrate.families import LIBRARY_TILES_M_MIN
 from simulator.calibrate.fit import SIGNIFICANT, FitReport
 from simulator.specs.hardware import EfficiencySpec
 from simulator.specs.loader import hardware_dirs
@@ -89,11 +90,12 @@ def render(hw_id: str, device: str, eff: EfficiencySpec, reports: list[FitReport
         if r.rows
     ]
     if eff.gemm_libraries:
+        tiles = "/".join(map(str, LIBRARY_TILES_M_MIN))
         lines += [
             f"# gemm_libraries: {', '.join(eff.gemm_libraries)}, the cuBLAS of Vidur's profiles",
             "# (simulator/data/measured/vidur/, Sarathi-Serve on PyTorch's CUDA 12.1 build):",
             "# its 16-bit peak fraction and size curve (and smallest row tile, the best fit of",
-            "# 32/64/128), fitted to the per-projection GEMM times",
+            f"# {tiles}), fitted to the per-projection GEMM times",
             f"# of every model but {', '.join(HELD_OUT)} (llmsim validate: layers_fit; layers",
             "# holds the rest out), on the factors above. Engines of that build name it",
             "# (`gemm_library`).",

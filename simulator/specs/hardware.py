@@ -337,15 +337,17 @@ class HardwareSpec(Frozen):
     def supports(self, dtype: str) -> bool:
         return self.peak_flops(dtype) > 0.0
 
+    def with_gemm(self, gemm: GemmEfficiency) -> HardwareSpec:
+        """This device with `gemm` as its GEMM efficiency."""
+        eff = self.efficiency.model_copy(update={"gemm": gemm})
+        return self.model_copy(update={"efficiency": eff})
+
     def with_gemm_library(self, library: str | None) -> HardwareSpec:
         """This device with `library`'s GEMM efficiency as its own (`EfficiencySpec.gemm_for`);
         for running a kernel alone as that library does."""
-        eff = self.efficiency.model_copy(update={"gemm": self.efficiency.gemm_for(library)})
-        return self.model_copy(update={"efficiency": eff})
+        return self.with_gemm(self.efficiency.gemm_for(library))
 
     def without_data_ceiling(self) -> HardwareSpec:
         """This device as the bundled operator data measured it: GEMMs on uninitialised
         (zero) weights, so no `gemm.data_ceiling` (calibration and the `ops` suite use it)."""
-        gemm = self.efficiency.gemm.model_copy(update={"data_ceiling": {}})
-        eff = self.efficiency.model_copy(update={"gemm": gemm})
-        return self.model_copy(update={"efficiency": eff})
+        return self.with_gemm(self.efficiency.gemm.model_copy(update={"data_ceiling": {}}))
