@@ -16,8 +16,9 @@ engines of that build name it as their `gemm_library`) is fitted to the per-proj
 times of every profiled model but Llama-2-70B, written to `efficiency.gemm_libraries`. The
 Llama-2-70B rows (`layers`) and the `iteration` suites are checks on data not used here,
 but for the Splitwise llama-2-70b rows the `vllm-0.2` engine's CPU overheads are fitted to
-(`iteration_engine_fit`). `--check` refits and fails if the committed files differ from what
-the data gives.
+(`iteration_engine_fit`). `--check` refits and fails if the committed files predict other
+times than the refit for the rows they were fitted to (see `calibrate.check`: predictions, not
+the written numbers, which numpy/scipy releases move along the flat directions of the fit).
 
 Curves are fitted at fixed knots (log-spaced over the measured range); the last knot of each
 multiplier curve is pinned to 1 so that the family's peak fraction stays identifiable.

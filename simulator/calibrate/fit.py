@@ -25,7 +25,7 @@ from simulator.specs.loader import load_hardware
 from simulator.validate.layers import LIBRARY
 from simulator.validate.operators import Group, op_time
 
-SIGNIFICANT = 4  # digits written to the YAML; --check compares at this precision
+SIGNIFICANT = 4  # digits written to the YAML
 
 
 def _set(tree: dict[str, Any], path: str, value: float) -> None:
@@ -83,14 +83,14 @@ class FitReport:
     mape_after_pct: float
 
 
-def _predict(groups: list[Group], hw: HardwareSpec) -> np.ndarray:
+def predict(groups: list[Group], hw: HardwareSpec) -> np.ndarray:
     """Predicted seconds of every measured row of `groups` on `hw`."""
     return np.concatenate([op_time(g.op, hw, len(g.rows)) for g in groups])
 
 
 def _mape(groups: list[Group], hw: HardwareSpec) -> float:
     meas = np.concatenate([g.measured_s for g in groups])
-    return float(np.mean(np.abs(_predict(groups, hw) - meas) / meas) * 100)
+    return float(np.mean(np.abs(predict(groups, hw) - meas) / meas) * 100)
 
 
 def fit_family(hw: HardwareSpec, device: str, family: Family) -> tuple[HardwareSpec, FitReport]:
@@ -119,7 +119,7 @@ def fit_family(hw: HardwareSpec, device: str, family: Family) -> tuple[HardwareS
         return hw.model_copy(update={"efficiency": _to_spec(eff)})
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        return np.log(_predict(groups, spec_for(x)) / measured)
+        return np.log(predict(groups, spec_for(x)) / measured)
 
     x0 = np.array([p.initial for p in params])
     lo = np.array([p.lower for p in params])

@@ -6,14 +6,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from simulator.calibrate.check import Drift, engine_drift, hardware_drifts
 from simulator.calibrate.engine import ENGINE_HARDWARE, calibrate_engine, render_engine
 from simulator.calibrate.fit import calibrate
 from simulator.calibrate.output import CALIBRATION_DIR, calibration_path, render
-from simulator.specs.loader import ENGINES_DIR, load_hardware
+from simulator.specs.loader import (
+    ENGINES_DIR,
+    calibrated_engine,
+    calibrated_hardware,
+    load_engine,
+    load_hardware,
+)
 from simulator.validate import data
 from simulator.validate.iteration import ENGINE
 
@@ -34,22 +43,49 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="refit and fail if a committed calibration file differs",
+        help="refit and fail if a committed calibration file predicts other times for the "
+        "rows it was fitted to than the refit does",
     )
     return parser
 
 
-def _fit_device(*, hw_id: str, device: str) -> list[tuple[Path, str]]:
+@dataclass(frozen=True)
+class Output:
+    """One calibration file: where it goes, its text, and how to check the committed one
+    against it (`check`: the Drift of each family between the two)."""
+
+    path: Path
+    text: str
+    check: Callable[[], list[Drift]]
+
+
+def _fit_device(*, hw_id: str, device: str) -> list[Output]:
     """Fit `hw_id` from the data of `device` (and the engine, on its device); print the fit
-    reports; return the files to write as (path, text)."""
+    reports; return the files to write."""
     eff, reports = calibrate(hw_id, device)
-    outputs = [(calibration_path(hw_id), render(hw_id, device, eff, reports))]
+    text = render(hw_id, device, eff, reports)
+    refit = calibrated_hardware(hw_id, yaml.safe_load(text))
+
+    def check_hardware() -> list[Drift]:
+        if not calibration_path(hw_id).is_file():
+            return [Drift("(no committed file)", 0, float("inf"), float("inf"))]
+        return hardware_drifts(load_hardware(hw_id), refit, device)
+
+    outputs = [Output(calibration_path(hw_id), text, check_hardware)]
     if hw_id == ENGINE_HARDWARE:  # the engine is fitted on this device's fitted spec
         hw = load_hardware(hw_id, calibrated=False).model_copy(update={"efficiency": eff})
         overhead, report = calibrate_engine(hw)
         reports.append(report)
         path = ENGINES_DIR / CALIBRATION_DIR / f"{ENGINE}.yaml"
-        outputs.append((path, render_engine(overhead, report)))
+        engine_text = render_engine(overhead, report)
+
+        def check_engine() -> list[Drift]:
+            if not path.is_file():
+                return [Drift("(no committed file)", 0, float("inf"), float("inf"))]
+            fitted = calibrated_engine(ENGINE, yaml.safe_load(engine_text))
+            return [engine_drift(refit, load_engine(ENGINE), fitted)]
+
+        outputs.append(Output(path, engine_text, check_engine))
     for r in reports:
         if r.rows:
             print(
@@ -59,29 +95,32 @@ def _fit_device(*, hw_id: str, device: str) -> list[tuple[Path, str]]:
     return outputs
 
 
-def _stale(outputs: list[tuple[Path, str]]) -> list[str]:
-    """The paths whose committed file is missing or holds other data than the refit."""
+def _stale(outputs: list[Output]) -> list[str]:
+    """The paths whose committed file is missing or predicts other times than the refit
+    (`check.MEAN_DRIFT_PCT`, `check.P99_DRIFT_PCT`); each family's drift is printed."""
     stale: list[str] = []
-    for path, text in outputs:
-        committed = yaml.safe_load(path.read_text()) if path.is_file() else None
-        if committed != yaml.safe_load(text):
-            stale.append(str(path))
+    for out in outputs:
+        drifts = out.check()
+        for d in drifts:
+            print(f"{out.path.name:20} {d}{'' if d.ok else '  <- differs'}")
+        if not all(d.ok for d in drifts):
+            stale.append(str(out.path))
     return stale
 
 
-def _write(outputs: list[tuple[Path, str]]) -> None:
-    for path, text in outputs:
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        print(f"wrote {path}")
+def _write(outputs: list[Output]) -> None:
+    for out in outputs:
+        out.path.parent.mkdir(exist_ok=True)
+        out.path.write_text(out.text, encoding="utf-8")
+        print(f"wrote {out.path}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command with `argv` (default: sys.argv); 0 on success, 1 when `--check` finds a
-    committed file that differs from the refit."""
+    committed file that is missing or predicts other times than the refit."""
     args = _parser().parse_args(argv)
     wanted = set(args.device or data.AIC_DEVICES.values())
-    outputs: list[tuple[Path, str]] = []
+    outputs: list[Output] = []
     for device, hw_id in sorted(data.AIC_DEVICES.items()):
         if hw_id in wanted:
             outputs += _fit_device(hw_id=hw_id, device=device)

@@ -101,20 +101,32 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 @cache
 def _load_hardware_file(path: Path, calibrated: bool) -> HardwareSpec:
+    overlay = path.parent / CALIBRATION_DIR / path.name
+    if calibrated and overlay.is_file():
+        return _overlaid_hardware(path, read_yaml(overlay), source=str(overlay))
     data = read_yaml(path)
     if isinstance(data, dict):
         data = {**data, "id": path.stem}
-        overlay = path.parent / CALIBRATION_DIR / path.name
-        if calibrated and overlay.is_file():
-            fitted = read_yaml(overlay)
-            if not isinstance(fitted, dict) or set(fitted) != {"efficiency"}:
-                raise SpecError("expected only an 'efficiency' mapping", source=str(overlay))
-            data = _merge(data, fitted)
-            try:
-                return HardwareSpec.model_validate(data)
-            except ValidationError as exc:
-                raise validation_error(exc, source=str(overlay)) from None
     return validate(HardwareSpec, data, source=str(path))
+
+
+def _overlaid_hardware(path: Path, fitted: Any, *, source: str) -> HardwareSpec:
+    if not isinstance(fitted, dict) or set(fitted) != {"efficiency"}:
+        raise SpecError("expected only an 'efficiency' mapping", source=source)
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise SpecError("expected a mapping at the top level", source=str(path))
+    try:
+        return HardwareSpec.model_validate(_merge({**data, "id": path.stem}, fitted))
+    except ValidationError as exc:
+        raise validation_error(exc, source=source) from None
+
+
+def calibrated_hardware(hw: str, fitted: Any) -> HardwareSpec:
+    """The hand-written spec of `hw` with `fitted` (what a `calibration/<id>.yaml` holds)
+    laid over it, as `load_hardware` lays the committed file: `python -m simulator.calibrate
+    --check` builds the refit's spec with it."""
+    return _overlaid_hardware(_hardware_path(hw).resolve(), fitted, source=f"{hw} (refit)")
 
 
 def load_hardware(hw: str, *, calibrated: bool = True) -> HardwareSpec:
@@ -177,16 +189,26 @@ def list_engines() -> list[str]:
 
 @cache
 def _load_engine_file(path: Path, calibrated: bool = True) -> EngineSpec:
+    overlay = path.parent / CALIBRATION_DIR / path.name
+    fitted = read_yaml(overlay) if calibrated and overlay.is_file() else None
+    return _overlaid_engine(path, fitted, source=str(overlay))
+
+
+def _overlaid_engine(path: Path, fitted: Any, *, source: str) -> EngineSpec:
     data = read_yaml(path)
     if isinstance(data, dict):
         data = {**data, "id": path.stem}
-        overlay = path.parent / CALIBRATION_DIR / path.name
-        if calibrated and overlay.is_file():
-            fitted = read_yaml(overlay)
+        if fitted is not None:
             if not isinstance(fitted, dict) or set(fitted) != {"overhead"}:
-                raise SpecError("expected only an 'overhead' mapping", source=str(overlay))
+                raise SpecError("expected only an 'overhead' mapping", source=source)
             data = _merge(data, fitted)
     return validate(EngineSpec, data, source=str(path))
+
+
+def calibrated_engine(engine: str, fitted: Any) -> EngineSpec:
+    """The engine profile `engine` (an id) with `fitted` (what a `calibration/<id>.yaml`
+    holds) laid over it, as `load_engine` lays the committed file."""
+    return _overlaid_engine(ENGINES_DIR / f"{engine}.yaml", fitted, source=f"{engine} (refit)")
 
 
 def load_engine(engine: str, *, calibrated: bool = True) -> EngineSpec:

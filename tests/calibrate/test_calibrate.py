@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from simulator import calibrate
+from simulator.calibrate.check import drift, hardware_drifts
 from simulator.specs import load_hardware
-from simulator.specs.loader import _merge
+from simulator.specs.hardware import HardwareSpec
+from simulator.specs.loader import _merge, calibrated_hardware
 
 CALIBRATED = ("h100_sxm", "a100_sxm_80gb")
 
@@ -82,8 +84,45 @@ def test_a_malformed_overlay_is_a_one_line_error(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_script_reproduces_the_committed_calibration() -> None:
-    # Refits every device from the bundled data (~15 s) and compares with the committed files.
+    # Refits every device from the bundled data (~3 min) and compares what the committed and
+    # refitted factors predict for the fitted rows.
     assert calibrate.main(["--check"]) == 0
+
+
+def test_drift_tolerates_a_few_loose_rows_but_not_a_shift() -> None:
+    committed = np.full(1000, 1e-3)
+    assert drift("f", committed, committed).ok
+    loose = committed.copy()
+    loose[:5] *= 1.2  # a few tiny GEMMs on a barely constrained knot
+    assert drift("f", committed, loose).ok
+    assert not drift("f", committed, committed * 1.02).ok  # every row 2% slower
+    assert not drift("f", committed, committed[:-1]).ok  # rows added or lost
+
+
+def _with_attention(hw: HardwareSpec, **update: float) -> HardwareSpec:
+    at = hw.efficiency.attention.model_copy(update=update)
+    return hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"attention": at})})
+
+
+def test_the_check_compares_predictions_not_numbers() -> None:
+    hw = load_hardware("h100_sxm")
+    # a knot below every measured size moves with the optimiser and predicts nothing new
+    gemm = hw.efficiency.gemm
+    fp8 = gemm.size_curves["fp8"]
+    loose = fp8.model_copy(update={"points": [(1e6, 28250.0), *fp8.points[1:]]})
+    moved = hw.with_gemm(gemm.model_copy(update={"size_curves": {"fp8": loose}}))
+    assert moved != hw
+    assert all(d.ok for d in hardware_drifts(hw, moved, "h100_sxm"))
+    # a fitted fraction 5% off moves the rows it was fitted to
+    off = _with_attention(hw, decode_fraction=hw.efficiency.attention.decode_fraction * 1.05)
+    bad = {d.family for d in hardware_drifts(hw, off, "h100_sxm") if not d.ok}
+    assert bad == {"attention_decode"}
+
+
+@pytest.mark.parametrize("hw_id", CALIBRATED)
+def test_a_refit_overlay_builds_the_spec_the_loader_builds(hw_id: str) -> None:
+    fitted = yaml.safe_load(calibrate.calibration_path(hw_id).read_text())
+    assert calibrated_hardware(hw_id, fitted) == load_hardware(hw_id)
 
 
 def test_the_engine_overlay_replaces_only_its_overheads() -> None:
