@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from rich.table import Table
 
@@ -67,13 +68,29 @@ def validate_cmd(
                 times = (f"{r.predicted_s:.2f} TDP", f"{r.measured_s:.2f} TDP")
             else:
                 times = (format_seconds(r.predicted_s), format_seconds(r.measured_s))
-            worst.add_row(str(r.device), str(r.case), *times, f"{sign}{r.ape_pct:.0f}%")
+            case = f"{r.case} (sweep outlier)" if _sweep_outlier(r) else str(r.case)
+            worst.add_row(str(r.device), case, *times, f"{sign}{r.ape_pct:.0f}%")
         out.print(worst)
+    if "sweep_outlier" in df:
+        flagged = df[df["sweep_outlier"].eq(True)].groupby(["suite", "device"]).size()
+        for (name, device), n in flagged.items():
+            out.print(
+                f"{name} {device}: {n} rows contradicted by their own sweep (more time than a "
+                "case with more work, or growing faster than the work): sweep outliers, kept "
+                "in every figure",
+                markup=False,
+            )
     skipped = df.attrs.get("skipped", [])
     if skipped:
         out.print(f"Skipped {len(skipped)} configuration(s):")
         for line in skipped:
             out.print(f"  {line}", markup=False)
+
+
+def _sweep_outlier(row: Any) -> bool:
+    """Whether a validation row is marked as contradicted by its own sweep (ops rows only)."""
+    value = getattr(row, "sweep_outlier", False)
+    return isinstance(value, bool | np.bool_) and bool(value)
 
 
 def _check_targets(summary: dict[str, Any], *, as_json: bool) -> None:

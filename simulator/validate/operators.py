@@ -186,9 +186,54 @@ def collective_cases(
     return cases(hw, collective_groups(hw, measured, ops=ops))
 
 
+# The sweeps of each kind of row: the columns that fix a sweep, the column it walks, and the
+# power of that column the work grows with (GEMM m, prefill prompt length squared, decode
+# context, all-reduce bytes).
+SWEEPS: dict[str, tuple[tuple[str, ...], str, float]] = {
+    "gemm": (("gemm_dtype", "n", "k"), "m", 1.0),
+    "attention_prefill": (
+        ("num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype", "batch_size"),
+        "isl",
+        2.0,
+    ),
+    "attention_decode": (
+        ("num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype", "batch_size"),
+        "step",
+        1.0,
+    ),
+    "all_reduce": (("num_gpus",), "msg_bytes", 1.0),
+}
+OUTLIER_FACTOR = 1.5
+
+
+def sweep_outliers(df: pd.DataFrame) -> pd.Series:
+    """Rows of one device that their own sweep contradicts (a bool per row): measured more
+    than OUTLIER_FACTOR x the time of a row of the same sweep with more work, or more than
+    OUTLIER_FACTOR x the previous row's time scaled by the growth of the work (SWEEPS). No
+    kernel takes longer for less work or grows faster than its work, so such a row is how that
+    measurement went (a slow library heuristic, a clock dip), not what a model of the kernel
+    can follow. `llmsim validate` marks them; they stay in every error figure."""
+    out = pd.Series(False, index=df.index)
+    for kind, (keys, x, power) in SWEEPS.items():
+        rows = df[df["kind"] == kind]
+        if rows.empty:
+            continue
+        rows = rows.sort_values([*keys, x])
+        sweeps = rows.groupby(list(keys), dropna=False)
+        t = rows["measured_s"]
+        later = sweeps["measured_s"].transform(
+            lambda s: s[::-1].cummin().shift(1, fill_value=np.inf)[::-1]
+        )
+        growth = np.maximum((rows[x] / sweeps[x].shift(1)) ** power, 1.0)
+        before = sweeps["measured_s"].shift(1) * growth
+        out[rows.index] = (t > OUTLIER_FACTOR * later) | (t > OUTLIER_FACTOR * before)
+    return out
+
+
 def device_ops(hw: HardwareSpec, device: str) -> pd.DataFrame:
     """The ops suite's rows for one aiconfigurator system folder, predicted on `hw` as the data
-    were measured (GEMMs on uninitialised weights: no data ceiling)."""
+    were measured (GEMMs on uninitialised weights: no data ceiling); `sweep_outlier` marks the
+    rows `sweep_outliers` finds."""
     hw = hw.without_data_ceiling()
     parts = [
         gemm_cases(hw, data.aiconfigurator(device, "gemm")),
@@ -197,7 +242,8 @@ def device_ops(hw: HardwareSpec, device: str) -> pd.DataFrame:
         collective_cases(hw, data.aiconfigurator(device, "nccl")),
     ]
     parts = [p for p in parts if not p.empty]
-    return pd.concat(parts, ignore_index=True).assign(device=hw.id)
+    df = pd.concat(parts, ignore_index=True).assign(device=hw.id)
+    return df.assign(sweep_outlier=sweep_outliers(df))
 
 
 def default_hardware(devices: Mapping[str, str]) -> dict[str, HardwareSpec]:

@@ -103,6 +103,38 @@ def test_ops_suite_covers_every_kernel_kind_on_both_devices() -> None:
     assert not a100_gemm["case"].str.contains("fp8").any()  # no fp8 matrix unit on A100
 
 
+def test_sweep_outliers_are_rows_their_own_sweep_contradicts() -> None:
+    from simulator.validate.operators import sweep_outliers
+
+    def gemm_sweep(times_us: list[float], n: int) -> pd.DataFrame:
+        ms = [2.0**i for i in range(len(times_us))]
+        return pd.DataFrame(
+            {"kind": "gemm", "gemm_dtype": "bfloat16", "n": n, "k": 4096, "m": ms}
+        ).assign(measured_s=np.array(times_us) * 1e-6)
+
+    df = pd.concat(
+        [
+            gemm_sweep([5, 5, 6, 9, 16], n=1024),  # smooth: nothing flagged
+            gemm_sweep([5, 5, 30, 9, 16], n=2048),  # 30 us before a 9 us case with more work
+            gemm_sweep([5, 5, 5, 40, 80], n=4096),  # x8 for twice the work
+        ],
+        ignore_index=True,
+    )
+    flagged = df[sweep_outliers(df)]
+    assert list(zip(flagged["n"], flagged["m"], strict=True)) == [(2048, 4.0), (4096, 8.0)]
+
+
+def test_ops_suite_marks_few_sweep_outliers_and_keeps_them() -> None:
+    df = suite("ops")
+    share = df.groupby("device")["sweep_outlier"].mean()
+    assert (share > 0).all() and (share < 0.01).all()
+    spike = df[
+        (df["device"] == "h100_sxm")
+        & (df["case"] == "attention_prefill kv=bf16 h=40,kv=1,d=128 b=16,s=8192")
+    ]
+    assert spike["sweep_outlier"].all()
+
+
 def test_ops_gemm_row_matches_the_single_op_api() -> None:
     from simulator.api import gemm_cost
 
@@ -250,6 +282,16 @@ def test_cli_table_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     assert "layers" in text and "worst 5" in text
+
+
+def test_cli_counts_the_sweep_outliers_of_the_ops_suite(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "--suite", "ops"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    df = suite("ops")
+    for device, n in df[df["sweep_outlier"]].groupby("device").size().items():
+        assert f"ops {device}: {n} rows contradicted by their own sweep" in text
 
 
 def test_cli_unknown_suite_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
