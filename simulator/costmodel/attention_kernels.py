@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.costmodel.ops import Op
+from simulator.specs._base import Curve
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import DecodeSplit, GemmEfficiency, HardwareSpec
 
@@ -139,6 +140,9 @@ class Kernels:
     fused_quant: bool
     split: DecodeSplit
     gemm: GemmEfficiency  # the engine's GEMM library on this device (`EfficiencySpec.gemm_for`)
+    # the engine's attention kernel against the device's, by query length
+    # (`EfficiencySpec.attention_speed`); None: the device's own
+    prefill_speed: Curve | None = None
 
 
 def kernels(hw: HardwareSpec, engine: EngineSpec | None) -> Kernels:
@@ -149,6 +153,7 @@ def kernels(hw: HardwareSpec, engine: EngineSpec | None) -> Kernels:
         engine.fused_activation_quant,
         decode_split(hw, engine),
         hw.efficiency.gemm_for(engine.gemm_library),
+        hw.efficiency.attention_speed(engine.attention_kernel),
     )
 
 

@@ -134,6 +134,8 @@ def _kernel_cost(
                 * at.prefill_parallel_curve(prefill_work(op, at.decode_split))
                 * at.prefill_group_curve(gqa_group(op))
             )
+            if k.prefill_speed is not None:  # the engine's kernel, not the device's
+                comp_eff = comp_eff * k.prefill_speed(op.seq_len)
         case "attention_decode":
             comp_eff = at.prefill_fraction * k.attention_factor
             # KV-cache reads stream at the kernel's efficiency; the per-sequence query,

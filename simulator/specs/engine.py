@@ -56,6 +56,12 @@ class EngineSpec(Frozen):
         "not the one the device's GEMM factors were fitted to; used on devices with "
         "measurements of it (`efficiency.gemm_libraries`), else the device's own",
     )
+    attention_kernel: str | None = Field(
+        default=None,
+        description="the attention kernel the engine's release runs (e.g. fa2) where it is not "
+        "the one the device's attention factors were fitted to; used on devices with a "
+        "comparison of the two (`efficiency.attention_kernels`), else the device's own",
+    )
     multi_step_scheduling: bool = Field(
         default=False,
         description="has vLLM V0's multi-step scheduling (--num-scheduler-steps)",

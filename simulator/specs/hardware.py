@@ -207,6 +207,18 @@ class GemmLibrary(Frozen):
     )
 
 
+class AttentionKernel(Frozen):
+    """Another attention kernel on this device, measured against the one `attention` was
+    fitted to, in one benchmark that ran both: the speed of its prefill relative to that
+    kernel's, by the mean query length per sequence. Decode keeps the device's factors (an
+    engine's `decode_split` names its split rule). An engine names its kernel
+    (`EngineSpec.attention_kernel`); `EfficiencySpec.attention_speed` resolves it."""
+
+    prefill_speed: Curve = Field(
+        description="prefill throughput relative to the device's fitted kernel, by query length"
+    )
+
+
 class MemoryEfficiency(Frozen):
     """Achieved fraction of DRAM bandwidth: stream_fraction * size_curve(bytes moved)."""
 
@@ -302,6 +314,18 @@ class EfficiencySpec(Frozen):
         description="GEMM libraries other than the one `gemm` was fitted to, by name (e.g. "
         "cublas-12.1), where measurements of them exist for this device",
     )
+
+    attention_kernels: dict[str, AttentionKernel] = Field(
+        default_factory=dict,
+        description="attention kernels other than the one `attention` was fitted to, by name "
+        "(e.g. fa2 on a device fitted to fa3), where a benchmark compares them on this device",
+    )
+
+    def attention_speed(self, kernel: str | None) -> Curve | None:
+        """The prefill speed of `kernel` relative to the device's fitted kernel, by query
+        length, where this device has a comparison of the two; else None (the device's own)."""
+        entry = self.attention_kernels.get(kernel) if kernel is not None else None
+        return None if entry is None else entry.prefill_speed
 
     def gemm_for(self, library: str | None) -> GemmEfficiency:
         """The GEMM efficiency under `library`: its factors over the device's where this

@@ -415,3 +415,38 @@ def test_an_engine_runs_its_releases_gemm_library_where_the_device_has_measureme
     assert seconds("b200", "vllm-0.6", 4096) == seconds("b200", "vllm", 4096)
     # the same library on the same device whatever the engine naming it
     assert seconds("h100_sxm", "vllm-0.6", 4096) == seconds("h100_sxm", "vllm-0.2", 4096)
+
+
+def test_an_engine_runs_its_attention_kernel_where_the_device_has_a_comparison() -> None:
+    def compute(hardware: str, engine: str, phase: str, seq_len: int) -> float:
+        cost = attention_cost(
+            hardware=hardware,
+            engine=engine,
+            phase=phase,
+            batch_size=4,
+            seq_len=seq_len,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+        )
+        return float(np.ravel(cost.kernel.compute_s)[0])
+
+    fa2 = load_hardware("h100_sxm").efficiency.attention_speed("fa2")
+    assert fa2 is not None
+    # vLLM 0.6 runs FlashAttention-2: its prefill on H100 computes at FA2's measured share of
+    # the fitted FA3 speed (FlashAttention-3 paper, causal, head dim 128: 319 / 579 at 4k)
+    for seq_len, share in ((4096, 319 / 579), (512, 191 / 292), (16384, 335 / 616)):
+        assert fa2(float(seq_len)) == pytest.approx(share, abs=0.002)
+        ratio = compute("h100_sxm", "vllm", "prefill", seq_len) / compute(
+            "h100_sxm", "vllm-0.6", "prefill", seq_len
+        )
+        assert ratio == pytest.approx(fa2(float(seq_len)), rel=1e-9)
+    # decode keeps the device's factors; A100 was fitted to FA2 itself: no comparison there
+    assert compute("h100_sxm", "vllm-0.6", "decode", 4096) == compute(
+        "h100_sxm", "vllm", "decode", 4096
+    )
+    assert load_hardware("a100_sxm_80gb").efficiency.attention_speed("fa2") is None
+    assert load_hardware("h100_sxm").efficiency.attention_speed("no-such-kernel") is None
+    assert compute("a100_sxm_80gb", "vllm-0.6", "prefill", 4096) == compute(
+        "a100_sxm_80gb", "vllm", "prefill", 4096
+    )
