@@ -123,6 +123,7 @@ FAMILIES = (
             Param("attention.prefill_fraction", 0.55, 0.1, 1.0),
             Param("attention.prefill_fixed_s", 10 * _US, 1 * _US, 50 * _US),
             Param("attention.prefill_wave_s", 1 * _US, 0.0, 50 * _US),
+            Param("attention.cache_write_block_s", 1 * _US, 0.0, 20 * _US),
             Param("attention.fp8_kv_factor", 1.0, 0.5, 1.5),
             *_knots("attention.prefill_len_curve", SEQ_KNOTS, elasticity=0.5),
             *_knots("attention.prefill_parallel_curve", WORK_KNOTS, elasticity=0.5),

@@ -33,6 +33,7 @@ FITTED_KEYS = {
         "prefill_fraction",
         "prefill_fixed_s",
         "prefill_wave_s",
+        "cache_write_block_s",
         "prefill_len_curve",
         "prefill_parallel_curve",
         "prefill_group_curve",

@@ -34,6 +34,11 @@ DECODE_TILE_M = 64.0
 PAGED_V2_PARTITION = 512.0
 PAGED_V2_MAX_PAIRS = 512.0
 DECODE_BOUND_POWER = 4.0  # p of the p-norm joining the bandwidth and per-block decode times
+# vLLM writes the new tokens' K and V into the paged cache in a kernel of its own before the
+# attention kernel, one thread block per token of min(K row elements, 512) threads
+# (csrc/cache_kernels.cu reshape_and_cache_flash: grid(num_tokens),
+# block(min(num_heads * head_size, 512)); concat_and_cache_mla: min(kv_lora_rank, 512)).
+CACHE_WRITE_MAX_THREADS = 512.0
 
 
 def attention_work(op: Op, *, tile: float) -> np.ndarray:
@@ -123,6 +128,23 @@ def decode_blocks(hw: HardwareSpec, op: Op, split: DecodeSplit | None = None) ->
         case "fa3":
             fill = units / 1.1
     return np.minimum(unsplit * tiles, np.maximum(unsplit, fill))
+
+
+def cache_write_waves(hw: HardwareSpec, op: Op) -> np.ndarray:
+    """Waves of the KV-cache write kernel of an attention op: its tokens (prefill: sequences
+    x mean query length; decode: one per sequence), one thread block each, over the blocks
+    resident at once (SMs x the blocks of CACHE_WRITE_MAX_THREADS or fewer threads one SM
+    holds). Few KV heads make small blocks, many of which share an SM; from 512 threads (4 KV
+    heads of 128) on, four per SM on A100/H100. Zero where the op names no K row size."""
+    if op.kv_row_elems <= 0:
+        return np.zeros(1)
+    batch = np.asarray(op.batch, dtype=float)
+    tokens = (
+        batch * np.asarray(op.seq_len, dtype=float) if op.kind == "attention_prefill" else batch
+    )
+    threads = min(op.kv_row_elems, CACHE_WRITE_MAX_THREADS)
+    resident = max(hw.compute.threads_per_unit // threads, 1.0)
+    return tokens / (hw.compute.units * resident)
 
 
 def decode_slots(hw: HardwareSpec, split: DecodeSplit) -> float:

@@ -44,9 +44,11 @@ class Op:
     per-head batched GEMMs). For attention, `seq_len` is the mean query (prefill) or KV
     (decode) length, `batch` the sequences, `heads` / `kv_heads` the query and KV heads per
     device, `kv_dtype` the KV cache's dtype and `kv_bytes` the part of `bytes` that reads the
-    KV cache. `pre_bytes` is the traffic of a memory-bound kernel that must run first
-    (activation quantisation of a W8A8 GEMM). Collectives move `msg_bytes` among
-    `group_size` devices. `scales_with` says which batch quantities the cost depends on."""
+    KV cache, `kv_row_elems` the elements per token of a K row the KV-cache write stores (KV
+    heads x head dim; MLA: the latent; 0: no write priced). `pre_bytes` is the traffic of a
+    memory-bound kernel that must run first (activation quantisation of a W8A8 GEMM).
+    Collectives move `msg_bytes` among `group_size` devices. `scales_with` says which batch
+    quantities the cost depends on."""
 
     name: str
     kind: OpKind
@@ -65,6 +67,7 @@ class Op:
     kv_dtype: str = ""
     kv_bytes: Num = 0.0
     pre_bytes: Num = 0.0
+    kv_row_elems: float = 0.0
     collective: Collective = ""
     group_size: int = 1
     msg_bytes: Num = 0.0

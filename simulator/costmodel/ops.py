@@ -85,6 +85,7 @@ def attention_ops(
             heads=heads,
             kv_heads=kv_heads,
             kv_dtype=prec.kv_cache,
+            kv_row_elems=kv_heads * head_dim,
             scales_with="batch",
         ),
         Op(
@@ -101,6 +102,7 @@ def attention_ops(
             kv_heads=kv_heads,
             kv_dtype=prec.kv_cache,
             kv_bytes=b.decode_kv_tokens * kv_elems * kvb,
+            kv_row_elems=kv_heads * head_dim,
             scales_with="batch",
         ),
     ]
@@ -168,6 +170,7 @@ def _mla_ops(
             heads=heads,
             kv_heads=heads,  # K/V up-projected per head: MHA
             kv_dtype=prec.kv_cache,
+            kv_row_elems=attn.kv_lora_rank,  # the cache holds the latent
             scales_with="batch",
         ),
         gemm(
@@ -194,6 +197,7 @@ def _mla_ops(
             kv_bytes=b.decode_kv_tokens * lat * kvb,
             kv_heads=1.0,  # one latent shared by all query heads
             kv_dtype=prec.kv_cache,
+            kv_row_elems=attn.kv_lora_rank,
             scales_with="batch",
         ),
         gemm(

@@ -20,6 +20,7 @@ import numpy as np
 
 from simulator.costmodel.attention_kernels import (
     Kernels,
+    cache_write_waves,
     decode_blocks,
     decode_kv_s,
     gqa_group,
@@ -160,14 +161,16 @@ def _kernel_cost(
 
 def _fixed_s(hw: HardwareSpec, op: Op, k: Kernels) -> float | np.ndarray:
     """Fixed cost of one call of the op's kernel(s) (attention: plus a time per wave of thread
-    blocks)."""
+    blocks, and per wave of the KV-cache write kernel's one-block-per-token grid)."""
     attn = hw.efficiency.attention
     units = hw.compute.units
     match op.kind:
         case "attention_prefill":
             fixed = attn.prefill_fixed_s
             base = hw.efficiency.kernel_latency_s if fixed is None else fixed
-            return base + attn.prefill_wave_s * prefill_work(op, attn.decode_split) / units
+            waves = prefill_work(op, attn.decode_split) / units
+            write = attn.cache_write_block_s * cache_write_waves(hw, op)
+            return base + attn.prefill_wave_s * waves + write
         case "attention_decode":
             fixed = attn.decode_fixed_s
             base = hw.efficiency.kernel_latency_s if fixed is None else fixed
@@ -175,6 +178,7 @@ def _fixed_s(hw: HardwareSpec, op: Op, k: Kernels) -> float | np.ndarray:
                 base
                 + attn.decode_wave_s * decode_blocks(hw, op, k.split) / units
                 + attn.decode_gqa_copy_s * gqa_relayout(op, k.split)
+                + attn.cache_write_block_s * cache_write_waves(hw, op)
             )
         case "gemm":
             extra = k.gemm.extra_latency_s.get(op.dtype, 0.0)  # type: ignore[call-overload]

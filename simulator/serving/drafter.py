@@ -48,7 +48,7 @@ from simulator.costmodel.step import StepCost, engine_step_time, launch_time, st
 from simulator.errors import SpecError
 from simulator.serving.draft_ops import FC_INPUTS, HeadOps, MedusaOps, head_model
 from simulator.serving.speculative import FIELD, SpeculativeSpec
-from simulator.serving.steptime import Chunks, OpList, StepTimer, verify_shape
+from simulator.serving.steptime import Chunks, OpList, StepTimer, verify_floor, verify_shape
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
@@ -204,6 +204,18 @@ class Drafter:
         target_s = engine_step_time(
             cost, self.engine, num_tokens=n * q, num_seqs=n, enforce_eager=enforce_eager
         )
+        window = self.target.attention.sliding_window
+        plain = step_cost(
+            self.target,
+            self.hw,
+            self.layout,
+            self.prec,
+            BatchShape.decode(batch_size=n, context_len=ctx, window=window),
+            engine=self.engine,
+        )
+        # the batch-scaling part (attention) no cheaper than the plain decode's (`verify_floor`)
+        v_batch, d_batch = _batch_part(cost), _batch_part(plain)
+        target_s = np.asarray(target_s, dtype=float) + verify_floor(v_batch, d_batch) - v_batch
         draft_s = self._draft_seconds(num_seqs=n, context=ctx, enforce_eager=enforce_eager)
         times = np.broadcast_to(target_s + draft_s, ctx.shape).astype(float)
         if not steps:
@@ -348,3 +360,10 @@ def _draft_layout(
     draft_layout = Parallelism(tp=tp)
     draft_layout.check(draft, hw, source=f"{FIELD}.model")
     return draft_layout
+
+
+def _batch_part(cost: StepCost) -> np.ndarray:
+    """GPU seconds of a step's ops that scale with the batch's sequences (attention), the part
+    the serving tables keep apart (`StepTimer`)."""
+    parts = [c.time_s * c.op.count for c in cost.costs if c.op.scales_with == "batch"]
+    return np.asarray(sum(parts, np.zeros(1)), dtype=float)

@@ -28,6 +28,12 @@ ComputeDtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "i
 
 class ComputeSpec(Frozen):
     units: int = Field(gt=0, description="SMs (NVIDIA) or CUs (AMD)")
+    threads_per_unit: int = Field(
+        default=2048,
+        gt=0,
+        description="resident threads per SM/CU (CUDA: 2048 at compute capability 8.0, 9.0 and "
+        "10.0; 1536 at 8.6 and 8.9)",
+    )
     clock_hz: Hertz = Field(gt=0, description="clock at which the tensor peaks are computed")
     peak_flops_per_s: dict[ComputeDtype, FlopsPerS] = Field(
         description="dense matrix-unit peak per dtype (fp32: vector FMA peak)"
@@ -267,6 +273,12 @@ class AttentionEfficiency(Frozen):
     prefill_group_curve: Curve = Field(default_factory=lambda: flat(1.0))
     prefill_fixed_s: Seconds | None = Field(default=None, ge=0)
     prefill_wave_s: Seconds = Field(default=0.0, ge=0, description="time per wave of blocks")
+    cache_write_block_s: Seconds = Field(
+        default=0.0,
+        ge=0,
+        description="time per thread block of the KV-cache write kernel, one block per token "
+        "(`attention_kernels.cache_write_waves`), prefill and decode alike",
+    )
     decode_fraction: float = Field(gt=0, le=1)
     decode_len_curve: Curve = Field(default_factory=lambda: flat(1.0))
     decode_parallel_curve: Curve = Field(default_factory=lambda: flat(1.0))

@@ -450,3 +450,53 @@ def test_an_engine_runs_its_attention_kernel_where_the_device_has_a_comparison()
     assert compute("a100_sxm_80gb", "vllm-0.6", "prefill", 4096) == compute(
         "a100_sxm_80gb", "vllm", "prefill", 4096
     )
+
+
+def test_the_kv_cache_write_costs_a_block_per_token_over_the_resident_blocks() -> None:
+    from simulator.costmodel.attention_kernels import cache_write_waves
+    from simulator.costmodel.ops import attention_ops
+
+    hw = load_hardware("h100_sxm")
+    block_s = hw.efficiency.attention.cache_write_block_s
+    assert 1e-6 < block_s < 1e-5  # fitted to the few-KV-head prefill rows
+
+    def prefill(kv_heads: int, batch: int, prompt: int) -> Op:
+        shape = BatchShape.prefill(batch_size=batch, prompt_len=prompt)
+        ops = attention_ops(
+            heads=32, kv_heads=kv_heads, head_dim=128, prec=BF16, batch=shape, count=1
+        )
+        return ops[0]
+
+    # 128 x 256 tokens; 512-thread blocks (4+ KV heads of 128): 4 resident per SM of 2048
+    # threads, so 32768 / (132 x 4) waves, whatever the KV heads beyond 4
+    for kv in (4, 8):
+        waves = cache_write_waves(hw, prefill(kv, 128, 256))
+        assert float(np.ravel(waves)[0]) == pytest.approx(32768 / (132 * 4))
+    # one KV head: 128-thread blocks, 16 per SM: a quarter of the waves
+    waves_1 = float(np.ravel(cache_write_waves(hw, prefill(1, 128, 256)))[0])
+    assert waves_1 == pytest.approx(32768 / (132 * 16))
+    # decode writes one token per sequence
+    decode = attention_ops(
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        prec=BF16,
+        batch=BatchShape.decode(batch_size=256, context_len=1024),
+        count=1,
+    )[1]
+    assert float(np.ravel(cache_write_waves(hw, decode))[0]) == pytest.approx(256 / (132 * 4))
+    # an Ada SM holds 1536 threads: three 512-thread blocks
+    ada = load_hardware("l40s")
+    assert ada.compute.threads_per_unit == 1536
+    ada_waves = float(np.ravel(cache_write_waves(ada, prefill(8, 128, 256)))[0])
+    assert ada_waves == pytest.approx(32768 / (ada.compute.units * 3))
+    # it adds to the kernel's fixed time: block time x waves
+    at = hw.efficiency.attention.model_copy(update={"cache_write_block_s": 0.0})
+    no_write = hw.model_copy(
+        update={"efficiency": hw.efficiency.model_copy(update={"attention": at})}
+    )
+    op = prefill(4, 128, 256)
+    added = evaluate([op], hw)[0].latency_s - evaluate([op], no_write)[0].latency_s
+    assert float(np.ravel(added)[0]) == pytest.approx(block_s * 32768 / (132 * 4))
+    # an op that names no K row (hand-built) gets no write
+    assert float(np.ravel(cache_write_waves(hw, Op("x", "attention_prefill", 1, 1.0, 1.0)))[0]) == 0
