@@ -206,26 +206,29 @@ SWEEPS: dict[str, tuple[tuple[str, ...], str, float]] = {
 OUTLIER_FACTOR = 1.5
 
 
-def sweep_outliers(df: pd.DataFrame) -> pd.Series:
+def sweep_outliers(
+    df: pd.DataFrame, sweeps: Mapping[str, tuple[tuple[str, ...], str, float]] = SWEEPS
+) -> pd.Series:
     """Rows of one device that their own sweep contradicts (a bool per row): measured more
     than OUTLIER_FACTOR x the time of a row of the same sweep with more work, or more than
-    OUTLIER_FACTOR x the previous row's time scaled by the growth of the work (SWEEPS). No
-    kernel takes longer for less work or grows faster than its work, so such a row is how that
-    measurement went (a slow library heuristic, a clock dip), not what a model of the kernel
-    can follow. `llmsim validate` marks them; they stay in every error figure."""
+    OUTLIER_FACTOR x the previous row's time scaled by the growth of the work (`sweeps`, by
+    kind: the columns that fix a sweep, the one it walks, the power of it the work grows
+    with). No kernel takes longer for less work or grows faster than its work, so such a row
+    is how that measurement went (a slow library heuristic, a clock dip), not what a model of
+    the kernel can follow. `llmsim validate` marks them; they stay in every error figure."""
     out = pd.Series(False, index=df.index)
-    for kind, (keys, x, power) in SWEEPS.items():
+    for kind, (keys, x, power) in sweeps.items():
         rows = df[df["kind"] == kind]
         if rows.empty:
             continue
         rows = rows.sort_values([*keys, x])
-        sweeps = rows.groupby(list(keys), dropna=False)
+        groups = rows.groupby(list(keys), dropna=False)
         t = rows["measured_s"]
-        later = sweeps["measured_s"].transform(
+        later = groups["measured_s"].transform(
             lambda s: s[::-1].cummin().shift(1, fill_value=np.inf)[::-1]
         )
-        growth = np.maximum((rows[x] / sweeps[x].shift(1)) ** power, 1.0)
-        before = sweeps["measured_s"].shift(1) * growth
+        growth = np.maximum((rows[x] / groups[x].shift(1)) ** power, 1.0)
+        before = groups["measured_s"].shift(1) * growth
         out[rows.index] = (t > OUTLIER_FACTOR * later) | (t > OUTLIER_FACTOR * before)
     return out
 

@@ -135,6 +135,15 @@ def test_ops_suite_marks_few_sweep_outliers_and_keeps_them() -> None:
     assert spike["sweep_outlier"].all()
 
 
+def test_layers_mark_rows_with_a_projection_its_sweep_contradicts() -> None:
+    df = suite("layers")
+    rows = df[(df["device"] == "h100_sxm") & (df["suite"] == "layers")]
+    at = rows.set_index(["num_tensor_parallel_workers", "num_tokens"])["sweep_outlier"]
+    # TP1 down projection: 0.75 ms at 528 tokens, 0.46 ms at 576
+    assert at[(1, 528)] and not at[(1, 576)]
+    assert 0 < rows["sweep_outlier"].mean() < 0.1
+
+
 def test_ops_gemm_row_matches_the_single_op_api() -> None:
     from simulator.api import gemm_cost
 
