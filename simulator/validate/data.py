@@ -49,8 +49,11 @@ AIC_COLUMNS: dict[str, list[str]] = {
     "nccl": ["op_name", "nccl_dtype", "num_gpus", "message_size_elements", "latency_ms"],
 }
 VIDUR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+# the memory-bound kernels between them: RMSNorm, rotary embedding, SiLU-and-mul (one thread
+# block per token each, vLLM's custom kernels) and the residual add (a PyTorch elementwise op)
+VIDUR_ELEMENTWISE = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 VIDUR_COLUMNS = [
-    *(f"time_stats.{op}.median" for op in VIDUR_OPS),
+    *(f"time_stats.{op}.median" for op in (*VIDUR_OPS, *VIDUR_ELEMENTWISE)),
     "n_head",
     "n_kv_head",
     "n_embd",

@@ -16,6 +16,8 @@ import pandas as pd
 
 from simulator.errors import SpecError
 from simulator.validate.e2e import SERVING, THROUGHPUT, e2e_serving_suite, e2e_throughput_suite
+from simulator.validate.elementwise import SUITE as ELEMENTWISE
+from simulator.validate.elementwise import elementwise_suite
 from simulator.validate.iteration import DECODE, ENGINE_FIT, PREFILL, iteration_suite
 from simulator.validate.layers import FIT as LAYERS_FIT
 from simulator.validate.layers import SUITE as LAYERS
@@ -27,6 +29,7 @@ from simulator.validate.power import POWER, POWER_FIT, power_suite
 UNIONS: dict[str, tuple[str, ...]] = {"iteration": (PREFILL, DECODE)}
 SUITE_NAMES = (
     "ops", LAYERS, LAYERS_FIT,  # kernels, a layer's GEMMs (held out / fitted)
+    ELEMENTWISE,  # a layer's memory-bound kernels (nothing fitted)
     "iteration", PREFILL, DECODE, ENGINE_FIT,  # engine steps (held out / fitted)
     THROUGHPUT, SERVING,  # whole benchmarks against published results (held out)
     POWER, POWER_FIT,  # board power (fractions of TDP, not time)
@@ -102,6 +105,8 @@ def run_suites(names: list[str]) -> pd.DataFrame:
     if needed & {LAYERS, LAYERS_FIT}:
         layers = layers_suite()
         frames.append(layers[layers["suite"].isin(needed)])
+    if ELEMENTWISE in needed:
+        frames.append(elementwise_suite())
     if needed & {PREFILL, DECODE, ENGINE_FIT}:
         it = iteration_suite()
         skipped += list(it.attrs.get("skipped", []))

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
+from simulator.costmodel.roofline import evaluate
 from simulator.errors import SpecError
 from simulator.specs import load_hardware
 from simulator.validate import (
@@ -142,6 +143,24 @@ def test_layers_mark_rows_with_a_projection_its_sweep_contradicts() -> None:
     # TP1 down projection: 0.75 ms at 528 tokens, 0.46 ms at 576
     assert at[(1, 528)] and not at[(1, 576)]
     assert 0 < rows["sweep_outlier"].mean() < 0.1
+
+
+def test_elementwise_suite_prices_each_kernel_by_its_bytes() -> None:
+    from simulator.costmodel.ops import elementwise
+    from simulator.validate.elementwise import elementwise_suite
+
+    df = elementwise_suite()
+    assert set(df["kind"]) == set(data.VIDUR_ELEMENTWISE)
+    assert not df["fitted"].any() and np.isfinite(df["predicted_s"]).all()
+    # Llama-2-7B on H100, TP1, 4096 tokens: RMSNorm reads and writes 4096 x 4096 fp16 values
+    row = df[
+        (df["device"] == "h100_sxm") & (df["case"] == "input_layernorm llama-2-7b tp1 tokens=4096")
+    ]
+    assert len(row) == 1
+    op = elementwise("norm", bytes_=2 * 4096 * 4096 * 2.0, count=1)
+    expected = float(np.ravel(evaluate([op], load_hardware("h100_sxm"))[0].time_s)[0])
+    assert row["predicted_s"].iloc[0] == pytest.approx(expected, rel=1e-12)
+    assert row["measured_s"].iloc[0] == pytest.approx(0.0665e-3)  # Vidur's median, ms -> s
 
 
 def test_ops_gemm_row_matches_the_single_op_api() -> None:
@@ -321,6 +340,8 @@ COMMITTED_MAPE_PCT = {
     ("layers", "h100_sxm"): 8.9,
     ("layers_fit", "a100_sxm_80gb"): 4.8,
     ("layers_fit", "h100_sxm"): 5.9,
+    ("elementwise", "a100_sxm_80gb"): 34.9,
+    ("elementwise", "h100_sxm"): 35.5,
     ("iteration_prefill", "a100_sxm_80gb"): 16.9,
     ("iteration_decode", "a100_sxm_80gb"): 2.0,
     ("iteration_engine_fit", "a100_sxm_80gb"): 10.1,
