@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+MISSING = Drift("(no committed file)", 0, float("inf"), float("inf"))
+
+
 @dataclass(frozen=True)
 class Output:
     """One calibration file: where it goes, its text, and how to check the committed one
@@ -68,7 +71,7 @@ def _fit_device(*, hw_id: str, device: str) -> list[Output]:
 
     def check_hardware() -> list[Drift]:
         if not calibration_path(hw_id).is_file():
-            return [Drift("(no committed file)", 0, float("inf"), float("inf"))]
+            return [MISSING]
         return hardware_drifts(load_hardware(hw_id), refit, device)
 
     outputs = [Output(calibration_path(hw_id), text, check_hardware)]
@@ -81,7 +84,7 @@ def _fit_device(*, hw_id: str, device: str) -> list[Output]:
 
         def check_engine() -> list[Drift]:
             if not path.is_file():
-                return [Drift("(no committed file)", 0, float("inf"), float("inf"))]
+                return [MISSING]
             fitted = calibrated_engine(ENGINE, yaml.safe_load(engine_text))
             return [engine_drift(refit, load_engine(ENGINE), fitted)]
 

@@ -88,7 +88,8 @@ def validate_cmd(
 
 
 def _sweep_outlier(row: Any) -> bool:
-    """Whether a validation row is marked as contradicted by its own sweep (ops rows only)."""
+    """Whether a validation row is marked as contradicted by its own sweep (ops and layers
+    rows; other suites have no such column, or NaN in it)."""
     value = getattr(row, "sweep_outlier", False)
     return isinstance(value, bool | np.bool_) and bool(value)
 

@@ -24,31 +24,25 @@ import numpy as np
 import pandas as pd
 
 from simulator.costmodel.ops import elementwise
-from simulator.costmodel.roofline import evaluate
 from simulator.specs.hardware import HardwareSpec
 from simulator.validate import data
-from simulator.validate.frame import finish, median_repeats
-from simulator.validate.operators import default_hardware
+from simulator.validate.frame import finish
+from simulator.validate.layers import SHAPE, local_shape, profile_rows
+from simulator.validate.operators import default_hardware, op_time
 
 SUITE = "elementwise"
 HALF = 2.0  # fp16 bytes
-SHAPE = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "use_gated_mlp"]
 MEDIANS = {op: f"time_stats.{op}.median" for op in data.VIDUR_ELEMENTWISE}
 
 
 def kernel_bytes(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     """Bytes each kernel moves on one GPU, for every row (shapes TP-sharded as in `layers`)."""
     t = rows["num_tokens"].to_numpy(dtype=float)
-    tp = rows["num_tensor_parallel_workers"].to_numpy(dtype=float)
-    heads = rows["n_head"].to_numpy(dtype=float)
-    h = rows["n_embd"].to_numpy(dtype=float)
-    d = h / heads
-    kv_local = np.maximum(1.0, np.floor(rows["n_kv_head"].to_numpy(dtype=float) / tp))
-    inter = rows["n_expanded_embd"].to_numpy(dtype=float) / tp
+    h, d, q_local, kv_local, inter = local_shape(rows)
     norm = 2.0 * t * h * HALF
     return {
         "input_layernorm": norm,
-        "attn_rope": 2.0 * t * (heads / tp + kv_local) * d * HALF,
+        "attn_rope": 2.0 * t * (q_local + kv_local) * d * HALF,
         "post_attention_layernorm": norm,
         "mlp_act": 3.0 * t * inter * HALF,
         "add": 3.0 * t * h * HALF,
@@ -58,12 +52,11 @@ def kernel_bytes(rows: pd.DataFrame) -> dict[str, np.ndarray]:
 def elementwise_cases(hw: HardwareSpec, measured: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, TP, num_tokens, kernel) of a Vidur profile (as `data.vidur`
     returns it), predicted on `hw`."""
+    rows = profile_rows(measured, list(MEDIANS.values()))
     keys = ["model", *SHAPE, "num_tensor_parallel_workers", "num_tokens"]
-    rows = median_repeats(measured, keys, list(MEDIANS.values()))
     frames = []
     for name, nbytes in kernel_bytes(rows).items():
-        op = elementwise(name, bytes_=nbytes, count=1)
-        predicted = np.broadcast_to(evaluate([op], hw)[0].time_s, nbytes.shape).astype(float)
+        predicted = op_time(elementwise(name, bytes_=nbytes, count=1), hw, len(rows))
         case = (
             name
             + " "

@@ -21,6 +21,7 @@ check (`layers`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -44,16 +45,33 @@ SHAPE = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "use_gated_mlp"]
 MEDIANS = [f"time_stats.{op}.median" for op in data.VIDUR_OPS]
 
 
-def projection_gemm_shapes(df: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per-GPU (n, k) of each projection GEMM for every row (TP-sharded)."""
+class LocalShape(NamedTuple):
+    """Per-GPU sizes of a Vidur row's layer (TP-sharded), one value per row."""
+
+    hidden: np.ndarray
+    head_dim: np.ndarray
+    q_heads: np.ndarray
+    kv_heads: np.ndarray  # replicated when fewer than the TP degree
+    intermediate: np.ndarray
+
+
+def local_shape(df: pd.DataFrame) -> LocalShape:
+    """The per-GPU sizes of every row of a Vidur profile."""
     tp = df["num_tensor_parallel_workers"].to_numpy(dtype=float)
     heads = df["n_head"].to_numpy(dtype=float)
-    kv = df["n_kv_head"].to_numpy(dtype=float)
     h = df["n_embd"].to_numpy(dtype=float)
-    inter = df["n_expanded_embd"].to_numpy(dtype=float) / tp
-    d = h / heads
-    q_local = heads / tp
-    kv_local = np.maximum(1.0, np.floor(kv / tp))  # replicated when kv < tp
+    return LocalShape(
+        hidden=h,
+        head_dim=h / heads,
+        q_heads=heads / tp,
+        kv_heads=np.maximum(1.0, np.floor(df["n_kv_head"].to_numpy(dtype=float) / tp)),
+        intermediate=df["n_expanded_embd"].to_numpy(dtype=float) / tp,
+    )
+
+
+def projection_gemm_shapes(df: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per-GPU (n, k) of each projection GEMM for every row (TP-sharded)."""
+    h, d, q_local, kv_local, inter = local_shape(df)
     gated = df["use_gated_mlp"].astype(str).str.lower().eq("true").to_numpy()
     return {
         "attn_pre_proj": ((q_local + 2.0 * kv_local) * d, h),
@@ -63,11 +81,11 @@ def projection_gemm_shapes(df: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.n
     }
 
 
-def profile_rows(measured: pd.DataFrame) -> pd.DataFrame:
+def profile_rows(measured: pd.DataFrame, medians: list[str] = MEDIANS) -> pd.DataFrame:
     """One row per (model, TP, num_tokens) of a Vidur profile (as `data.vidur` returns it):
-    the median of each projection's time over the repeats."""
+    the median over the repeats of each of `medians` (default: the projections' times)."""
     keys = ["model", *SHAPE, "num_tensor_parallel_workers", "num_tokens"]
-    return median_repeats(measured, keys, MEDIANS)
+    return median_repeats(measured, keys, medians)
 
 
 def projection_ops(rows: pd.DataFrame) -> dict[str, Op]:
