@@ -161,6 +161,23 @@ def test_the_verification_table_is_within_a_percent(model: str, hardware: str, t
         assert got == pytest.approx(want, rel=0.01)
 
 
+def test_a_verification_step_costs_more_than_the_plain_decode() -> None:
+    # one sequence verifying 3 proposals: the chunk's attention on the prefill kernel's
+    # factors would come out below the one-token decode's; the serving table keeps the step
+    # above the plain decode of the same sequence (`verify_floor`)
+    from simulator.serving.steptime import StepTimer
+
+    dep = deployment(model="llama-3.1-8b", hardware="h100_sxm")
+    sizes = {"max_num_seqs": 8, "max_num_batched_tokens": 2048, "max_context": 4096}
+    spec = SpeculativeSpec(method="ngram", num_speculative_tokens=3, acceptance_rate=0.0)
+    verify = resolve_drafter(spec, **dep.parts).step_timer(**sizes)
+    plain = StepTimer(**dep.parts, **sizes)
+    for ctx in (513, 2000):
+        assert verify.mixed(chunks=[], decode_contexts=[ctx]) > plain.mixed(
+            chunks=[], decode_contexts=[ctx]
+        )
+
+
 # -- the engine, on a token-priced timer ----------------------------------------------------------
 class TokenTimer:
     """5 ms + 10 us per token computed; decodes compute `verify_tokens` each."""
