@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 
-from simulator.specs.hardware import HardwareSpec
+from simulator.specs.hardware import HardwareSpec, RowKernel
 from simulator.validate import data
+from simulator.validate.elementwise import elementwise_groups
 from simulator.validate.layers import LIBRARY, projection_groups
 from simulator.validate.operators import Group, attention_groups, collective_groups, gemm_groups
 
@@ -92,6 +94,13 @@ def _all_reduce_rows(hw: HardwareSpec, device: str) -> list[Group]:
     return collective_groups(hw, data.aiconfigurator(device, "nccl"))
 
 
+def _elementwise_rows(hw: HardwareSpec, device: str) -> list[Group]:
+    """Vidur's one-block-per-token kernel times on `hw` (models not held out); none without
+    a profile."""
+    folders = {hw_id: folder for folder, hw_id in data.VIDUR_DEVICES.items()}
+    return elementwise_groups(data.vidur(folders[hw.id])) if hw.id in folders else []
+
+
 FAMILIES = (
     Family(
         "gemm_bf16",
@@ -166,6 +175,21 @@ FAMILIES = (
             *[Param(f"collective.latency_group_curve.{i}", 1.0, 0.2, 5.0) for i in (1, 2)],
         ),
         {"collective.size_curve": MSG_KNOTS, "collective.latency_group_curve": (2.0, 4.0, 8.0)},
+    ),
+    # after gemm_bf16: a kernel also takes its bytes at the streaming efficiency fitted there
+    Family(
+        "elementwise",
+        _elementwise_rows,
+        (
+            Param("memory.row_fixed_s", 2 * _US, 0.0, 10 * _US),
+            Param("memory.row_latency_s", 0.3 * _US, 0.0, 5 * _US),
+            *[
+                Param(f"memory.row_wave_s.{k}", 1 * _US, 0.01 * _US, 20 * _US)
+                for k in get_args(RowKernel)
+            ],
+            Param("memory.row_l2_factor", 0.8, 0.2, 1.0),
+        ),
+        {},
     ),
 )
 

@@ -28,7 +28,7 @@ FITTED_KEYS = {
         "quant_fraction",
         "quant_size_curve",
     ),
-    "memory": ("size_curve",),
+    "memory": ("size_curve", "row_fixed_s", "row_latency_s", "row_wave_s", "row_l2_factor"),
     "attention": (
         "prefill_fraction",
         "prefill_fixed_s",

@@ -6,14 +6,16 @@ Sources are cited where each rule is defined."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 
 from simulator.costmodel.ops import Op
 from simulator.specs._base import Curve
 from simulator.specs.engine import EngineSpec
-from simulator.specs.hardware import DecodeSplit, GemmEfficiency, HardwareSpec
+from simulator.specs.hardware import DecodeSplit, GemmEfficiency, HardwareSpec, RowKernel
 
+ALL_ROW_KERNELS = frozenset(get_args(RowKernel))
 PREFILL_TILE = 128.0  # query rows per thread block in flash-attention prefill
 # FlashAttention-2 as vLLM calls it for prefill: a paged KV cache forces the split-KV kernel
 # (flash_api.cpp mha_varlen_fwd: `run_mha_fwd(params, stream, paged_KV)`), whose blocks hold
@@ -165,10 +167,15 @@ class Kernels:
     # the engine's attention kernel against the device's, by query length
     # (`EfficiencySpec.attention_speed`); None: the device's own
     prefill_speed: Curve | None = None
+    # elementwise kernels priced by their one-block-per-token launch (`elementwise_kernels`)
+    row_kernels: frozenset[str] = ALL_ROW_KERNELS
 
 
 def kernels(hw: HardwareSpec, engine: EngineSpec | None) -> Kernels:
-    if engine is None:  # every kernel as measured alone
+    """The engine's kernels on `hw`. Without an engine, every kernel as measured alone:
+    attention factor 1, W8A8 quantisation in a kernel of its own, and vLLM's one-block-per-
+    token elementwise kernels (those Vidur's profiles time)."""
+    if engine is None:
         return Kernels(1.0, False, decode_split(hw), hw.efficiency.gemm)
     return Kernels(
         engine.attention_factor,
@@ -176,6 +183,7 @@ def kernels(hw: HardwareSpec, engine: EngineSpec | None) -> Kernels:
         decode_split(hw, engine),
         hw.efficiency.gemm_for(engine.gemm_library),
         hw.efficiency.attention_speed(engine.attention_kernel),
+        frozenset(engine.scalar_row_kernels),
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.costmodel.batch import BatchShape, Num
+from simulator.costmodel.elementwise_kernels import act_launch
 from simulator.costmodel.op import Op, ScalesWith, collective, elementwise, gemm, safe_div
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.model import DTYPE_BYTES, MLP, ModelSpec
@@ -47,6 +48,7 @@ def mlp_ops(
             bytes_=g * tokens * (up_n + inter) * a,
             count=count,
             scales_with=scales_with,
+            launch=act_launch(g * tokens, inter) if mlp.gated else None,
         ),
         gemm(
             f"{prefix}down_proj",

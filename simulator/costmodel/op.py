@@ -11,6 +11,7 @@ import numpy as np
 
 from simulator.costmodel.batch import Num
 from simulator.specs.deployment import QUANTISED_COMPUTE, Precision
+from simulator.specs.hardware import RowKernel
 from simulator.specs.model import DTYPE_BYTES
 
 OpKind = Literal["gemm", "attention_prefill", "attention_decode", "memory", "collective"]
@@ -38,6 +39,18 @@ def weight_bytes_per_param(dtype: str) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class RowLaunch:
+    """How an elementwise kernel with one thread block per row (token) is launched: `rows`
+    blocks of `threads` threads, each thread looping `trips` times over its row's elements
+    (`costmodel.elementwise_kernels` has the engines' launch rules and the time it costs)."""
+
+    kernel: RowKernel
+    rows: Num
+    threads: Num
+    trips: Num
+
+
+@dataclass(frozen=True, slots=True)
 class Op:
     """One kernel, `count` times per step. flops/bytes are per instance; for GEMMs m, n, k are
     the shape and `groups` the number of independent GEMMs fused in one launch (MoE experts,
@@ -47,8 +60,9 @@ class Op:
     KV cache, `kv_row_elems` the elements per token of a K row the KV-cache write stores (KV
     heads x head dim; MLA: the latent; 0: no write priced). `pre_bytes` is the traffic of a
     memory-bound kernel that must run first (activation quantisation of a W8A8 GEMM).
-    Collectives move `msg_bytes` among `group_size` devices. `scales_with` says which batch
-    quantities the cost depends on."""
+    `launch` is the thread-block launch of a one-block-per-row elementwise kernel (None:
+    priced by its bytes alone). Collectives move `msg_bytes` among `group_size` devices.
+    `scales_with` says which batch quantities the cost depends on."""
 
     name: str
     kind: OpKind
@@ -68,6 +82,7 @@ class Op:
     kv_bytes: Num = 0.0
     pre_bytes: Num = 0.0
     kv_row_elems: float = 0.0
+    launch: RowLaunch | None = None
     collective: Collective = ""
     group_size: int = 1
     msg_bytes: Num = 0.0
@@ -121,8 +136,15 @@ def gemm(
     )
 
 
-def elementwise(name: str, *, bytes_: Num, count: float, scales_with: ScalesWith = "tokens") -> Op:
-    return Op(name, "memory", count, 0.0, bytes_, scales_with=scales_with)
+def elementwise(
+    name: str,
+    *,
+    bytes_: Num,
+    count: float,
+    scales_with: ScalesWith = "tokens",
+    launch: RowLaunch | None = None,
+) -> Op:
+    return Op(name, "memory", count, 0.0, bytes_, launch=launch, scales_with=scales_with)
 
 
 def collective(

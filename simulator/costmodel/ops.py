@@ -10,13 +10,15 @@ The attention ops are here; the `Op` record and its constructors are in `costmod
 dense MLP and MoE ops in `costmodel.ffn_ops` (all re-exported here).
 
 Not modelled: bias adds and residual adds as separate kernels (fused into the GEMM/norm
-epilogues, as vLLM does), rotary/ALiBi arithmetic beyond its memory traffic, kernel fusion
-across operators, the KV-cache block-table indirection.
+epilogues, as vLLM does), rotary arithmetic beyond its memory traffic and launch (ALiBi is
+inside the attention kernel), kernel fusion across operators, the KV-cache block-table
+indirection.
 """
 
 from __future__ import annotations
 
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.elementwise_kernels import norm_launch, rotary_launch
 from simulator.costmodel.ffn_ops import (
     dispatch_ops,
     dispatch_tokens,
@@ -116,9 +118,15 @@ def _gqa_ops(
     kv_heads = max(1, attn.num_kv_heads // tp)  # replicated when fewer KV heads than ranks
     a = DTYPE_BYTES[prec.activations]
     t = b.num_tokens
+    rotary = elementwise(
+        "rotary",
+        bytes_=t * (heads + kv_heads) * d * a * 2,
+        count=n_layers,
+        launch=rotary_launch(t, heads, kv_heads, d),
+    )
     return [
         gemm("qkv_proj", m=t, n=(heads + 2 * kv_heads) * d, k=h, count=n_layers, prec=prec),
-        elementwise("rotary", bytes_=t * (heads + kv_heads) * d * a * 2, count=n_layers),
+        *([rotary] if model.position == "rope" else []),
         *attention_ops(
             heads=heads, kv_heads=kv_heads, head_dim=d, prec=prec, batch=b, count=n_layers
         ),
@@ -236,7 +244,11 @@ def step_ops(
     h, tp, n_layers = model.hidden_size, layout.tp, float(model.num_layers)
     a = DTYPE_BYTES[prec.activations]
     t = batch.num_tokens
-    norm = elementwise("norm", bytes_=t * h * a * 3, count=2 * n_layers)  # fused add + norm
+    # fused add + RMSNorm: vLLM's kernel is one block per token in 0.2, vectorised from 0.4
+    # (width-8 loads, csrc/layernorm_kernels.cu), so only engines naming "norm" price its
+    # launch; LayerNorm is PyTorch's (vectorised) kernel
+    launch = norm_launch(t, float(h)) if model.norm == "rms" else None
+    norm = elementwise("norm", bytes_=t * h * a * 3, count=2 * n_layers, launch=launch)
     attn = model.attention
     attn_ops = (
         _gqa_ops(attn, model, tp, prec, batch)

@@ -6,7 +6,8 @@ collective  = latency + bytes on the wire / (link bandwidth * busbw efficiency)
 All functions broadcast over numpy arrays (one element per step of a vectorised sweep). An op
 with no work costs nothing, not even its kernel latency. Efficiency factors come from the
 hardware spec (`efficiency:` in its YAML), each with the measurement it came from. Attention
-kernels' thread blocks and the decode KV read live in `costmodel.attention_kernels`.
+kernels' thread blocks and the decode KV read live in `costmodel.attention_kernels`; the launch
+cost of one-block-per-token elementwise kernels in `costmodel.elementwise_kernels`.
 
 Not modelled: L2 cache reuse across kernels, clock throttling under power caps, overlap of
 communication with compute, contention between concurrent kernels.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.costmodel import elementwise_kernels
 from simulator.costmodel.attention_kernels import (
     Kernels,
     cache_write_waves,
@@ -119,6 +121,8 @@ def _kernel_cost(
     bw = hw.memory.bandwidth_bytes_per_s
     mem_eff = eff.memory.stream_fraction * eff.memory.size_curve(nbytes)
     memory = nbytes / (bw * mem_eff)
+    if elementwise_kernels.priced(hw, op, k.row_kernels):
+        memory = np.maximum(memory, elementwise_kernels.row_time_s(hw, op))
     peak = _peak(hw, op.dtype)
     at = eff.attention
     kv = at.fp8_kv_factor if op.kv_dtype == "fp8" else 1.0
@@ -183,6 +187,8 @@ def _fixed_s(hw: HardwareSpec, op: Op, k: Kernels) -> float | np.ndarray:
         case "gemm":
             extra = k.gemm.extra_latency_s.get(op.dtype, 0.0)  # type: ignore[call-overload]
             return hw.efficiency.kernel_latency_s + extra
+        case "memory" if elementwise_kernels.priced(hw, op, k.row_kernels):
+            return elementwise_kernels.fixed_s(hw)
         case _:
             return hw.efficiency.kernel_latency_s
 

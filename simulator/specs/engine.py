@@ -11,7 +11,7 @@ from pydantic import Field
 
 from simulator.specs._base import Bytes, Frozen, Seconds
 from simulator.specs.deployment import Quantization
-from simulator.specs.hardware import DecodeSplit
+from simulator.specs.hardware import DecodeSplit, RowKernel
 
 
 class EngineOverhead(Frozen):
@@ -65,6 +65,12 @@ class EngineSpec(Frozen):
     multi_step_scheduling: bool = Field(
         default=False,
         description="has vLLM V0's multi-step scheduling (--num-scheduler-steps)",
+    )
+    scalar_row_kernels: list[RowKernel] = Field(
+        default_factory=list,
+        description="elementwise kernels it runs one thread block per token with one element "
+        "per load (norm, rotary, act), priced by their launch (`costmodel.elementwise_kernels`)"
+        "; the others are vectorised or fused and priced by their bytes",
     )
     fused_activation_quant: bool = Field(
         default=True,

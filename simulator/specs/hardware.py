@@ -225,11 +225,32 @@ class AttentionKernel(Frozen):
     )
 
 
+# Elementwise kernels with one thread block per token (`costmodel.elementwise_kernels`).
+RowKernel = Literal["norm", "rotary", "act"]
+
+
 class MemoryEfficiency(Frozen):
-    """Achieved fraction of DRAM bandwidth: stream_fraction * size_curve(bytes moved)."""
+    """Achieved fraction of DRAM bandwidth: stream_fraction * size_curve(bytes moved). The
+    `row_*` factors price elementwise kernels with one thread block per token whose threads
+    load one element per loop trip (`costmodel.elementwise_kernels`): such a kernel takes at
+    least trips x max(row_latency_s, waves of resident blocks x the kernel's row_wave_s), the
+    wave time scaled by row_l2_factor when its bytes fit in L2, plus row_fixed_s (None: the
+    device's kernel latency). A kernel without a row_wave_s is not priced so."""
 
     stream_fraction: float = Field(gt=0, le=1)
     size_curve: Curve = Field(default_factory=lambda: flat(1.0))
+    row_fixed_s: Seconds | None = Field(
+        default=None, ge=0, description="fixed cost of a one-block-per-token kernel"
+    )
+    row_latency_s: Seconds = Field(
+        default=0.0, ge=0, description="one loop trip of one block's threads, device idle"
+    )
+    row_wave_s: dict[RowKernel, Seconds] = Field(
+        default_factory=dict, description="one loop trip of a full wave of resident blocks"
+    )
+    row_l2_factor: float = Field(
+        default=1.0, gt=0, le=1, description="row_wave_s multiplier when the bytes fit in L2"
+    )
 
 
 DecodeSplit = Literal["none", "fa2", "fa3", "paged_v2"]

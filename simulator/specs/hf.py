@@ -7,7 +7,7 @@ cost model needs but the config lacks is an error naming the key.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from simulator.specs.model import MLP, GQAttention, MLAttention, ModelSpec, MoE
 
@@ -138,6 +138,16 @@ def _weight_dtype(cfg: dict[str, Any], dtype: str) -> str:
     return dtype
 
 
+def _position(cfg: dict[str, Any], model_type: str) -> Literal["rope", "alibi", "learned"]:
+    """Rotary unless the architecture adds ALiBi biases in attention (BLOOM, MPT, Falcon with
+    `alibi`) or learns position embeddings (GPT-2, OPT)."""
+    if model_type in ("bloom", "mpt") or (model_type == "falcon" and cfg.get("alibi")):
+        return "alibi"
+    if model_type in ("gpt2", "opt"):
+        return "learned"
+    return "rope"
+
+
 def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
     """Build a ModelSpec from a parsed Hugging Face config. Raises ConfigKeyError on a missing
     or malformed key and pydantic's ValidationError on inconsistent values."""
@@ -154,6 +164,7 @@ def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
         mlp=_dense_mlp(cfg, hidden),
         moe=_moe(cfg, num_layers),
         norm="layer" if model_type in ("bloom", "gpt2", "gpt_neox", "opt", "falcon") else "rms",
+        position=_position(cfg, model_type),
         embedding_norm=model_type == "bloom",
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type == "bloom")),
         dtype=dtype,

@@ -3,9 +3,9 @@
 A ModelSpec is built from a Hugging Face `config.json` (`simulator.specs.hf.from_hf_config`);
 the built-in catalogue is a folder of such configs. Covered: dense MHA/GQA/MQA, DeepSeek MLA
 (latent KV), gated and plain MLPs, MoE (routed experts, top-k, shared experts, leading dense
-layers), sliding-window attention, tied embeddings. Not modelled: rotary/ALiBi arithmetic (a
-negligible elementwise cost), multi-token-prediction heads (excluded from parameter counts, as
-published totals exclude them), vision towers.
+layers), sliding-window attention, tied embeddings, the position encoding (rotary: a kernel of
+its own per layer; ALiBi: inside attention). Not modelled: multi-token-prediction heads
+(excluded from parameter counts, as published totals exclude them), vision towers.
 """
 
 from __future__ import annotations
@@ -169,6 +169,11 @@ class ModelSpec(Frozen):
     mlp: MLP = Field(description="the dense MLP (all layers of a dense model)")
     moe: MoE | None = None
     norm: Literal["rms", "layer"] = "rms"
+    position: Literal["rope", "alibi", "learned"] = Field(
+        default="rope",
+        description="position encoding: rotary (a kernel per layer), ALiBi "
+        "(inside attention) or learned embeddings",
+    )
     embedding_norm: bool = Field(default=False, description="a norm after the embedding (BLOOM)")
     tie_word_embeddings: bool = False
     dtype: Literal["fp32", "bf16", "fp16"] = "bf16"

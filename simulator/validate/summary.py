@@ -4,7 +4,8 @@
 p90 / worst absolute percentage error, whether the suite's rows were used to fit parameters,
 and the same statistics per device. `iteration` is the union of its two held-out sub-suites;
 `iteration_engine_fit` holds the rows the engine's overheads were fitted to, `layers_fit` the
-rows the GEMM library of Vidur's profiles was fitted to (`layers` holds the rest out).
+rows the GEMM library of Vidur's profiles was fitted to (`layers` holds the rest out), and
+`elementwise_fit` the rows the one-block-per-token kernels' launch factors were fitted to.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pandas as pd
 
 from simulator.errors import SpecError
 from simulator.validate.e2e import SERVING, THROUGHPUT, e2e_serving_suite, e2e_throughput_suite
+from simulator.validate.elementwise import FIT as ELEMENTWISE_FIT
 from simulator.validate.elementwise import SUITE as ELEMENTWISE
 from simulator.validate.elementwise import elementwise_suite
 from simulator.validate.iteration import DECODE, ENGINE_FIT, PREFILL, iteration_suite
@@ -29,7 +31,7 @@ from simulator.validate.power import POWER, POWER_FIT, power_suite
 UNIONS: dict[str, tuple[str, ...]] = {"iteration": (PREFILL, DECODE)}
 SUITE_NAMES = (
     "ops", LAYERS, LAYERS_FIT,  # kernels, a layer's GEMMs (held out / fitted)
-    ELEMENTWISE,  # a layer's memory-bound kernels (nothing fitted)
+    ELEMENTWISE, ELEMENTWISE_FIT,  # a layer's memory-bound kernels (held out / fitted)
     "iteration", PREFILL, DECODE, ENGINE_FIT,  # engine steps (held out / fitted)
     THROUGHPUT, SERVING,  # whole benchmarks against published results (held out)
     POWER, POWER_FIT,  # board power (fractions of TDP, not time)
@@ -105,8 +107,9 @@ def run_suites(names: list[str]) -> pd.DataFrame:
     if needed & {LAYERS, LAYERS_FIT}:
         layers = layers_suite()
         frames.append(layers[layers["suite"].isin(needed)])
-    if ELEMENTWISE in needed:
-        frames.append(elementwise_suite())
+    if needed & {ELEMENTWISE, ELEMENTWISE_FIT}:
+        elementwise = elementwise_suite()
+        frames.append(elementwise[elementwise["suite"].isin(needed)])
     if needed & {PREFILL, DECODE, ENGINE_FIT}:
         it = iteration_suite()
         skipped += list(it.attrs.get("skipped", []))
