@@ -7,6 +7,7 @@ is applied, so that the written YAML reproduces the reported MAPE.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,12 +122,17 @@ def fit_family(hw: HardwareSpec, device: str, family: Family) -> tuple[HardwareS
     def residuals(x: np.ndarray) -> np.ndarray:
         return np.log(predict(groups, spec_for(x)) / measured)
 
-    x0 = np.array([p.initial for p in params])
+    x0 = np.clip([p.initial for p in params], [p.lower for p in params], [p.upper for p in params])
+    free = _sensitive(residuals, x0, [(p.lower, p.upper) for p in params])
+    free |= np.array([".step" in p.path for p in params])  # a curve keeps every step
+    spec_for(x0)  # every parameter back at its start
+    params = [p for p, f in zip(params, free, strict=True) if f]
+    x0 = x0[free]
     lo = np.array([p.lower for p in params])
     hi = np.array([p.upper for p in params])
     fit = least_squares(
         residuals,
-        np.clip(x0, lo, hi),
+        x0,
         bounds=(lo, hi),
         loss="soft_l1",
         f_scale=0.1,
@@ -135,6 +141,23 @@ def fit_family(hw: HardwareSpec, device: str, family: Family) -> tuple[HardwareS
     )
     fitted = spec_for(_round(fit.x))
     return fitted, FitReport(family.name, len(measured), before, _mape(groups, fitted))
+
+
+def _sensitive(
+    residuals: Callable[[np.ndarray], np.ndarray],
+    x0: np.ndarray,
+    bounds: list[tuple[float, float]],
+) -> np.ndarray:
+    """Which parameters move some fitted row: each is moved alone to the far end of its
+    bounds. One that moves none (an fp8 KV factor on a device without fp8 KV rows) is not
+    fitted and keeps its starting value, not whatever the optimiser leaves at a bound."""
+    base = residuals(x0)
+    free = np.ones(len(x0), dtype=bool)
+    for i, (lower, upper) in enumerate(bounds):
+        x = x0.copy()
+        x[i] = upper if upper - x0[i] >= x0[i] - lower else lower
+        free[i] = bool(np.any(np.abs(residuals(x) - base) > 1e-12))
+    return free
 
 
 def _round(x: np.ndarray) -> np.ndarray:

@@ -161,3 +161,15 @@ def test_a_device_without_vidur_profiles_gets_no_gemm_library() -> None:
     library, report = calibrate.calibrate_library(load_hardware("b200"))
     assert library is None and report.rows == 0
     assert load_hardware("b200").efficiency.gemm_libraries == {}
+
+
+def test_a_parameter_no_row_depends_on_is_not_fitted() -> None:
+    from simulator.calibrate.fit import _sensitive
+
+    def residuals(x: np.ndarray) -> np.ndarray:  # rows depend on x[0] and x[2] only
+        return np.array([x[0] - 1.0, 2.0 * x[0] + x[2]])
+
+    free = _sensitive(residuals, np.array([0.5, 1.0, 0.0]), [(0.0, 1.0), (0.5, 1.5), (-1.0, 1.0)])
+    assert free.tolist() == [True, False, True]
+    # A100 has no fp8 KV-cache rows: its factor keeps the spec's 1.0, not a bound of the fit
+    assert load_hardware("a100_sxm_80gb").efficiency.attention.fp8_kv_factor == 1.0
