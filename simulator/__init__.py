@@ -12,6 +12,7 @@ from simulator.api import (
     allreduce_cost,
     attention_cost,
     deployment,
+    elementwise_cost,
     estimate,
     gemm_cost,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "bench_scenario",
     "bench_throughput",
     "deployment",
+    "elementwise_cost",
     "energy_summary",
     "estimate",
     "gemm_cost",

@@ -1,5 +1,5 @@
 """The flat Python API: the same operations as the CLI, taking ids or spec objects. Single
-operators (`gemm_cost`, `attention_cost`, `allreduce_cost`, `op_json`) live in
+operators (`gemm_cost`, `attention_cost`, `elementwise_cost`, `allreduce_cost`, `op_json`) live in
 `simulator.single_ops` and are re-exported here."""
 
 from __future__ import annotations
@@ -13,7 +13,14 @@ from simulator.costmodel.memory import MemoryPlan, plan_memory
 from simulator.errors import SpecError
 from simulator.serving.drafter import resolve_drafter
 from simulator.serving.speculative import SpeculativeSpec, parse_speculative_config
-from simulator.single_ops import EngineOpCost, allreduce_cost, attention_cost, gemm_cost, op_json
+from simulator.single_ops import (
+    EngineOpCost,
+    allreduce_cost,
+    attention_cost,
+    elementwise_cost,
+    gemm_cost,
+    op_json,
+)
 from simulator.specs import (
     EngineSpec,
     HardwareSpec,
@@ -32,6 +39,7 @@ __all__ = [
     "allreduce_cost",
     "attention_cost",
     "deployment",
+    "elementwise_cost",
     "estimate",
     "gemm_cost",
     "op_json",

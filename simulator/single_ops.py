@@ -1,5 +1,5 @@
-"""Single operators, as `llmsim op` costs them: one GEMM, attention call or all-reduce on a
-device, alone (`OpCost`, the roofline's kernel) or as a serving engine issues it
+"""Single operators, as `llmsim op` costs them: one GEMM, attention call, elementwise kernel
+or all-reduce on a device, alone (`OpCost`, the roofline's kernel) or as a serving engine issues it
 (`EngineOpCost`: the kernel plus its launch, or its share of a CUDA-graph replay).
 `simulator.api` re-exports them."""
 
@@ -11,7 +11,8 @@ from typing import Any, overload
 import numpy as np
 
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.ops import Op, attention_ops, collective, gemm
+from simulator.costmodel.elementwise_kernels import act_launch, norm_launch, rotary_launch
+from simulator.costmodel.ops import Op, attention_ops, collective, elementwise, gemm
 from simulator.costmodel.roofline import OpCost, evaluate
 from simulator.errors import SpecError
 from simulator.specs import EngineSpec, HardwareSpec, load_engine, load_hardware
@@ -236,6 +237,60 @@ def attention_cost(
         heads=num_heads, kv_heads=num_kv_heads, head_dim=head_dim, prec=prec, batch=batch, count=1
     )
     op = ops[0] if phase == "prefill" else ops[1]
+    eng = _engine(engine)
+    cost = evaluate([op], _hw(hardware), eng)[0]
+    return _under_engine(cost, eng, enforce_eager=enforce_eager, num_tokens=tokens)
+
+
+ELEMENTWISE_KERNELS = ("norm", "rotary", "act")
+
+
+def _needed(kernel: str, **values: int | None) -> dict[str, int]:
+    for name, value in values.items():
+        if value is None:
+            raise SpecError(f"the {kernel} kernel needs it", field=name)
+    _positive(**{k: v for k, v in values.items() if v is not None})
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def elementwise_cost(
+    *,
+    hardware: str | HardwareSpec,
+    kernel: str,
+    tokens: int,
+    hidden_size: int | None = None,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
+    intermediate_size: int | None = None,
+    dtype: str = "bf16",
+    engine: str | EngineSpec | None = None,
+    enforce_eager: bool = False,
+) -> OpCost | EngineOpCost:
+    """One elementwise kernel of a layer over `tokens` tokens, as a step prices it: `norm`
+    (fused residual add + RMSNorm over `hidden_size`), `rotary` (the query and key heads) or
+    `act` (gated SiLU-and-mul of `intermediate_size`). Priced by its bytes, and by its
+    one-block-per-token launch where the engine runs it so (`scalar_row_kernels`; without an
+    engine, vLLM's kernels as measured alone: all three). With an engine, an EngineOpCost."""
+    _positive(tokens=tokens)
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise SpecError(f"unknown dtype {dtype!r} (bf16, fp16, fp32)", field="dtype")
+    a, t = DTYPE_BYTES[dtype], float(tokens)
+    match kernel:
+        case "norm":
+            h = _needed(kernel, hidden_size=hidden_size)["hidden_size"]
+            op = elementwise("norm", bytes_=t * h * a * 3, count=1, launch=norm_launch(t, h))
+        case "rotary":
+            v = _needed(kernel, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
+            q, kv, d = v["num_heads"], v["num_kv_heads"], v["head_dim"]
+            launch = rotary_launch(t, q, kv, d)
+            op = elementwise("rotary", bytes_=t * (q + kv) * d * a * 2, count=1, launch=launch)
+        case "act":
+            d = _needed(kernel, intermediate_size=intermediate_size)["intermediate_size"]
+            op = elementwise("act", bytes_=t * 3 * d * a, count=1, launch=act_launch(t, d))
+        case _:
+            known = ", ".join(ELEMENTWISE_KERNELS)
+            raise SpecError(f"unknown elementwise kernel {kernel!r} ({known})", field="kernel")
     eng = _engine(engine)
     cost = evaluate([op], _hw(hardware), eng)[0]
     return _under_engine(cost, eng, enforce_eager=enforce_eager, num_tokens=tokens)

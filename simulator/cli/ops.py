@@ -1,4 +1,4 @@
-"""`llmsim op gemm|attention|allreduce`: the cost of one operator on one device."""
+"""`llmsim op gemm|attention|elementwise|allreduce`: the cost of one operator on one device."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ class GemmDtype(str, Enum):
     fp8 = "fp8"
     int8 = "int8"
     fp4 = "fp4"
+
+
+class ElementwiseKernel(str, Enum):
+    norm = "norm"
+    rotary = "rotary"
+    act = "act"
 
 
 class Phase(str, Enum):
@@ -111,6 +117,43 @@ def op_attention(
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             kv_cache_dtype=kv_cache_dtype,
+            engine=engine,
+            enforce_eager=enforce_eager,
+        ),
+        as_json,
+    )
+
+
+@op_app.command("elementwise")
+def op_elementwise(
+    hardware: HardwareOpt,
+    kernel: Annotated[
+        ElementwiseKernel,
+        typer.Option("--kernel", help="fused add + RMSNorm, rotary embedding or SiLU-and-mul"),
+    ],
+    tokens: Annotated[int, typer.Option("--tokens")],
+    hidden_size: Annotated[int | None, typer.Option("--hidden-size", help="norm")] = None,
+    num_heads: Annotated[int | None, typer.Option("--num-heads", help="rotary")] = None,
+    num_kv_heads: Annotated[int | None, typer.Option("--num-kv-heads", help="rotary")] = None,
+    head_dim: Annotated[int | None, typer.Option("--head-dim", help="rotary")] = None,
+    intermediate_size: Annotated[
+        int | None, typer.Option("--intermediate-size", help="act")
+    ] = None,
+    engine: OpEngineOpt = None,
+    enforce_eager: OpEagerOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """One elementwise kernel of a layer (one thread block per token where the engine's is)."""
+    _print_op(
+        api.elementwise_cost(
+            hardware=hardware,
+            kernel=kernel.value,
+            tokens=tokens,
+            hidden_size=hidden_size,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_size=intermediate_size,
             engine=engine,
             enforce_eager=enforce_eager,
         ),

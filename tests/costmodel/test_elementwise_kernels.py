@@ -3,12 +3,15 @@ and which engines and models run them (`costmodel.elementwise_kernels`)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from clitools import run_cli
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.api import deployment
+from simulator.api import deployment, elementwise_cost
 from simulator.costmodel.batch import BatchShape, Num
 from simulator.costmodel.elementwise_kernels import (
     act_launch,
@@ -21,6 +24,7 @@ from simulator.costmodel.op import Op, RowLaunch
 from simulator.costmodel.ops import elementwise, step_ops
 from simulator.costmodel.roofline import evaluate
 from simulator.costmodel.step import step_cost
+from simulator.errors import SpecError
 from simulator.specs import load_engine, load_hardware
 
 H100 = load_hardware("h100_sxm")  # calibrated: has the fitted row factors
@@ -114,3 +118,33 @@ def test_without_an_engine_a_decode_step_pays_the_launches() -> None:
     alone = step_cost(*args).seconds
     v1 = step_cost(*args, engine=load_engine("vllm")).seconds
     assert alone > v1
+
+
+ACT = ["op", "elementwise", "--hardware", "h100_sxm", "--kernel", "act", "--tokens", "4000"]
+
+
+def test_op_elementwise_prices_the_launch_under_engines_that_run_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    results = {}
+    for engine in ([], ["--engine", "vllm"], ["--engine", "vllm-0.6"]):
+        code, out, _ = run_cli(capsys, *ACT, "--intermediate-size", "11008", *engine, "--json")
+        assert code == 0
+        results[" ".join(engine)] = json.loads(out)
+    alone, v1, v06 = results[""], results["--engine vllm"], results["--engine vllm-0.6"]
+    # SiLU-and-mul of 4000 x 11008: reads 2 and writes 1 half of 11008 per token
+    assert alone["bytes"] == 3 * 4000 * 11008 * 2
+    assert alone["latency_s"] == pytest.approx(
+        float(evaluate([_act(4000.0)], H100)[0].time_s[0]), rel=1e-9
+    )
+    assert v06["kernel_s"] == pytest.approx(alone["latency_s"], rel=1e-9)
+    assert v1["kernel_s"] < 0.8 * v06["kernel_s"]  # V1's vectorised kernel: bytes only
+    api = elementwise_cost(hardware="h100_sxm", kernel="act", tokens=4000, intermediate_size=11008)
+    assert float(np.ravel(api.time_s)[0]) == pytest.approx(alone["latency_s"])  # type: ignore[union-attr]
+
+
+def test_op_elementwise_names_the_missing_dimension(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, *ACT[:-3], "rotary", "--tokens", "8", "--num-heads", "32")
+    assert code == 2 and out == "" and "num_kv_heads" in err
+    with pytest.raises(SpecError, match="unknown elementwise kernel"):
+        elementwise_cost(hardware="h100_sxm", kernel="gelu", tokens=8)
