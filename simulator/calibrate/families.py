@@ -202,8 +202,9 @@ def _library_rows(hw: HardwareSpec, device: str) -> list[Group]:
 
 # The GEMM library of Vidur's profiles (`validate.layers.LIBRARY`): its 16-bit peak fraction
 # and size curve, fitted on the device's calibrated spec after FAMILIES (`fit.calibrate`), with
-# its smallest row tile chosen from LIBRARY_TILES_M_MIN by the fit's MAPE (the device's own
-# unless another fits better by more than TILE_MARGIN_PCT points, as the device's tiles were
+# its smallest row tile chosen from LIBRARY_TILES_M_MIN by how well each tile's fit predicts the
+# fitted models' layers, the sums of their projections, which is what a step adds up (the device's
+# own unless another is better by more than TILE_MARGIN_PCT points, as the device's tiles were
 # chosen: hardware_specs/h100_sxm.yaml).
 LIBRARY_TILES_M_MIN = (32, 64, 128)
 TILE_MARGIN_PCT = 0.1

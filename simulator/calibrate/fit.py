@@ -164,23 +164,34 @@ def _round(x: np.ndarray) -> np.ndarray:
     return np.array([float(f"{v:.{SIGNIFICANT}g}") for v in x])
 
 
+def layer_mape(groups: list[Group], hw: HardwareSpec) -> float:
+    """MAPE of the per-row sums of `groups` (projection groups over the same profile rows: a
+    layer's GEMM time) on `hw`."""
+    predicted = np.sum([op_time(g.op, hw, len(g.rows)) for g in groups], axis=0)
+    measured = np.sum([g.measured_s for g in groups], axis=0)
+    return float(np.mean(np.abs(predicted - measured) / measured) * 100)
+
+
 def calibrate_library(hw: HardwareSpec) -> tuple[GemmLibrary | None, FitReport]:
     """Fit LIBRARY_FAMILY's GEMM library on the calibrated spec `hw` (its data ceiling kept:
     Vidur's layers hold weights); None where the device has no profile of it. bf16 takes the
     fitted fp16 peak fraction (the same tensor path). The smallest row tile is the one of
-    LIBRARY_TILES_M_MIN whose fit has the lowest MAPE, the device's own unless another is
-    lower by more than TILE_MARGIN_PCT."""
+    LIBRARY_TILES_M_MIN whose fit best predicts the fitted rows' layers (`layer_mape`: the
+    sums a step adds up, where a per-projection MAPE weighs the smallest GEMMs as much as the
+    largest), the device's own unless another is better by more than TILE_MARGIN_PCT."""
     own = hw.efficiency.gemm.tile_m_min
-    best: tuple[HardwareSpec, FitReport] | None = None
+    groups = LIBRARY_FAMILY.rows(hw, hw.id)
+    if not groups:
+        return None, FitReport(LIBRARY_FAMILY.name, 0, float("nan"), float("nan"))
+    best: tuple[HardwareSpec, FitReport, float] | None = None
     for tile in sorted(LIBRARY_TILES_M_MIN, key=lambda t: t != own):  # the device's first
         trial = hw.with_gemm(hw.efficiency.gemm.model_copy(update={"tile_m_min": tile}))
         fitted, report = fit_family(trial, hw.id, LIBRARY_FAMILY)
-        if not report.rows:
-            return None, report
-        if best is None or report.mape_after_pct < best[1].mape_after_pct - TILE_MARGIN_PCT:
-            best = fitted, report
+        layers = layer_mape(groups, fitted)
+        if best is None or layers < best[2] - TILE_MARGIN_PCT:
+            best = fitted, report, layers
     assert best is not None
-    fitted, report = best
+    fitted, report, _ = best
     gemm = fitted.efficiency.gemm
     peak = gemm.peak_fraction["fp16"]
     library = GemmLibrary(

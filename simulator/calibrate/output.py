@@ -95,8 +95,8 @@ def render(hw_id: str, device: str, eff: EfficiencySpec, reports: list[FitReport
         lines += [
             f"# gemm_libraries: {', '.join(eff.gemm_libraries)}, the cuBLAS of Vidur's profiles",
             "# (simulator/data/measured/vidur/, Sarathi-Serve on PyTorch's CUDA 12.1 build):",
-            "# its 16-bit peak fraction and size curve (and smallest row tile, the best fit of",
-            f"# {tiles}), fitted to the per-projection GEMM times",
+            "# its 16-bit peak fraction and size curve, fitted to the per-projection GEMM times,",
+            f"# and smallest row tile (of {tiles}, the one whose fit best predicts their layers)",
             f"# of every model but {', '.join(HELD_OUT)} (llmsim validate: layers_fit; layers",
             "# holds the rest out), on the factors above. Engines of that build name it",
             "# (`gemm_library`).",

@@ -173,3 +173,18 @@ def test_a_parameter_no_row_depends_on_is_not_fitted() -> None:
     assert free.tolist() == [True, False, True]
     # A100 has no fp8 KV-cache rows: its factor keeps the spec's 1.0, not a bound of the fit
     assert load_hardware("a100_sxm_80gb").efficiency.attention.fp8_kv_factor == 1.0
+
+
+def test_the_library_tile_is_chosen_by_the_fitted_models_layers() -> None:
+    from simulator.calibrate.families import LIBRARY_FAMILY
+    from simulator.calibrate.fit import layer_mape
+    from simulator.validate.layers import LIBRARY, layers_suite
+
+    hw = load_hardware("h100_sxm")
+    groups = LIBRARY_FAMILY.rows(hw, hw.id)
+    # layer_mape over the library's fit rows is the `layers_fit` suite's figure
+    fit_rows = layers_suite({"h100": hw}).query("suite == 'layers_fit'")
+    assert layer_mape(groups, hw.with_gemm_library(LIBRARY)) == pytest.approx(
+        fit_rows["ape_pct"].mean(), rel=1e-9
+    )
+    assert hw.efficiency.gemm_libraries[LIBRARY].tile_m_min == 128

@@ -393,7 +393,7 @@ def test_a_gemm_library_overrides_only_its_own_factors() -> None:
     under = hw.efficiency.gemm_for("cublas-12.1")
     assert under.peak_fraction["bf16"] == lib.peak_fraction["bf16"]
     assert under.size_curve == lib.size_curve
-    assert under.tile_m_min == lib.tile_m_min == 64  # the fit's choice; the device's is 32
+    assert under.tile_m_min == lib.tile_m_min == 128  # the fit's choice; the device's is 32
     assert hw.efficiency.gemm.tile_m_min == 32
     # fp8 keeps the device's (the library holds 16-bit measurements only), as do the largest
     # tiles and the real-weight ceiling
