@@ -11,8 +11,8 @@ from typing import Any, overload
 import numpy as np
 
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.elementwise_kernels import act_launch, norm_launch, rotary_launch
-from simulator.costmodel.ops import Op, attention_ops, collective, elementwise, gemm
+from simulator.costmodel.elementwise_kernels import gated_act, rms_norm, rotary
+from simulator.costmodel.ops import Op, attention_ops, collective, gemm
 from simulator.costmodel.roofline import OpCost, evaluate
 from simulator.errors import SpecError
 from simulator.specs import EngineSpec, HardwareSpec, load_engine, load_hardware
@@ -246,11 +246,12 @@ ELEMENTWISE_KERNELS = ("norm", "rotary", "act")
 
 
 def _needed(kernel: str, **values: int | None) -> dict[str, int]:
-    for name, value in values.items():
-        if value is None:
-            raise SpecError(f"the {kernel} kernel needs it", field=name)
-    _positive(**{k: v for k, v in values.items() if v is not None})
-    return {k: v for k, v in values.items() if v is not None}
+    """The dimensions `kernel` needs, each given and at least 1."""
+    given = {name: value for name, value in values.items() if value is not None}
+    for name in values.keys() - given.keys():
+        raise SpecError(f"the {kernel} kernel needs it", field=name)
+    _positive(**given)
+    return given
 
 
 def elementwise_cost(
@@ -279,15 +280,13 @@ def elementwise_cost(
     match kernel:
         case "norm":
             h = _needed(kernel, hidden_size=hidden_size)["hidden_size"]
-            op = elementwise("norm", bytes_=t * h * a * 3, count=1, launch=norm_launch(t, h))
+            op = rms_norm("norm", t, h, act_bytes=a, count=1)
         case "rotary":
             v = _needed(kernel, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
-            q, kv, d = v["num_heads"], v["num_kv_heads"], v["head_dim"]
-            launch = rotary_launch(t, q, kv, d)
-            op = elementwise("rotary", bytes_=t * (q + kv) * d * a * 2, count=1, launch=launch)
+            op = rotary(t, v["num_heads"], v["num_kv_heads"], v["head_dim"], act_bytes=a, count=1)
         case "act":
             d = _needed(kernel, intermediate_size=intermediate_size)["intermediate_size"]
-            op = elementwise("act", bytes_=t * 3 * d * a, count=1, launch=act_launch(t, d))
+            op = gated_act("act", t, d, act_bytes=a, count=1)
         case _:
             known = ", ".join(ELEMENTWISE_KERNELS)
             raise SpecError(f"unknown elementwise kernel {kernel!r} ({known})", field="kernel")

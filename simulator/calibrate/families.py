@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 import numpy as np
+import pandas as pd
 
 from simulator.specs.hardware import HardwareSpec, RowKernel
 from simulator.validate import data
@@ -94,11 +95,17 @@ def _all_reduce_rows(hw: HardwareSpec, device: str) -> list[Group]:
     return collective_groups(hw, data.aiconfigurator(device, "nccl"))
 
 
-def _elementwise_rows(hw: HardwareSpec, device: str) -> list[Group]:
-    """Vidur's one-block-per-token kernel times on `hw` (models not held out); none without
-    a profile."""
-    folders = {hw_id: folder for folder, hw_id in data.VIDUR_DEVICES.items()}
-    return elementwise_groups(data.vidur(folders[hw.id])) if hw.id in folders else []
+def _vidur_rows(
+    groups: Callable[[pd.DataFrame], list[Group]],
+) -> Callable[[HardwareSpec, str], list[Group]]:
+    """Rows from Vidur's profile of `hw` (`groups` of it: models not held out); none on a
+    device without a profile."""
+
+    def rows(hw: HardwareSpec, device: str) -> list[Group]:
+        folders = {hw_id: folder for folder, hw_id in data.VIDUR_DEVICES.items()}
+        return groups(data.vidur(folders[hw.id])) if hw.id in folders else []
+
+    return rows
 
 
 FAMILIES = (
@@ -179,7 +186,7 @@ FAMILIES = (
     # after gemm_bf16: a kernel also takes its bytes at the streaming efficiency fitted there
     Family(
         "elementwise",
-        _elementwise_rows,
+        _vidur_rows(elementwise_groups),  # the one-block-per-token kernels' times
         (
             Param("memory.row_fixed_s", 2 * _US, 0.0, 10 * _US),
             Param("memory.row_latency_s", 0.3 * _US, 0.0, 5 * _US),
@@ -194,12 +201,6 @@ FAMILIES = (
 )
 
 
-def _library_rows(hw: HardwareSpec, device: str) -> list[Group]:
-    """Vidur's per-projection times on `hw` (models not held out); none without a profile."""
-    folders = {hw_id: folder for folder, hw_id in data.VIDUR_DEVICES.items()}
-    return projection_groups(data.vidur(folders[hw.id])) if hw.id in folders else []
-
-
 # The GEMM library of Vidur's profiles (`validate.layers.LIBRARY`): its 16-bit peak fraction
 # and size curve, fitted on the device's calibrated spec after FAMILIES (`fit.calibrate`), with
 # its smallest row tile chosen from LIBRARY_TILES_M_MIN by how well each tile's fit predicts the
@@ -210,7 +211,7 @@ LIBRARY_TILES_M_MIN = (32, 64, 128)
 TILE_MARGIN_PCT = 0.1
 LIBRARY_FAMILY = Family(
     f"gemm_{LIBRARY}",
-    _library_rows,
+    _vidur_rows(projection_groups),  # the per-projection times
     (
         Param("gemm.peak_fraction.fp16", 0.8, 0.3, 1.0),
         *_knots("gemm.size_curve", FLOP_KNOTS, elasticity=0.9),

@@ -94,9 +94,12 @@ def _mape(groups: list[Group], hw: HardwareSpec) -> float:
     return float(np.mean(np.abs(predict(groups, hw) - meas) / meas) * 100)
 
 
-def fit_family(hw: HardwareSpec, device: str, family: Family) -> tuple[HardwareSpec, FitReport]:
-    """Fit one family's parameters on `hw` (other factors held); return the new spec."""
-    groups = family.rows(hw, device)
+def fit_family(
+    hw: HardwareSpec, device: str, family: Family, groups: list[Group] | None = None
+) -> tuple[HardwareSpec, FitReport]:
+    """Fit one family's parameters on `hw` (other factors held) to its rows (`groups`, default:
+    the family's rows on `device`); return the new spec."""
+    groups = family.rows(hw, device) if groups is None else groups
     if not groups:
         return hw, FitReport(family.name, 0, float("nan"), float("nan"))
     before = _mape(groups, hw)
@@ -167,7 +170,7 @@ def _round(x: np.ndarray) -> np.ndarray:
 def layer_mape(groups: list[Group], hw: HardwareSpec) -> float:
     """MAPE of the per-row sums of `groups` (projection groups over the same profile rows: a
     layer's GEMM time) on `hw`."""
-    predicted = np.sum([op_time(g.op, hw, len(g.rows)) for g in groups], axis=0)
+    predicted = predict(groups, hw).reshape(len(groups), -1).sum(axis=0)
     measured = np.sum([g.measured_s for g in groups], axis=0)
     return float(np.mean(np.abs(predicted - measured) / measured) * 100)
 
@@ -186,7 +189,7 @@ def calibrate_library(hw: HardwareSpec) -> tuple[GemmLibrary | None, FitReport]:
     best: tuple[HardwareSpec, FitReport, float] | None = None
     for tile in sorted(LIBRARY_TILES_M_MIN, key=lambda t: t != own):  # the device's first
         trial = hw.with_gemm(hw.efficiency.gemm.model_copy(update={"tile_m_min": tile}))
-        fitted, report = fit_family(trial, hw.id, LIBRARY_FAMILY)
+        fitted, report = fit_family(trial, hw.id, LIBRARY_FAMILY, groups)
         layers = layer_mape(groups, fitted)
         if best is None or layers < best[2] - TILE_MARGIN_PCT:
             best = fitted, report, layers

@@ -18,6 +18,9 @@ loaded memory system's pace for that kernel's loads and stores, less when the ke
 fit in L2 (`row_l2_factor`, blended from half to twice the L2 size). Which kernels an engine
 runs this way is its `scalar_row_kernels`; vectorised or fused kernels (FlashInfer,
 TensorRT-LLM, vLLM's Inductor-generated ones) are priced by their bytes alone.
+
+`rms_norm`, `rotary` and `gated_act` build these ops with their bytes and launch, for the
+step's op list, `llmsim op elementwise` and the `elementwise` validation suites alike.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.costmodel.batch import Num
-from simulator.costmodel.op import Op, RowLaunch
+from simulator.costmodel.op import Op, RowLaunch, ScalesWith, elementwise
 from simulator.specs.hardware import HardwareSpec
 
 # Resident thread blocks per SM at most (CUDA compute capability 8.0-9.0: 32).
@@ -58,6 +61,49 @@ def rotary_launch(tokens: Num, heads: Num, kv_heads: Num, rot_dim: Num) -> RowLa
 def act_launch(rows: Num, d: Num) -> RowLaunch:
     threads = np.minimum(d, ACT_MAX_THREADS)
     return RowLaunch("act", rows, threads, _loops(d, threads))
+
+
+def rms_norm(
+    name: str,
+    tokens: Num,
+    hidden: Num,
+    *,
+    act_bytes: float,
+    count: float,
+    tensors: float = 3.0,
+    launched: bool = True,
+) -> Op:
+    """An RMSNorm over `tokens` rows of `hidden` that moves `tensors` rows of activations per
+    token (3: the fused residual add + norm a layer runs; 2: a plain norm); `launched`: with
+    vLLM's one-block-per-token launch (not for a LayerNorm, PyTorch's kernel)."""
+    nbytes = np.multiply(tokens, hidden) * act_bytes * tensors
+    launch = norm_launch(tokens, hidden) if launched else None
+    return elementwise(name, bytes_=nbytes, count=count, launch=launch)
+
+
+def rotary(
+    tokens: Num, heads: Num, kv_heads: Num, head_dim: Num, *, act_bytes: float, count: float
+) -> Op:
+    """The rotary embedding of the query and key heads of `tokens` tokens: each read and
+    written once."""
+    nbytes = np.multiply(tokens, np.add(heads, kv_heads)) * head_dim * act_bytes * 2.0
+    launch = rotary_launch(tokens, heads, kv_heads, head_dim)
+    return elementwise("rotary", bytes_=nbytes, count=count, launch=launch)
+
+
+def gated_act(
+    name: str,
+    rows: Num,
+    d: Num,
+    *,
+    act_bytes: float,
+    count: float,
+    scales_with: ScalesWith = "tokens",
+) -> Op:
+    """SiLU-and-mul over `rows` rows of `d` outputs: reads the gate and up halves, writes one."""
+    nbytes = np.multiply(rows, 3.0 * np.asarray(d, dtype=float)) * act_bytes
+    launch = act_launch(rows, d)
+    return elementwise(name, bytes_=nbytes, count=count, scales_with=scales_with, launch=launch)
 
 
 def _loops(elems: Num, threads: Num) -> np.ndarray:

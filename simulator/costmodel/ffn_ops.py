@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.costmodel.batch import BatchShape, Num
-from simulator.costmodel.elementwise_kernels import act_launch
+from simulator.costmodel.elementwise_kernels import gated_act
 from simulator.costmodel.op import Op, ScalesWith, collective, elementwise, gemm, safe_div
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.model import DTYPE_BYTES, MLP, ModelSpec
@@ -43,12 +43,15 @@ def mlp_ops(
             groups=groups,
             scales_with=scales_with,
         ),
-        elementwise(
+        gated_act(
+            f"{prefix}act", g * tokens, inter, act_bytes=a, count=count, scales_with=scales_with
+        )
+        if mlp.gated
+        else elementwise(
             f"{prefix}act",
             bytes_=g * tokens * (up_n + inter) * a,
             count=count,
             scales_with=scales_with,
-            launch=act_launch(g * tokens, inter) if mlp.gated else None,
         ),
         gemm(
             f"{prefix}down_proj",

@@ -18,7 +18,7 @@ indirection.
 from __future__ import annotations
 
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.elementwise_kernels import norm_launch, rotary_launch
+from simulator.costmodel.elementwise_kernels import rms_norm, rotary
 from simulator.costmodel.ffn_ops import (
     dispatch_ops,
     dispatch_tokens,
@@ -118,15 +118,10 @@ def _gqa_ops(
     kv_heads = max(1, attn.num_kv_heads // tp)  # replicated when fewer KV heads than ranks
     a = DTYPE_BYTES[prec.activations]
     t = b.num_tokens
-    rotary = elementwise(
-        "rotary",
-        bytes_=t * (heads + kv_heads) * d * a * 2,
-        count=n_layers,
-        launch=rotary_launch(t, heads, kv_heads, d),
-    )
+    rope = rotary(t, heads, kv_heads, d, act_bytes=a, count=n_layers)
     return [
         gemm("qkv_proj", m=t, n=(heads + 2 * kv_heads) * d, k=h, count=n_layers, prec=prec),
-        *([rotary] if model.position == "rope" else []),
+        *([rope] if model.position == "rope" else []),
         *attention_ops(
             heads=heads, kv_heads=kv_heads, head_dim=d, prec=prec, batch=b, count=n_layers
         ),
@@ -247,8 +242,7 @@ def step_ops(
     # fused add + RMSNorm: vLLM's kernel is one block per token in 0.2, vectorised from 0.4
     # (width-8 loads, csrc/layernorm_kernels.cu), so only engines naming "norm" price its
     # launch; LayerNorm is PyTorch's (vectorised) kernel
-    launch = norm_launch(t, float(h)) if model.norm == "rms" else None
-    norm = elementwise("norm", bytes_=t * h * a * 3, count=2 * n_layers, launch=launch)
+    norm = rms_norm("norm", t, h, act_bytes=a, count=2 * n_layers, launched=model.norm == "rms")
     attn = model.attention
     attn_ops = (
         _gqa_ops(attn, model, tp, prec, batch)

@@ -24,12 +24,12 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from simulator.costmodel.elementwise_kernels import act_launch, norm_launch, rotary_launch
+from simulator.costmodel.elementwise_kernels import gated_act, rms_norm, rotary
 from simulator.costmodel.ops import Op, elementwise
 from simulator.specs.hardware import HardwareSpec
 from simulator.validate import data
 from simulator.validate.frame import finish
-from simulator.validate.layers import HELD_OUT, SHAPE, local_shape, profile_rows
+from simulator.validate.layers import HELD_OUT, SHAPE, local_shape, profile_rows, row_case
 from simulator.validate.operators import Group, default_hardware, op_time
 
 SUITE = "elementwise"
@@ -43,32 +43,17 @@ def kernel_ops(rows: pd.DataFrame) -> dict[str, Op]:
     """The op of each kernel, vectorised over the rows (shapes TP-sharded as in `layers`)."""
     t = rows["num_tokens"].to_numpy(dtype=float)
     h, d, q_local, kv_local, inter = local_shape(rows)
-    norm = elementwise("norm", bytes_=2.0 * t * h * HALF, count=1, launch=norm_launch(t, h))
+    norm = rms_norm("norm", t, h, act_bytes=HALF, count=1, tensors=2.0)  # vLLM's, no residual
     return {
         **dict.fromkeys(NORMS, norm),
-        "attn_rope": elementwise(
-            "rotary",
-            bytes_=2.0 * t * (q_local + kv_local) * d * HALF,
-            count=1,
-            launch=rotary_launch(t, q_local, kv_local, d),
-        ),
-        "mlp_act": elementwise(
-            "act", bytes_=3.0 * t * inter * HALF, count=1, launch=act_launch(t, inter)
-        ),
+        "attn_rope": rotary(t, q_local, kv_local, d, act_bytes=HALF, count=1),
+        "mlp_act": gated_act("act", t, inter, act_bytes=HALF, count=1),
         "add": elementwise("add", bytes_=3.0 * t * h * HALF, count=1),
     }
 
 
 def _case(rows: pd.DataFrame, name: str) -> pd.Series:
-    return (
-        name
-        + " "
-        + rows["model"]
-        + " tp"
-        + rows["num_tensor_parallel_workers"].astype(str)
-        + " tokens="
-        + rows["num_tokens"].astype(str)
-    )
+    return name + " " + row_case(rows)
 
 
 def elementwise_groups(measured: pd.DataFrame) -> list[Group]:

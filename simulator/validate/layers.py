@@ -118,16 +118,9 @@ def layer_cases(hw: HardwareSpec, measured: pd.DataFrame) -> pd.DataFrame:
         t = op_time(op, lib, len(rows))
         rows[f"predicted_{name}_s"] = t
         predicted += t
-    case = (
-        rows["model"]
-        + " tp"
-        + rows["num_tensor_parallel_workers"].astype(str)
-        + " tokens="
-        + rows["num_tokens"].astype(str)
-    )
     df = rows.assign(
         kind="layer",
-        case=case,
+        case=row_case(rows),
         predicted_s=predicted,
         measured_s=rows[MEDIANS].sum(axis=1).to_numpy(dtype=float) / 1e3,
         device=hw.id,
@@ -136,6 +129,17 @@ def layer_cases(hw: HardwareSpec, measured: pd.DataFrame) -> pd.DataFrame:
     held_out = df["model"].isin(HELD_OUT)
     checks = finish(df[held_out], suite=SUITE, fitted=False)
     return pd.concat([checks, finish(df[~held_out], suite=FIT, fitted=True)], ignore_index=True)
+
+
+def row_case(rows: pd.DataFrame) -> pd.Series:
+    """The case name of each profile row: `<model> tp<N> tokens=<T>`."""
+    return (
+        rows["model"]
+        + " tp"
+        + rows["num_tensor_parallel_workers"].astype(str)
+        + " tokens="
+        + rows["num_tokens"].astype(str)
+    )
 
 
 def projection_outliers(rows: pd.DataFrame) -> pd.Series:
