@@ -248,8 +248,9 @@ ELEMENTWISE_KERNELS = ("norm", "rotary", "act")
 def _needed(kernel: str, **values: int | None) -> dict[str, int]:
     """The dimensions `kernel` needs, each given and at least 1."""
     given = {name: value for name, value in values.items() if value is not None}
-    for name in values.keys() - given.keys():
-        raise SpecError(f"the {kernel} kernel needs it", field=name)
+    for name in values:  # in the order the flags are listed, so the message is stable
+        if name not in given:
+            raise SpecError(f"the {kernel} kernel needs it", field=name)
     _positive(**given)
     return given
 
