@@ -171,6 +171,7 @@ def test_op_prints_a_readable_line(capsys: pytest.CaptureFixture[str], name: str
 
 
 # -- bench latency --------------------------------------------------------------------------------
+QUICKSTART = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml"
 LATENCY = ["bench", "latency", "--hardware", "h100_sxm", "--model", "llama-3.1-8b"]
 
 
@@ -332,6 +333,25 @@ def test_config_with_a_malformed_quantization_config_exits_2(
     code, _, err = run_cli(capsys, "models", "show", path)
     assert code == 2
     assert_one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [*LATENCY, "--output-len", "4", "--output-json", "{blocked}/latency.json"],
+        ["run", str(QUICKSTART), "--out", "{blocked}/run"],
+    ],
+    ids=["output-json", "run-out"],
+)
+def test_unwritable_output_path_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str]
+) -> None:
+    blocked = tmp_path / "a-file"  # a file where a folder is needed
+    blocked.write_text("")
+    code, _, err = run_cli(capsys, *(a.format(blocked=blocked) for a in args))
+    assert code == 2
+    assert_one_error_line(err)
+    assert str(blocked) in err
 
 
 def test_zero_num_iters_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,7 +1,8 @@
 """The `llmsim` command line. Every command has a Python API twin in `simulator.api`.
 
 Bad input of any kind exits with status 2 and one line on stderr naming the file, field and
-reason (SpecError, or a usage error from the flag parser).
+reason (SpecError, a usage error from the flag parser, or a path that cannot be written or
+read, such as an output folder under a missing or read-only parent).
 
 The commands live by subject: `specs` (hardware, models, engines), `ops` (op), `bench`
 (bench latency|throughput|serve, with the flags they share in `bench_flags`), `scenarios`
@@ -66,6 +67,12 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=args, standalone_mode=False)
     except SpecError as exc:
         sys.stderr.write(f"llmsim: error: {exc.line()}\n")
+        raise SystemExit(2) from None
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the user named: a bug
+            raise
+        # an output folder that cannot be created, a file that cannot be written or read
+        sys.stderr.write(f"llmsim: error: {exc.filename}: {exc.strerror or exc}\n")
         raise SystemExit(2) from None
     except (typer.Abort, KeyboardInterrupt):
         sys.stderr.write("llmsim: aborted\n")
