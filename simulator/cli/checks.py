@@ -17,10 +17,24 @@ def validate_cmd(
         list[str] | None,
         typer.Option(
             "--suite",
-            help="ops, layers, iteration, iteration_prefill, iteration_decode, "
-            "iteration_engine_fit, power or power_fit; repeat the flag for several (default: all)",
+            help="ops, layers, layers_fit, elementwise, elementwise_fit, iteration, "
+            "iteration_prefill, iteration_decode, iteration_engine_fit, e2e_throughput, "
+            "e2e_serving, power or power_fit; repeat the flag for several (default: all)",
         ),
     ] = None,
+    rows: Annotated[
+        str | None,
+        typer.Option(
+            "--rows",
+            metavar="FILE.csv",
+            help="also write every case of the chosen suites (device, case, predicted_s, "
+            "measured_s, ape_pct, fitted, and the suite's own columns) as CSV",
+        ),
+    ] = None,
+    worst: Annotated[
+        int,
+        typer.Option("--worst", min=0, help="cases listed per suite, largest error first"),
+    ] = 5,
     check: Annotated[
         bool,
         typer.Option(
@@ -32,10 +46,12 @@ def validate_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Error tables of predicted vs measured against the bundled measurements."""
-    from simulator.validate import kind_stats, run_validation, worst_cases
+    from simulator.validate import kind_stats, run_validation, worst_cases, write_rows
     from simulator.validate.summary import STAT_KEYS
 
     summary, df = run_validation(suite)
+    if rows:
+        write_rows(df, rows)
     if check:
         _check_targets(summary, as_json=as_json)
         return
@@ -60,17 +76,19 @@ def validate_cmd(
         for row in kinds.to_dict(orient="records"):
             by_kind.add_row(str(row["suite"]), str(row["device"]), str(row["kind"]), *cells(row))
         out.print(by_kind)
-    for name in summary["suites"]:
-        worst = Table("device", "case", "predicted", "measured", "error", title=f"{name}: worst 5")
-        for r in worst_cases(df, name).itertuples():
+    for name in summary["suites"] if worst else ():
+        table = Table(
+            "device", "case", "predicted", "measured", "error", title=f"{name}: worst {worst}"
+        )
+        for r in worst_cases(df, name, worst).itertuples():
             sign = "+" if r.predicted_s >= r.measured_s else "-"
             if name.startswith("power"):  # fractions of TDP, not times
                 times = (f"{r.predicted_s:.2f} TDP", f"{r.measured_s:.2f} TDP")
             else:
                 times = (format_seconds(r.predicted_s), format_seconds(r.measured_s))
             case = f"{r.case} (sweep outlier)" if _sweep_outlier(r) else str(r.case)
-            worst.add_row(str(r.device), case, *times, f"{sign}{r.ape_pct:.0f}%")
-        out.print(worst)
+            table.add_row(str(r.device), case, *times, f"{sign}{r.ape_pct:.0f}%")
+        out.print(table)
     if "sweep_outlier" in df:
         flagged = df[df["sweep_outlier"].eq(True)].groupby(["suite", "device"]).size()
         for (name, device), n in flagged.items():

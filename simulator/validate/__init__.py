@@ -3,7 +3,8 @@
 Suites (each a pure function returning one row per measured case; see their modules):
 `ops` (aiconfigurator kernels: GEMM, prefill/decode attention, all-reduce; the rows
 calibration fits), `layers` (Vidur per-layer projection GEMMs), `iteration_prefill` and
-`iteration_decode` (Splitwise whole engine steps; `iteration` is their union).
+`iteration_decode` (Splitwise whole engine steps; `iteration` is their union), and the
+others `SUITE_NAMES` lists (elementwise kernels, end-to-end benchmarks, board power).
 This package only measures the error; it never changes a parameter.
 """
 
@@ -17,6 +18,7 @@ from simulator.validate.summary import (
     run_validation,
     summarize,
     worst_cases,
+    write_rows,
 )
 
 __all__ = [
@@ -34,4 +36,5 @@ __all__ = [
     "run_validation",
     "summarize",
     "worst_cases",
+    "write_rows",
 ]

@@ -141,6 +141,20 @@ def worst_cases(df: pd.DataFrame, name: str, k: int = 5) -> pd.DataFrame:
     return rows.nlargest(k, "ape_pct")
 
 
+# The columns every suite has, first in `--rows` output; a suite's own columns (GEMM shape,
+# batch, engine, source, ...) follow, blank on other suites' rows.
+ROW_COLUMNS = (
+    "suite", "device", "kind", "case", "predicted_s", "measured_s", "ape_pct", "fitted"
+)  # fmt: skip
+
+
+def write_rows(df: pd.DataFrame, path: str) -> None:
+    """Every case of `df` (run_validation's rows) as CSV at `path`: ROW_COLUMNS, then the
+    suites' own columns. Power rows hold fractions of TDP in predicted_s / measured_s."""
+    first = [c for c in ROW_COLUMNS if c in df]
+    df[first + [c for c in df.columns if c not in first]].to_csv(path, index=False)
+
+
 def kind_stats(df: pd.DataFrame) -> pd.DataFrame:
     """error_stats per (suite, device, kind): e.g. the ops suite split into GEMM, attention
     and collectives."""

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from functools import cache
+from pathlib import Path
+from typing import get_type_hints
 
 import numpy as np
 import pandas as pd
 import pytest
+from clitools import run_cli
 
 from simulator.cli import main
+from simulator.cli.checks import validate_cmd
 from simulator.costmodel.roofline import evaluate
 from simulator.errors import SpecError
 from simulator.specs import load_hardware
@@ -23,6 +27,7 @@ from simulator.validate import (
 )
 from simulator.validate.frame import COLUMNS
 from simulator.validate.iteration import DECODE, ENGINE_FIT, PREFILL, configurations
+from simulator.validate.summary import ROW_COLUMNS, SUITE_NAMES
 
 STATS = {"n", "mape_pct", "median_ape_pct", "p90_ape_pct", "worst_ape_pct"}
 
@@ -333,6 +338,32 @@ def test_cli_counts_the_sweep_outliers_of_the_ops_suite(capsys: pytest.CaptureFi
     df = suite("ops")
     for device, n in df[df["sweep_outlier"]].groupby("device").size().items():
         assert f"ops {device}: {n} rows contradicted by their own sweep" in text
+
+
+def test_cli_rows_writes_every_case_and_worst_sets_the_list(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "rows.csv"
+    code, text, _ = run_cli(
+        capsys, "validate", "--suite", "iteration", "--rows", str(path), "--worst", "2"
+    )
+    assert code == 0
+    rows = pd.read_csv(path)
+    expected = suite("iteration")
+    expected = expected[expected["suite"].isin([PREFILL, DECODE])]
+    assert list(rows.columns[:8]) == list(ROW_COLUMNS)
+    assert len(rows) == len(expected) and set(rows["suite"]) == {PREFILL, DECODE}
+    assert np.allclose(rows.sort_values("case")["ape_pct"], expected.sort_values("case")["ape_pct"])
+    flat = " ".join(text.split())
+    assert "iteration_prefill: worst 2" in flat and "worst 5" not in flat
+    code, text, _ = run_cli(capsys, "validate", "--suite", "iteration_decode", "--worst", "0")
+    assert code == 0 and ": worst" not in text
+
+
+def test_cli_suite_help_names_every_suite() -> None:
+    option = get_type_hints(validate_cmd, include_extras=True)["suite"].__metadata__[0]
+    listed = set(option.help.replace(" or ", ", ").split(";")[0].split(", "))
+    assert listed == set(SUITE_NAMES)
 
 
 def test_cli_unknown_suite_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
