@@ -115,7 +115,7 @@ def test_suite_rows_are_finite_held_out_and_unique(name: str) -> None:
 @pytest.mark.slow
 def test_throughput_rows_compare_seconds_per_output_token() -> None:
     df = e2e_throughput_suite()
-    assert set(df["kind"]) == {"trtllm", "sglang", "vllm-0.6"}
+    assert set(df["kind"]) == {"trtllm", "sglang-0.3", "vllm-0.6"}
     np.testing.assert_allclose(df["measured_s"], 1.0 / df["measured_tokens_per_s"])
     np.testing.assert_allclose(df["predicted_s"], 1.0 / df["predicted_tokens_per_s"])
     # fewer prompts than published only for fixed lengths (ShareGPT keeps the count)
@@ -169,12 +169,12 @@ def test_cli_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
 # a change that doubles any of them fails. These rows are held out: improve the model, never
 # fit it to them.
 COMMITTED_MAPE_PCT = {
-    (THROUGHPUT, "a100_sxm_80gb"): 14.4,
-    (THROUGHPUT, "h100_sxm"): 12.3,
+    (THROUGHPUT, "a100_sxm_80gb"): 9.6,
+    (THROUGHPUT, "h100_sxm"): 11.7,
     (THROUGHPUT, "h200_sxm"): 3.9,
     (THROUGHPUT, "b200"): 15.7,
-    (SERVING, "a100_sxm_80gb"): 15.2,
-    (SERVING, "h100_sxm"): 29.0,
+    (SERVING, "a100_sxm_80gb"): 14.7,
+    (SERVING, "h100_sxm"): 28.6,
 }
 
 
