@@ -10,6 +10,7 @@ from rich.table import Table
 
 from simulator.cli.common import JsonOpt, out, print_json, wide_console
 from simulator.units import format_seconds
+from simulator.validate.summary import SUITE_NAMES  # loaded with the package already
 
 
 def validate_cmd(
@@ -17,9 +18,8 @@ def validate_cmd(
         list[str] | None,
         typer.Option(
             "--suite",
-            help="ops, layers, layers_fit, elementwise, elementwise_fit, iteration, "
-            "iteration_prefill, iteration_decode, iteration_engine_fit, e2e_throughput, "
-            "e2e_serving, power or power_fit; repeat the flag for several (default: all)",
+            help=f"{', '.join(SUITE_NAMES[:-1])} or {SUITE_NAMES[-1]}; repeat the flag for "
+            "several (default: all)",
         ),
     ] = None,
     rows: Annotated[
