@@ -9,6 +9,7 @@ writing are quoted in the comments: vllm launch_eager_s 8 us, graph_launch_s 20 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -235,3 +236,31 @@ def test_bench_latency_table_names_the_engine(capsys: pytest.CaptureFixture[str]
     assert code == 0
     assert "engine sglang" in out
     assert "cpu_step" in out and "launch_eager" in out
+
+
+# -- an engine profile of the user's own, on a shipped base --------------------------------------
+def test_own_profile_on_a_base_runs_from_the_cli(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`--engine my.yaml` holding `base: vllm` and a slower step: the breakdown's CPU line is
+    the file's step time, every other engine line vLLM's."""
+    path = tmp_path / "slow-vllm.yaml"
+    path.write_text("base: vllm\noverhead:\n  step_s: 5 ms\n", encoding="utf-8")
+    data = run_json(capsys, *BENCH, "--engine", str(path))
+    assert {r["engine"] for r in data["breakdown"]} == {"slow-vllm"}
+    lines = engine_lines(data, "decode")
+    assert lines["cpu_step"]["total_s"] == pytest.approx(5e-3)
+    ov = load_engine("vllm").overhead
+    assert lines["cpu_per_seq"]["total_s"] == pytest.approx(8 * ov.per_seq_s)
+    assert lines["launch_graph"]["total_s"] == pytest.approx(ov.graph_launch_s)
+
+
+def test_own_profile_with_an_unknown_base_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "fork.yaml"
+    path.write_text("base: vllm-9\n", encoding="utf-8")
+    code, out, err = run_cli(capsys, *BENCH, "--engine", str(path))
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"llmsim: error: {path}: base: unknown engine (known: llamacpp, ")

@@ -189,36 +189,77 @@ def list_engines() -> list[str]:
 
 @cache
 def _load_engine_file(path: Path, calibrated: bool = True) -> EngineSpec:
-    overlay = path.parent / CALIBRATION_DIR / path.name
-    fitted = read_yaml(overlay) if calibrated and overlay.is_file() else None
-    return _overlaid_engine(path, fitted, source=str(overlay))
+    return validate(EngineSpec, _engine_data(path, calibrated), source=str(path))
 
 
-def _overlaid_engine(path: Path, fitted: Any, *, source: str) -> EngineSpec:
+def _engine_path(engine: str, *, relative_to: Path | None = None) -> Path:
+    """The file of an engine given by id or by path to a YAML file (a relative path is taken
+    from `relative_to` when given: a `base:` names its file from the profile's folder)."""
+    if engine.endswith((".yaml", ".yml")):
+        path = Path(engine)
+        if relative_to is not None and not path.is_absolute():
+            path = relative_to / path
+        return path.resolve()
+    path = ENGINES_DIR / f"{engine}.yaml"
+    if not path.is_file():
+        known = ", ".join(list_engines())
+        raise SpecError(f"unknown engine (known: {known})", source=engine, field="engine")
+    return path
+
+
+def _engine_data(
+    path: Path, calibrated: bool, *, fitted: Any = None, chain: tuple[Path, ...] = ()
+) -> dict[str, Any]:
+    """The profile in `path` as a mapping, before validation. A `base:` (an engine id, or a
+    path to a YAML file relative to this one) starts it from that profile, resolved the same
+    way (with its calibration when `calibrated`) and valid on its own, and lays this file's
+    keys over it, mappings key by key, lists and values replaced; then this profile's own
+    calibration (`fitted`, else the committed `calibration/<id>.yaml` when `calibrated`)
+    replaces its CPU overheads."""
+    if path in chain:
+        cycle = " -> ".join(p.stem for p in (*chain, path))
+        raise SpecError(f"base profiles form a cycle ({cycle})", source=str(path), field="base")
     data = read_yaml(path)
-    if isinstance(data, dict):
-        data = {**data, "id": path.stem}
-        if fitted is not None:
-            if not isinstance(fitted, dict) or set(fitted) != {"overhead"}:
-                raise SpecError("expected only an 'overhead' mapping", source=source)
-            data = _merge(data, fitted)
-    return validate(EngineSpec, data, source=str(path))
+    if not isinstance(data, dict):
+        raise SpecError("expected a mapping at the top level", source=str(path))
+    base = data.pop("base", None)
+    if base is not None:
+        if not isinstance(base, str):
+            raise SpecError(
+                "expected an engine id or a path to a YAML file", source=str(path), field="base"
+            )
+        try:
+            base_path = _engine_path(base, relative_to=path.parent)
+        except SpecError as exc:
+            raise SpecError(exc.reason, source=str(path), field="base") from None
+        if not base_path.is_file():
+            raise SpecError(f"no such file: {base_path}", source=str(path), field="base")
+        base_data = _engine_data(base_path, calibrated, chain=(*chain, path))
+        validate(EngineSpec, base_data, source=str(base_path))  # a base is a profile of its own
+        data = _merge(base_data, data)
+    data["id"] = path.stem
+    source = str(path.parent / CALIBRATION_DIR / path.name)
+    if fitted is None and calibrated and Path(source).is_file():
+        fitted = read_yaml(Path(source))
+    elif fitted is not None:
+        source = f"{path.stem} (refit)"
+    if fitted is not None:
+        if not isinstance(fitted, dict) or set(fitted) != {"overhead"}:
+            raise SpecError("expected only an 'overhead' mapping", source=source)
+        data = _merge(data, fitted)
+    return data
 
 
 def calibrated_engine(engine: str, fitted: Any) -> EngineSpec:
     """The engine profile `engine` (an id) with `fitted` (what a `calibration/<id>.yaml`
     holds) laid over it, as `load_engine` lays the committed file."""
-    return _overlaid_engine(ENGINES_DIR / f"{engine}.yaml", fitted, source=f"{engine} (refit)")
+    path = ENGINES_DIR / f"{engine}.yaml"
+    return validate(EngineSpec, _engine_data(path, True, fitted=fitted), source=str(path))
 
 
 def load_engine(engine: str, *, calibrated: bool = True) -> EngineSpec:
-    """An engine profile by id (`vllm`) or by path to a YAML file of the same schema; a
+    """An engine profile by id (`vllm`) or by path to a YAML file of the same schema, which may
+    start from another profile (`base: vllm`) and give only what differs; a
     `calibration/<id>.yaml` beside it (from `python -m simulator.calibrate`) replaces its
     CPU overheads unless `calibrated=False`."""
-    if engine.endswith((".yaml", ".yml")):
-        return _load_engine_file(Path(engine).resolve(), calibrated)
-    path = ENGINES_DIR / f"{engine}.yaml"
-    if not path.is_file():
-        known = ", ".join(list_engines())
-        raise SpecError(f"unknown engine (known: {known})", source=engine, field="engine")
-    return _load_engine_file(path, calibrated)
+    return _load_engine_file(_engine_path(engine), calibrated)

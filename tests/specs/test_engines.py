@@ -130,3 +130,81 @@ def test_bad_engine_file_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_engine(str(bad))
     assert info.value.field == "scheduler.gpu_memory_utilization"
+
+
+# -- base: a profile that starts from another -----------------------------------------------------
+def write(path: Path, text: str) -> str:
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_base_lays_the_file_over_the_named_profile(tmp_path: Path) -> None:
+    """`base: vllm` plus one scheduler knob: vLLM's profile with that knob (and its sibling
+    knobs kept: mappings merge key by key), the file's own id."""
+    path = write(
+        tmp_path / "my-vllm.yaml",
+        "base: vllm\nversion: fork\nscheduler:\n  max_num_seqs: 64\n",
+    )
+    spec, vllm = load_engine(path), load_engine("vllm")
+    assert spec.id == "my-vllm" and spec.version == "fork" and spec.name == vllm.name
+    assert spec.scheduler.max_num_seqs == 64
+    expected = vllm.model_copy(
+        update={
+            "id": "my-vllm",
+            "version": "fork",
+            "scheduler": vllm.scheduler.model_copy(update={"max_num_seqs": 64}),
+        }
+    )
+    assert spec == expected
+
+
+def test_base_carries_its_calibration(tmp_path: Path) -> None:
+    """A profile on `base: vllm-0.2` runs vllm-0.2's fitted CPU overheads (its
+    calibration/vllm-0.2.yaml), and the priors with calibrated=False."""
+    path = write(tmp_path / "late-2023.yaml", "base: vllm-0.2\n")
+    assert load_engine(path).overhead == load_engine("vllm-0.2").overhead
+    priors = load_engine("vllm-0.2", calibrated=False).overhead
+    assert load_engine(path, calibrated=False).overhead == priors
+    assert priors != load_engine("vllm-0.2").overhead
+
+
+def test_base_by_relative_path_and_chained(tmp_path: Path) -> None:
+    write(tmp_path / "a.yaml", "base: trtllm\ncuda_graph_max_tokens: 64\n")
+    (tmp_path / "sub").mkdir()
+    path = write(tmp_path / "sub" / "b.yaml", "base: ../a.yaml\nattention_factor: 0.9\n")
+    spec = load_engine(path)
+    assert (spec.cuda_graph_max_tokens, spec.attention_factor) == (64, 0.9)
+    assert spec.overhead == load_engine("trtllm").overhead
+
+
+def test_shipped_profile_on_a_base_differs_only_where_it_says() -> None:
+    """sglang-0.3 starts from sglang: the CPU overheads it does not state are sglang's."""
+    old, new = load_engine("sglang-0.3"), load_engine("sglang")
+    assert old.overhead == new.overhead
+    assert old.scheduler.max_num_seqs == new.scheduler.max_num_seqs
+    assert (old.cuda_graph_max_tokens, old.gemm_library) == (160, "cublas-12.1")
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("base: no-such-engine\n", "unknown engine (known: "),
+        ("base: missing.yaml\n", "no such file"),
+        ("base: [vllm]\n", "expected an engine id or a path"),
+        ("base: loop.yaml\n", "base profiles form a cycle (loop -> loop)"),
+    ],
+)
+def test_bad_base_names_the_file_and_field(tmp_path: Path, text: str, reason: str) -> None:
+    path = write(tmp_path / "loop.yaml", text)
+    with pytest.raises(SpecError) as info:
+        load_engine(path)
+    assert (info.value.source, info.value.field) == (path, "base")
+    assert reason in info.value.reason
+
+
+def test_error_in_the_base_file_names_that_file(tmp_path: Path) -> None:
+    base = write(tmp_path / "base.yaml", "base: vllm\nscheduler:\n  max_num_seqs: -1\n")
+    path = write(tmp_path / "child.yaml", "base: base.yaml\n")
+    with pytest.raises(SpecError) as info:
+        load_engine(path)
+    assert (info.value.source, info.value.field) == (base, "scheduler.max_num_seqs")
