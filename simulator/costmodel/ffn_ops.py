@@ -1,5 +1,6 @@
 """The feed-forward ops of a step on one device: a dense (gated) MLP, and a MoE layer (router,
-routed experts on the busiest expert-parallel rank, shared experts, and wide EP's all-to-alls).
+top-k, the routing bookkeeping around the experts, routed experts on the busiest
+expert-parallel rank, shared experts, and wide EP's all-to-alls).
 `costmodel.ops.step_ops` puts them in the step."""
 
 from __future__ import annotations
@@ -150,6 +151,28 @@ def dispatch_ops(
     ]
 
 
+def routing_ops(model: ModelSpec, prec: Precision, *, tokens: Num) -> list[Op]:
+    """The bookkeeping every engine's MoE layer runs around the expert GEMMs, for this device's
+    `tokens`: sorting the token -> expert assignments into per-expert blocks (vLLM and SGLang
+    `moe_align_block_size`; TensorRT-LLM builds its expert maps and first-token offsets), a
+    small kernel priced by its int32 ids; and summing each token's top_k weighted expert
+    outputs into one hidden vector (vLLM `ops.moe_sum` after the Triton fused_moe's second
+    GEMM writes [tokens, top_k, hidden]; TensorRT-LLM's `finalizeMoeRoutingKernel`): top_k
+    rows read and one written per token, priced by its bytes. Not modelled: TensorRT-LLM's
+    (and FlashInfer's CUTLASS MoE's) permute of the inputs into expert order
+    (`expandInputRowsKernel`, which also quantises them), which the Triton kernel does inside
+    its GEMM by reading the rows through the sorted ids; several kernels where an engine sorts
+    in more than one."""
+    moe = model.moe
+    assert moe is not None
+    count, a = float(model.num_moe_layers), DTYPE_BYTES[prec.activations]
+    t = np.asarray(tokens, dtype=float)
+    return [
+        elementwise("moe_align", bytes_=t * moe.top_k * 4.0 * 2, count=count),
+        elementwise("moe_sum", bytes_=t * (moe.top_k + 1) * model.hidden_size * a, count=count),
+    ]
+
+
 def moe_ops(model: ModelSpec, layout: Parallelism, prec: Precision, b: BatchShape) -> list[Op]:
     """A MoE layer on one device: router, top-k, routed experts, shared experts, and with DP
     attention (ep > tp: experts spread over tp * dp devices) the all-to-alls. Here every
@@ -171,6 +194,7 @@ def moe_ops(model: ModelSpec, layout: Parallelism, prec: Precision, b: BatchShap
             weight_dtype=prec.activations,
         ),
         elementwise("topk_softmax", bytes_=t * moe.num_experts * 4.0 * 2, count=count),
+        *routing_ops(model, prec, tokens=t),
         *expert_ffn_ops(model, layout, prec, group_tokens=group_tokens),
     ]
     if moe.shared_expert is not None:

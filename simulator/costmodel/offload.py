@@ -52,7 +52,7 @@ from simulator.specs.offload import OffloadSource, OffloadSpec, Transfer
 from simulator.units import GiB
 
 LINK_BOUND: dict[str, str] = {"host": "pcie", "nvme": "nvme"}
-MOE_OPS = ("router", "topk_softmax")
+MOE_OPS = ("router", "topk_softmax")  # moe_align, moe_sum: by their prefix
 MOE_PREFIXES = ("expert_", "shared_", "moe_")
 DENSE_MLP_OPS = ("up_proj", "act", "down_proj")
 CURVE_POINTS = 161  # log grid of a step's layer compute, for the serving simulator's tables

@@ -133,3 +133,29 @@ def test_wide_ep_memory_spreads_the_experts() -> None:
     experts_per_gpu = 256 * 3 * H * 2048 * MOE_LAYERS / 16
     assert wide.memory().weights_bytes > experts_per_gpu
     assert wide.memory().fits
+
+
+# -- the routing kernels around the experts ------------------------------------------------------
+@pytest.mark.parametrize(
+    "layout",
+    [Parallelism(tp=8, ep=8), Parallelism(tp=8), Parallelism(tp=1, dp=16, ep=16)],
+    ids=["ep-in-tp", "tp-only", "wide-ep"],
+)
+def test_routing_kernels_work_on_the_devices_own_tokens(layout: Parallelism) -> None:
+    # Per MoE layer: the sort reads and writes 32 x 8 int32 ids; the top-k sum reads each of the
+    # device's 32 tokens' 8 expert rows and writes one, 7168 bf16 values each, whatever the
+    # experts' layout (the Triton fused_moe writes every token's top_k rows).
+    ops = ops_of(layout, BatchShape.decode(batch_size=32, context_len=1000))
+    align, total = named(ops, "moe_align"), named(ops, "moe_sum")
+    assert float(align.bytes) == 32 * TOP_K * 4 * 2
+    assert float(total.bytes) == 32 * (TOP_K + 1) * H * 2 == 4_128_768
+    assert align.count == total.count == MOE_LAYERS
+    assert align.scales_with == total.scales_with == "tokens"
+
+
+def test_dense_models_have_no_routing_kernels() -> None:
+    dep = sim.deployment(model="llama-3.1-8b", hardware=H100)
+    ops = step_ops(
+        dep.model, dep.layout, dep.precision, BatchShape.decode(batch_size=4, context_len=100)
+    )
+    assert not [op for op in ops if op.name.startswith("moe_")]
