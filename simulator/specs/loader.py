@@ -99,34 +99,83 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+ATTENTION_FROM = "attention_from"
+
+
 @cache
 def _load_hardware_file(path: Path, calibrated: bool) -> HardwareSpec:
     overlay = path.parent / CALIBRATION_DIR / path.name
-    if calibrated and overlay.is_file():
-        return _overlaid_hardware(path, read_yaml(overlay), source=str(overlay))
-    data = read_yaml(path)
-    if isinstance(data, dict):
-        data = {**data, "id": path.stem}
-    return validate(HardwareSpec, data, source=str(path))
+    fitted = read_yaml(overlay) if calibrated and overlay.is_file() else None
+    return _overlaid_hardware(path, fitted, calibrated=calibrated, source=str(overlay))
 
 
-def _overlaid_hardware(path: Path, fitted: Any, *, source: str) -> HardwareSpec:
-    if not isinstance(fitted, dict) or set(fitted) != {"efficiency"}:
-        raise SpecError("expected only an 'efficiency' mapping", source=source)
+def _overlaid_hardware(
+    path: Path, fitted: Any, *, calibrated: bool = True, source: str
+) -> HardwareSpec:
+    """The spec in `path`, its attention taken from a sibling where it says so
+    (`_sibling_attention`), with `fitted` (a calibration overlay, or None) laid over it."""
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise SpecError("expected a mapping at the top level", source=str(path))
+    data = _sibling_attention({**data, "id": path.stem}, path, calibrated=calibrated)
+    if fitted is None:
+        return validate(HardwareSpec, data, source=str(path))
+    if not isinstance(fitted, dict) or set(fitted) != {"efficiency"}:
+        raise SpecError("expected only an 'efficiency' mapping", source=source)
     try:
-        return HardwareSpec.model_validate(_merge({**data, "id": path.stem}, fitted))
+        return HardwareSpec.model_validate(_merge(data, fitted))
     except ValidationError as exc:
         raise validation_error(exc, source=source) from None
+
+
+def _sibling_attention(data: dict[str, Any], path: Path, *, calibrated: bool) -> dict[str, Any]:
+    """`efficiency.attention_from: ID` (a device of the same die running the same kernels,
+    e.g. H200 from H100 SXM): the attention efficiency as that device's spec has it (fitted
+    to its operator data when `calibrated`), as fractions of this device's own peak and
+    bandwidth, and its `attention_kernels` unless this file gives its own. The named device
+    must describe its attention itself."""
+    eff = data.get("efficiency")
+    if not isinstance(eff, dict) or ATTENTION_FROM not in eff:
+        return data
+    field = f"efficiency.{ATTENTION_FROM}"
+    sibling_id = eff[ATTENTION_FROM]
+    if not isinstance(sibling_id, str):
+        raise SpecError("expected a hardware id", source=str(path), field=field)
+    if "attention" in eff:
+        raise SpecError(
+            f"give either 'attention' or '{ATTENTION_FROM}', not both",
+            source=str(path),
+            field=field,
+        )
+    try:
+        sibling_path = _hardware_path(sibling_id).resolve()
+    except SpecError as exc:
+        raise SpecError(exc.reason, source=str(path), field=field) from None
+    raw = read_yaml(sibling_path)
+    sibling_eff = raw.get("efficiency") if isinstance(raw, dict) else None
+    if sibling_path == path or (isinstance(sibling_eff, dict) and ATTENTION_FROM in sibling_eff):
+        raise SpecError(
+            f"{sibling_id} takes its attention from another device: name one that describes "
+            "its own",
+            source=str(path),
+            field=field,
+        )
+    sibling = _load_hardware_file(sibling_path, calibrated).efficiency
+    eff = {k: v for k, v in eff.items() if k != ATTENTION_FROM}
+    eff["attention"] = sibling.attention.model_dump()
+    if "attention_kernels" not in eff and sibling.attention_kernels:
+        eff["attention_kernels"] = {
+            name: kernel.model_dump() for name, kernel in sibling.attention_kernels.items()
+        }
+    return {**data, "efficiency": eff}
 
 
 def calibrated_hardware(hw: str, fitted: Any) -> HardwareSpec:
     """The hand-written spec of `hw` with `fitted` (what a `calibration/<id>.yaml` holds)
     laid over it, as `load_hardware` lays the committed file: `python -m simulator.calibrate
     --check` builds the refit's spec with it."""
-    return _overlaid_hardware(_hardware_path(hw).resolve(), fitted, source=f"{hw} (refit)")
+    path = _hardware_path(hw).resolve()
+    return _overlaid_hardware(path, fitted, source=f"{hw} (refit)")
 
 
 def load_hardware(hw: str, *, calibrated: bool = True) -> HardwareSpec:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import simulator
+from simulator.errors import SpecError
 from simulator.specs import HardwareSpec, load_hardware
 from simulator.units import GB, TFLOPS, MiB
 
@@ -183,3 +185,70 @@ def test_interconnect_is_consistent(path: Path) -> None:
         assert ic.peer_bw_bytes_per_s == pytest.approx(per_peer, rel=0.01)
     if ic.topology == "switch":
         assert ic.peer_bw_bytes_per_s == ic.link_bw_bytes_per_s
+
+
+# -- attention_from: a device of the same die takes its sibling's fitted attention ---------------
+SIBLINGS = {
+    "h200_sxm": "h100_sxm",
+    "gh200": "h100_sxm",
+    "h100_pcie": "h100_sxm",
+    "a100_sxm_40gb": "a100_sxm_80gb",
+    "a100_pcie_80gb": "a100_sxm_80gb",
+}
+
+
+@pytest.mark.parametrize(("hw", "sibling"), sorted(SIBLINGS.items()))
+def test_same_die_takes_the_siblings_fitted_attention(hw: str, sibling: str) -> None:
+    """Calibrated: the sibling's fit (curves, fixed costs, split rule); uncalibrated: its
+    hand-written prior. Peaks, bandwidth and every other factor stay the device's own."""
+    for calibrated in (True, False):
+        spec = load_hardware(hw, calibrated=calibrated).efficiency.model_dump()
+        other = load_hardware(sibling, calibrated=calibrated).efficiency.model_dump()
+        assert spec["attention"] == other["attention"]
+        assert spec["attention_kernels"] == other["attention_kernels"]
+    fitted = load_hardware(hw).efficiency.attention.model_dump()
+    assert fitted != load_hardware(hw, calibrated=False).efficiency.attention.model_dump()
+    assert load_hardware(hw).memory != load_hardware(sibling).memory
+
+
+def test_h200_decode_reads_at_its_own_bandwidth() -> None:
+    """The same fitted fraction of a larger bandwidth: a large decode is faster on H200, by
+    less than 4.8 / 3.35 where the fitted latency limits (the page walk, per-block rate) that
+    do not scale with bandwidth take part (64 x 8K: 684 us on H100, 521 on H200)."""
+    kw = dict(phase="decode", batch_size=64, seq_len=8192, num_heads=64, num_kv_heads=8)
+    h100 = simulator.attention_cost(hardware="h100_sxm", head_dim=128, **kw)
+    h200 = simulator.attention_cost(hardware="h200_sxm", head_dim=128, **kw)
+    ratio = float(h100.time_s[0] / h200.time_s[0])
+    assert 1.2 < ratio < 4.8 / 3.35
+
+
+def _variant(tmp_path: Path, efficiency_lines: str) -> str:
+    """h200_sxm.yaml with its attention lines replaced."""
+    text = (SPEC_DIR / "h200_sxm.yaml").read_text(encoding="utf-8")
+    text = text.replace("  attention_from: h100_sxm\n", efficiency_lines)
+    path = tmp_path / "variant.yaml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("lines", "reason"),
+    [
+        ("  attention_from: no_such_gpu\n", "unknown hardware id"),
+        ("  attention_from: gh200\n", "gh200 takes its attention from another device"),
+        ("  attention_from: [h100_sxm]\n", "expected a hardware id"),
+        (
+            "  attention_from: h100_sxm\n"
+            "  attention: {prefill_fraction: 0.5, decode_fraction: 0.8}\n",
+            "give either 'attention' or 'attention_from', not both",
+        ),
+    ],
+)
+def test_bad_attention_from_names_the_file_and_field(
+    tmp_path: Path, lines: str, reason: str
+) -> None:
+    path = _variant(tmp_path, lines)
+    with pytest.raises(SpecError) as info:
+        load_hardware(path)
+    assert (info.value.source, info.value.field) == (path, "efficiency.attention_from")
+    assert reason in info.value.reason
