@@ -36,7 +36,7 @@ def test_bundled_rows_name_known_ids_and_a_source() -> None:
     serve = data.read_measured("e2e/serving.csv", SERVING_COLUMNS)
     assert len(tput) >= 6 and len(serve) >= 3
     for df in (tput, serve):
-        assert set(df["source"]) <= {"T1", "T2", "S1"}
+        assert set(df["source"]) <= {"T1", "T2", "S1", "S2"}
         for hw in df["hardware"].unique():
             load_hardware(hw)
         for model in df["model"].unique():
@@ -115,7 +115,7 @@ def test_suite_rows_are_finite_held_out_and_unique(name: str) -> None:
 @pytest.mark.slow
 def test_throughput_rows_compare_seconds_per_output_token() -> None:
     df = e2e_throughput_suite()
-    assert set(df["kind"]) == {"trtllm", "sglang-0.3", "vllm-0.6"}
+    assert set(df["kind"]) == {"trtllm", "sglang-0.3", "vllm-0.6", "vllm"}
     np.testing.assert_allclose(df["measured_s"], 1.0 / df["measured_tokens_per_s"])
     np.testing.assert_allclose(df["predicted_s"], 1.0 / df["predicted_tokens_per_s"])
     # fewer prompts than published only for fixed lengths (ShareGPT keeps the count)
@@ -125,6 +125,10 @@ def test_throughput_rows_compare_seconds_per_output_token() -> None:
     h100 = row[row["device"] == "h100_sxm"].iloc[0]
     assert (h100["max_num_seqs"], h100["max_num_batched_tokens"]) == (640, 2048)
     assert h100["simulated_prompts"] == 1280  # min(3000, 2 x 640)
+    # vllm bench throughput rows run their published prompts and flags as given
+    amd = df[df["device"] == "mi300x"]
+    assert len(amd) == 4 and (amd["simulated_prompts"] == amd["max_num_seqs"]).all()
+    assert (amd["max_num_batched_tokens"] == 131072).all()
 
 
 @pytest.mark.slow
@@ -159,7 +163,7 @@ def test_cli_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     entry = out["suites"][THROUGHPUT]
     assert set(entry) == STATS | {"fitted", "by_device"}
     assert entry["fitted"] is False
-    assert set(entry["by_device"]) == {"a100_sxm_80gb", "h100_sxm", "h200_sxm", "b200"}
+    assert set(entry["by_device"]) == {"a100_sxm_80gb", "h100_sxm", "h200_sxm", "b200", "mi300x"}
     assert sum(d["n"] for d in entry["by_device"].values()) == entry["n"]
     assert all(math.isfinite(entry[k]) for k in STATS)
 
@@ -173,6 +177,7 @@ COMMITTED_MAPE_PCT = {
     (THROUGHPUT, "h100_sxm"): 11.7,
     (THROUGHPUT, "h200_sxm"): 6.7,
     (THROUGHPUT, "b200"): 16.9,
+    (THROUGHPUT, "mi300x"): 31.6,
     (SERVING, "a100_sxm_80gb"): 14.7,
     (SERVING, "h100_sxm"): 28.6,
 }
