@@ -177,7 +177,7 @@ COMMITTED_MAPE_PCT = {
     (THROUGHPUT, "h100_sxm"): 11.7,
     (THROUGHPUT, "h200_sxm"): 6.7,
     (THROUGHPUT, "b200"): 16.9,
-    (THROUGHPUT, "mi300x"): 31.6,
+    (THROUGHPUT, "mi300x"): 29.2,
     (SERVING, "a100_sxm_80gb"): 14.7,
     (SERVING, "h100_sxm"): 28.6,
 }
