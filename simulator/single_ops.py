@@ -6,7 +6,7 @@ or all-reduce on a device, alone (`OpCost`, the roofline's kernel) or as a servi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, get_args, overload
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from simulator.costmodel.roofline import OpCost, evaluate
 from simulator.errors import SpecError
 from simulator.specs import EngineSpec, HardwareSpec, load_engine, load_hardware
 from simulator.specs.deployment import QUANTISED_COMPUTE, Precision
+from simulator.specs.hardware import RowKernel
 from simulator.specs.model import DTYPE_BYTES
 
 
@@ -242,7 +243,7 @@ def attention_cost(
     return _under_engine(cost, eng, enforce_eager=enforce_eager, num_tokens=tokens)
 
 
-ELEMENTWISE_KERNELS = ("norm", "rotary", "act")
+ELEMENTWISE_KERNELS: tuple[str, ...] = get_args(RowKernel)  # norm, rotary, act
 
 
 def _needed(kernel: str, **values: int | None) -> dict[str, int]:

@@ -20,6 +20,7 @@ from simulator.validate.e2e import SERVING, THROUGHPUT, e2e_serving_suite, e2e_t
 from simulator.validate.elementwise import FIT as ELEMENTWISE_FIT
 from simulator.validate.elementwise import SUITE as ELEMENTWISE
 from simulator.validate.elementwise import elementwise_suite
+from simulator.validate.frame import COLUMNS
 from simulator.validate.iteration import DECODE, ENGINE_FIT, PREFILL, iteration_suite
 from simulator.validate.layers import FIT as LAYERS_FIT
 from simulator.validate.layers import SUITE as LAYERS
@@ -141,17 +142,12 @@ def worst_cases(df: pd.DataFrame, name: str, k: int = 5) -> pd.DataFrame:
     return rows.nlargest(k, "ape_pct")
 
 
-# The columns every suite has, first in `--rows` output; a suite's own columns (GEMM shape,
-# batch, engine, source, ...) follow, blank on other suites' rows.
-ROW_COLUMNS = (
-    "suite", "device", "kind", "case", "predicted_s", "measured_s", "ape_pct", "fitted"
-)  # fmt: skip
-
-
 def write_rows(df: pd.DataFrame, path: str) -> None:
-    """Every case of `df` (run_validation's rows) as CSV at `path`: ROW_COLUMNS, then the
-    suites' own columns. Power rows hold fractions of TDP in predicted_s / measured_s."""
-    first = [c for c in ROW_COLUMNS if c in df]
+    """Every case of `df` (run_validation's rows) as CSV at `path`: the columns every suite
+    has (`frame.COLUMNS`), then the suites' own (GEMM shape, batch, engine, source, ...),
+    blank on other suites' rows. Power rows hold fractions of TDP in predicted_s /
+    measured_s."""
+    first = [c for c in COLUMNS if c in df]
     df[first + [c for c in df.columns if c not in first]].to_csv(path, index=False)
 
 

@@ -27,7 +27,7 @@ from simulator.validate import (
 )
 from simulator.validate.frame import COLUMNS
 from simulator.validate.iteration import DECODE, ENGINE_FIT, PREFILL, configurations
-from simulator.validate.summary import ROW_COLUMNS, SUITE_NAMES
+from simulator.validate.summary import SUITE_NAMES
 
 STATS = {"n", "mape_pct", "median_ape_pct", "p90_ape_pct", "worst_ape_pct"}
 
@@ -351,7 +351,7 @@ def test_cli_rows_writes_every_case_and_worst_sets_the_list(
     rows = pd.read_csv(path)
     expected = suite("iteration")
     expected = expected[expected["suite"].isin([PREFILL, DECODE])]
-    assert list(rows.columns[:8]) == list(ROW_COLUMNS)
+    assert list(rows.columns[:8]) == COLUMNS
     assert len(rows) == len(expected) and set(rows["suite"]) == {PREFILL, DECODE}
     assert np.allclose(rows.sort_values("case")["ape_pct"], expected.sort_values("case")["ape_pct"])
     flat = " ".join(text.split())
