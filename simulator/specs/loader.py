@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -100,32 +101,96 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 ATTENTION_FROM = "attention_from"
+BASE = "base"
+
+
+def _check_chain(path: Path, chain: tuple[Path, ...], what: str) -> None:
+    if path in chain:
+        cycle = " -> ".join(p.stem for p in (*chain, path))
+        raise SpecError(f"base {what} form a cycle ({cycle})", source=str(path), field=BASE)
+
+
+def _base_data(
+    data: dict[str, Any],
+    path: Path,
+    *,
+    what: str,
+    find: Callable[[str], Path],
+    load: Callable[[Path], dict[str, Any]],
+    model: type[BaseModel],
+) -> dict[str, Any] | None:
+    """Pop `base:` (an id, or a path to a YAML file relative to `path`'s folder) from `data`
+    and return what that file holds, resolved by `load` and valid on its own (an error in it
+    names its file), or None where `data` names no base. `find` turns an id into its file."""
+    base = data.pop(BASE, None)
+    if base is None:
+        return None
+    if not isinstance(base, str):
+        raise SpecError(
+            f"expected {what} id or a path to a YAML file", source=str(path), field=BASE
+        )
+    if base.endswith((".yaml", ".yml")) or os.sep in base:
+        base_path = (path.parent / base).resolve()
+    else:
+        try:
+            base_path = find(base).resolve()
+        except SpecError as exc:
+            raise SpecError(exc.reason, source=str(path), field=BASE) from None
+    if not base_path.is_file():
+        raise SpecError(f"no such file: {base_path}", source=str(path), field=BASE)
+    base_data = load(base_path)
+    validate(model, base_data, source=str(base_path))
+    return base_data
 
 
 @cache
 def _load_hardware_file(path: Path, calibrated: bool) -> HardwareSpec:
-    overlay = path.parent / CALIBRATION_DIR / path.name
-    fitted = read_yaml(overlay) if calibrated and overlay.is_file() else None
-    return _overlaid_hardware(path, fitted, calibrated=calibrated, source=str(overlay))
+    data, source = _hardware_data(path, calibrated)
+    return validate(HardwareSpec, data, source=source)
 
 
-def _overlaid_hardware(
-    path: Path, fitted: Any, *, calibrated: bool = True, source: str
-) -> HardwareSpec:
-    """The spec in `path`, its attention taken from a sibling where it says so
-    (`_sibling_attention`), with `fitted` (a calibration overlay, or None) laid over it."""
+def _hardware_data(
+    path: Path, calibrated: bool, *, fitted: Any = None, chain: tuple[Path, ...] = ()
+) -> tuple[dict[str, Any], str]:
+    """The spec in `path` as a mapping, before validation, and the file its errors name.
+    A `base:` (a hardware id, or a path relative to this file) starts it from that spec as
+    it loads, calibration included when `calibrated`: this file's keys are laid over it,
+    mappings key by key, and say only what differs. The attention is taken from a sibling
+    where the spec says so (`_sibling_attention`); then this file's own calibration
+    (`fitted`, else `calibration/<name>` beside it when `calibrated`) is laid over all."""
+    _check_chain(path, chain, "specs")
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise SpecError("expected a mapping at the top level", source=str(path))
+    base = _base_data(
+        data,
+        path,
+        what="a hardware",
+        find=_hardware_path,
+        load=lambda p: _hardware_data(p, calibrated, chain=(*chain, path))[0],
+        model=HardwareSpec,
+    )
+    if base is not None:
+        eff = data.get("efficiency")
+        if isinstance(eff, dict) and ATTENTION_FROM in eff:
+            # This file names its own attention donor: the base's attention goes with it.
+            inherited = base.get("efficiency") or {}
+            base_eff = {
+                k: v for k, v in inherited.items() if k not in ("attention", "attention_kernels")
+            }
+            base = {**base, "efficiency": base_eff}
+        data = _merge(base, data)
     data = _sibling_attention({**data, "id": path.stem}, path, calibrated=calibrated)
+    source = str(path.parent / CALIBRATION_DIR / path.name)
+    if fitted is None and calibrated and Path(source).is_file():
+        fitted = read_yaml(Path(source))
+    elif fitted is not None:
+        source = f"{path.stem} (refit)"
     if fitted is None:
-        return validate(HardwareSpec, data, source=str(path))
+        return data, str(path)
     if not isinstance(fitted, dict) or set(fitted) != {"efficiency"}:
         raise SpecError("expected only an 'efficiency' mapping", source=source)
-    try:
-        return HardwareSpec.model_validate(_merge(data, fitted))
-    except ValidationError as exc:
-        raise validation_error(exc, source=source) from None
+    return _merge(data, fitted), source
 
 
 def _sibling_attention(data: dict[str, Any], path: Path, *, calibrated: bool) -> dict[str, Any]:
@@ -133,7 +198,7 @@ def _sibling_attention(data: dict[str, Any], path: Path, *, calibrated: bool) ->
     e.g. H200 from H100 SXM): the attention efficiency as that device's spec has it (fitted
     to its operator data when `calibrated`), as fractions of this device's own peak and
     bandwidth, and its `attention_kernels` unless this file gives its own. The named device
-    must describe its attention itself."""
+    must describe its attention itself, in its own file (no `attention_from`, no `base`)."""
     eff = data.get("efficiency")
     if not isinstance(eff, dict) or ATTENTION_FROM not in eff:
         return data
@@ -153,7 +218,11 @@ def _sibling_attention(data: dict[str, Any], path: Path, *, calibrated: bool) ->
         raise SpecError(exc.reason, source=str(path), field=field) from None
     raw = read_yaml(sibling_path)
     sibling_eff = raw.get("efficiency") if isinstance(raw, dict) else None
-    if sibling_path == path or (isinstance(sibling_eff, dict) and ATTENTION_FROM in sibling_eff):
+    if (
+        sibling_path == path
+        or (isinstance(raw, dict) and BASE in raw)
+        or (isinstance(sibling_eff, dict) and ATTENTION_FROM in sibling_eff)
+    ):
         raise SpecError(
             f"{sibling_id} takes its attention from another device: name one that describes "
             "its own",
@@ -174,16 +243,17 @@ def calibrated_hardware(hw: str, fitted: Any) -> HardwareSpec:
     """The hand-written spec of `hw` with `fitted` (what a `calibration/<id>.yaml` holds)
     laid over it, as `load_hardware` lays the committed file: `python -m simulator.calibrate
     --check` builds the refit's spec with it."""
-    path = _hardware_path(hw).resolve()
-    return _overlaid_hardware(path, fitted, source=f"{hw} (refit)")
+    data, source = _hardware_data(_hardware_path(hw).resolve(), True, fitted=fitted)
+    return validate(HardwareSpec, data, source=source)
 
 
 def load_hardware(hw: str, *, calibrated: bool = True) -> HardwareSpec:
-    """A hardware spec by id (`h100_sxm`) or by path to a YAML file of the same schema.
+    """A hardware spec by id (`h100_sxm`) or by path to a YAML file of the same schema, which
+    may start from another spec (`base: h100_sxm`) and give only what differs.
 
     Where `calibration/<id>.yaml` sits beside the file (written by `python -m
-    simulator.calibrate`), its fitted efficiency factors replace the hand-written ones;
-    `calibrated=False` gives the hand-written spec alone."""
+    simulator.calibrate`), its fitted efficiency factors replace the hand-written ones (a
+    base's come with it); `calibrated=False` gives the hand-written spec alone."""
     return _load_hardware_file(_hardware_path(hw).resolve(), calibrated)
 
 
@@ -241,14 +311,10 @@ def _load_engine_file(path: Path, calibrated: bool = True) -> EngineSpec:
     return validate(EngineSpec, _engine_data(path, calibrated), source=str(path))
 
 
-def _engine_path(engine: str, *, relative_to: Path | None = None) -> Path:
-    """The file of an engine given by id or by path to a YAML file (a relative path is taken
-    from `relative_to` when given: a `base:` names its file from the profile's folder)."""
+def _engine_path(engine: str) -> Path:
+    """The file of an engine given by id or by path to a YAML file."""
     if engine.endswith((".yaml", ".yml")):
-        path = Path(engine)
-        if relative_to is not None and not path.is_absolute():
-            path = relative_to / path
-        return path.resolve()
+        return Path(engine).resolve()
     path = ENGINES_DIR / f"{engine}.yaml"
     if not path.is_file():
         known = ", ".join(list_engines())
@@ -265,27 +331,20 @@ def _engine_data(
     keys over it, mappings key by key, lists and values replaced; then this profile's own
     calibration (`fitted`, else the committed `calibration/<id>.yaml` when `calibrated`)
     replaces its CPU overheads."""
-    if path in chain:
-        cycle = " -> ".join(p.stem for p in (*chain, path))
-        raise SpecError(f"base profiles form a cycle ({cycle})", source=str(path), field="base")
+    _check_chain(path, chain, "profiles")
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise SpecError("expected a mapping at the top level", source=str(path))
-    base = data.pop("base", None)
+    base = _base_data(
+        data,
+        path,
+        what="an engine",
+        find=_engine_path,
+        load=lambda p: _engine_data(p, calibrated, chain=(*chain, path)),
+        model=EngineSpec,
+    )
     if base is not None:
-        if not isinstance(base, str):
-            raise SpecError(
-                "expected an engine id or a path to a YAML file", source=str(path), field="base"
-            )
-        try:
-            base_path = _engine_path(base, relative_to=path.parent)
-        except SpecError as exc:
-            raise SpecError(exc.reason, source=str(path), field="base") from None
-        if not base_path.is_file():
-            raise SpecError(f"no such file: {base_path}", source=str(path), field="base")
-        base_data = _engine_data(base_path, calibrated, chain=(*chain, path))
-        validate(EngineSpec, base_data, source=str(base_path))  # a base is a profile of its own
-        data = _merge(base_data, data)
+        data = _merge(base, data)
     data["id"] = path.stem
     source = str(path.parent / CALIBRATION_DIR / path.name)
     if fitted is None and calibrated and Path(source).is_file():

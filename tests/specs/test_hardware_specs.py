@@ -266,3 +266,104 @@ def test_mi300x_all_reduce_follows_rccl_by_message_size(size_bytes: int, busbw_g
     cost = simulator.allreduce_cost(hardware="mi300x", num_devices=8, size_bytes=size_bytes)
     busbw = 1.75 * size_bytes / float(np.asarray(cost.time_s).ravel()[0]) / 1e9
     assert busbw == pytest.approx(busbw_gb_s, rel=0.02)
+
+
+# -- base: a spec that starts from another -------------------------------------------------------
+def _write(path: Path, text: str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def _dump_without(spec: HardwareSpec, *keys: str) -> dict[str, object]:
+    return {k: v for k, v in spec.model_dump().items() if k not in keys}
+
+
+def test_base_lays_the_file_over_the_named_spec_with_its_calibration(tmp_path: Path) -> None:
+    """`base: h100_sxm` plus a faster memory: H100 SXM's spec as it loads, its fitted
+    efficiency included, with that one number changed (the other memory keys kept: mappings
+    merge key by key) and the file's own id. A plain copy of h100_sxm.yaml, by contrast,
+    has no calibration beside it and runs the hand-written factors."""
+    path = _write(
+        tmp_path / "h100_fast_hbm.yaml",
+        "base: h100_sxm\nmemory:\n  bandwidth_bytes_per_s: 4.02 TB/s\n",
+    )
+    spec, h100 = load_hardware(path), load_hardware("h100_sxm")
+    assert spec.id == "h100_fast_hbm" and spec.name == h100.name
+    assert spec.memory.bandwidth_bytes_per_s == pytest.approx(4.02e12)
+    assert spec.memory.capacity_bytes == h100.memory.capacity_bytes
+    assert _dump_without(spec, "id", "memory") == _dump_without(h100, "id", "memory")
+    priors = load_hardware("h100_sxm", calibrated=False).efficiency.model_dump()
+    assert load_hardware(path, calibrated=False).efficiency.model_dump() == priors
+    assert priors != h100.efficiency.model_dump()
+    copy = _write(tmp_path / "copy.yaml", (SPEC_DIR / "h100_sxm.yaml").read_text("utf-8"))
+    assert load_hardware(copy).efficiency.model_dump() == priors
+
+
+def test_base_alone_predicts_what_its_base_does(tmp_path: Path) -> None:
+    path = _write(tmp_path / "same.yaml", "base: h100_sxm\n")
+    kw = dict(model="llama-3.1-8b", batch_size=8, input_len=2048, output_len=128)
+    ours = simulator.estimate(hardware=path, **kw)
+    theirs = simulator.estimate(hardware="h100_sxm", **kw)
+    assert (ours.ttft_s, ours.latency_s) == (theirs.ttft_s, theirs.latency_s)
+
+
+def test_base_by_relative_path_chained_and_with_attention_from(tmp_path: Path) -> None:
+    """A base by path relative to the file, over a spec that takes H100's attention
+    (h200_sxm): the attention comes along; a file that names its own donor takes the
+    donor's attention instead of its base's."""
+    _write(tmp_path / "a.yaml", "base: h200_sxm\nprice: {usd_per_hour: 2.5}\n")
+    path = _write(tmp_path / "sub" / "b.yaml", "base: ../a.yaml\npower: {tdp_w: 1000 W}\n")
+    spec = load_hardware(path)
+    assert (spec.price.usd_per_hour, spec.power.tdp_w) == (2.5, 1000.0)
+    h100 = load_hardware("h100_sxm").efficiency
+    assert spec.efficiency.attention.model_dump() == h100.attention.model_dump()
+    own = _write(
+        tmp_path / "c.yaml", "base: h200_sxm\nefficiency:\n  attention_from: a100_sxm_80gb\n"
+    )
+    a100 = load_hardware("a100_sxm_80gb").efficiency
+    donor = load_hardware(own).efficiency
+    assert donor.attention.model_dump() == a100.attention.model_dump()
+    assert donor.gemm.model_dump() == load_hardware("h200_sxm").efficiency.gemm.model_dump()
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("base: no_such_gpu\n", "unknown hardware id (known: "),
+        ("base: missing.yaml\n", "no such file"),
+        ("base: [h100_sxm]\n", "expected a hardware id or a path"),
+        ("base: loop.yaml\n", "base specs form a cycle (loop -> loop)"),
+    ],
+)
+def test_bad_hardware_base_names_the_file_and_field(tmp_path: Path, text: str, reason: str) -> None:
+    path = _write(tmp_path / "loop.yaml", text)
+    with pytest.raises(SpecError) as info:
+        load_hardware(path)
+    assert (info.value.source, info.value.field) == (path, "base")
+    assert reason in info.value.reason
+
+
+def test_error_in_the_base_spec_names_that_file(tmp_path: Path) -> None:
+    base = _write(tmp_path / "base.yaml", "base: h100_sxm\npower: {tdp_w: -5 W}\n")
+    path = _write(tmp_path / "child.yaml", "base: base.yaml\n")
+    with pytest.raises(SpecError) as info:
+        load_hardware(path)
+    assert (info.value.source, info.value.field) == (base, "power.tdp_w")
+
+
+def test_attention_donor_must_not_be_built_on_a_base(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A donor on a base could lead back to the spec asking (base -> donor -> base ...):
+    refused, naming the asking file's field."""
+    specs = tmp_path / "specs"
+    _write(specs / "derived_gpu.yaml", "base: h100_sxm\n")
+    monkeypatch.setenv("LLMSIM_HARDWARE_PATH", str(specs))
+    path = _write(
+        tmp_path / "asks.yaml", "base: a100_sxm_80gb\nefficiency:\n  attention_from: derived_gpu\n"
+    )
+    with pytest.raises(SpecError) as info:
+        load_hardware(path)
+    assert (info.value.source, info.value.field) == (path, "efficiency.attention_from")
+    assert "derived_gpu takes its attention from another device" in info.value.reason
