@@ -4,6 +4,9 @@
   tokens/s of the whole deployment (all TP GPUs). Rows compare seconds per output token
   (1 / throughput), so the error is that of the time to produce the benchmark's output.
 - `e2e_serving`: median TTFT and median TPOT of a run with Poisson arrivals at a request rate.
+- `e2e_latency`: static batches (one batch prefilled, then decoded to the output length, as
+  `llmsim bench latency` predicts it) against the time the published figure implies: the whole
+  batch from a throughput (batch x output length / tokens/s), or the first token of one prompt.
 
 Each row of `simulator/data/measured/e2e/*.csv` (provenance in the README there) is simulated
 with the setup its source states: engine profile closest to the published version, model,
@@ -43,7 +46,7 @@ from simulator.units import GiB
 from simulator.validate import data
 from simulator.validate.frame import finish
 
-THROUGHPUT, SERVING = "e2e_throughput", "e2e_serving"
+THROUGHPUT, SERVING, LATENCY = "e2e_throughput", "e2e_serving", "e2e_latency"
 SETUP_COLUMNS = [
     "source",
     "harness",
@@ -70,6 +73,22 @@ THROUGHPUT_COLUMNS = [
     "output_tokens_per_s",
 ]
 SERVING_COLUMNS = [*SETUP_COLUMNS, "request_rate", "median_ttft_ms", "median_tpot_ms"]
+LATENCY_COLUMNS = [
+    "source",
+    "harness",
+    "engine",
+    "engine_version",
+    "hardware",
+    "model",
+    "dtype",
+    "tensor_parallel",
+    "batch_size",
+    "input_len",
+    "output_len",
+    "gpu_memory_utilization",
+    "metric",
+    "published",
+]
 # Seconds of Poisson arrivals simulated per serving row: the medians are steady-state values
 # (60 s reproduce the published counts' medians within 3% on every bundled row).
 SERVING_WINDOW_S = 60.0
@@ -263,6 +282,79 @@ def serving_cases(measured: pd.DataFrame) -> pd.DataFrame:
     return finish(pd.DataFrame(rows), suite=SERVING, fitted=False)
 
 
+def measured_latency_s(row: pd.Series) -> float:
+    """Seconds of the static batch a published figure implies: batch x output length over
+    the deployment's output tokens/s (`output_tokens_per_s_per_gpu` x TP), or the first-token
+    latency of a one-token run (`first_token_ms`)."""
+    value = float(row["published"])
+    match row["metric"]:
+        case "output_tokens_per_s_per_gpu":
+            tokens = int(row["batch_size"]) * int(row["output_len"])
+            return tokens / (value * int(row["tensor_parallel"]))
+        case "first_token_ms" if int(row["output_len"]) == 1:
+            return value / 1e3
+        case "first_token_ms":
+            raise SpecError("first_token_ms needs output_len 1", field="output_len")
+        case other:
+            raise SpecError(
+                f"unknown metric {other!r} (output_tokens_per_s_per_gpu, first_token_ms)",
+                field="metric",
+            )
+
+
+def latency_cases(measured: pd.DataFrame) -> pd.DataFrame:
+    """One row per published static-batch run: the predicted latency of the whole batch
+    (`simulator.estimate`: all prompts prefilled in one step, as the engine ran them, then
+    output_len - 1 decode steps) against `measured_latency_s`; `kind` is `batch` (from a
+    throughput) or `first_token`. A run the memory plan cannot hold is listed in
+    `attrs["skipped"]` with the reason, not predicted."""
+    from simulator.api import estimate  # the package's API imports this module's package
+
+    rows, skipped = [], []
+    for _, row in measured.iterrows():
+        batch, isl, osl = int(row["batch_size"]), int(row["input_len"]), int(row["output_len"])
+        tp = int(row["tensor_parallel"])
+        case = f"{row['engine']} {row['model']} tp{tp} b{batch} {isl}/{osl}"
+        try:
+            result = estimate(
+                model=str(row["model"]),
+                hardware=str(row["hardware"]),
+                engine=str(row["engine"]),
+                batch_size=batch,
+                input_len=isl,
+                output_len=osl,
+                tensor_parallel_size=tp,
+                dtype=str(row["dtype"]),
+                max_num_seqs=batch,
+                max_num_batched_tokens=max(batch * isl, isl + osl),
+                enable_chunked_prefill=False,
+                gpu_memory_utilization=_optional(row["gpu_memory_utilization"]),
+                num_iters=1,
+            )
+        except SpecError as exc:
+            if exc.field != "batch_size":
+                raise
+            skipped.append(f"{case}: {exc.reason}")
+            continue
+        rows.append(
+            {
+                "device": row["hardware"],
+                "kind": "first_token" if row["metric"] == "first_token_ms" else "batch",
+                "case": case,
+                "predicted_s": result.latency_s,
+                "measured_s": measured_latency_s(row),
+                **{c: row[c] for c in ("source", "engine", "engine_version", "model")},
+                **{c: row[c] for c in ("tensor_parallel", "batch_size", "input_len")},
+                "output_len": osl,
+                "metric": row["metric"],
+                "published": float(row["published"]),
+            }
+        )
+    df = finish(pd.DataFrame(rows), suite=LATENCY, fitted=False)
+    df.attrs["skipped"] = skipped
+    return df
+
+
 @cache
 def _throughput_suite() -> pd.DataFrame:
     return throughput_cases(data.read_measured("e2e/throughput.csv", THROUGHPUT_COLUMNS))
@@ -271,6 +363,11 @@ def _throughput_suite() -> pd.DataFrame:
 @cache
 def _serving_suite() -> pd.DataFrame:
     return serving_cases(data.read_measured("e2e/serving.csv", SERVING_COLUMNS))
+
+
+@cache
+def _latency_suite() -> pd.DataFrame:
+    return latency_cases(data.read_measured("e2e/latency.csv", LATENCY_COLUMNS))
 
 
 def e2e_throughput_suite() -> pd.DataFrame:
@@ -283,3 +380,12 @@ def e2e_serving_suite() -> pd.DataFrame:
     """The `e2e_serving` suite on the bundled published serving runs (simulated once per
     process; a fresh copy each call)."""
     return _serving_suite().copy()
+
+
+def e2e_latency_suite() -> pd.DataFrame:
+    """The `e2e_latency` suite on the bundled published static-batch runs (a fresh copy each
+    call; the runs it cannot hold are in `attrs["skipped"]`)."""
+    df = _latency_suite()
+    out = df.copy()
+    out.attrs["skipped"] = list(df.attrs.get("skipped", []))
+    return out

@@ -16,7 +16,14 @@ import numpy as np
 import pandas as pd
 
 from simulator.errors import SpecError
-from simulator.validate.e2e import SERVING, THROUGHPUT, e2e_serving_suite, e2e_throughput_suite
+from simulator.validate.e2e import (
+    LATENCY,
+    SERVING,
+    THROUGHPUT,
+    e2e_latency_suite,
+    e2e_serving_suite,
+    e2e_throughput_suite,
+)
 from simulator.validate.elementwise import FIT as ELEMENTWISE_FIT
 from simulator.validate.elementwise import SUITE as ELEMENTWISE
 from simulator.validate.elementwise import elementwise_suite
@@ -34,7 +41,7 @@ SUITE_NAMES = (
     "ops", LAYERS, LAYERS_FIT,  # kernels, a layer's GEMMs (held out / fitted)
     ELEMENTWISE, ELEMENTWISE_FIT,  # a layer's memory-bound kernels (held out / fitted)
     "iteration", PREFILL, DECODE, ENGINE_FIT,  # engine steps (held out / fitted)
-    THROUGHPUT, SERVING,  # whole benchmarks against published results (held out)
+    THROUGHPUT, SERVING, LATENCY,  # whole benchmarks against published results (held out)
     POWER, POWER_FIT,  # board power (fractions of TDP, not time)
 )  # fmt: skip
 STAT_KEYS = ("mape_pct", "median_ape_pct", "p90_ape_pct", "worst_ape_pct")
@@ -119,6 +126,10 @@ def run_suites(names: list[str]) -> pd.DataFrame:
         frames.append(e2e_throughput_suite())
     if SERVING in needed:
         frames.append(e2e_serving_suite())
+    if LATENCY in needed:
+        lat = e2e_latency_suite()
+        skipped += list(lat.attrs.get("skipped", []))
+        frames.append(lat)
     if needed & {POWER, POWER_FIT}:
         pw = power_suite()
         skipped += list(pw.attrs.get("skipped", []))

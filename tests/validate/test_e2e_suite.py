@@ -15,12 +15,17 @@ from simulator.errors import SpecError
 from simulator.specs import load_engine, load_hardware, load_model
 from simulator.validate import data, run_validation
 from simulator.validate.e2e import (
+    LATENCY,
+    LATENCY_COLUMNS,
     SERVING,
     SERVING_COLUMNS,
     THROUGHPUT,
     THROUGHPUT_COLUMNS,
+    e2e_latency_suite,
     e2e_serving_suite,
     e2e_throughput_suite,
+    latency_cases,
+    measured_latency_s,
     serving_cases,
     trtllm_bench_settings,
 )
@@ -51,6 +56,81 @@ def test_bundled_rows_name_known_ids_and_a_source() -> None:
     assert (serve[["median_ttft_ms", "median_tpot_ms"]] > 0).all().all()
     fixed = tput[tput["dataset"] == "random"]
     assert (fixed[["input_len", "output_len"]] > 0).all().all()
+
+
+def test_bundled_static_batch_rows() -> None:
+    lat = data.read_measured("e2e/latency.csv", LATENCY_COLUMNS)
+    assert len(lat) >= 8 and set(lat["source"]) == {"S3"}
+    for column, load in (("hardware", load_hardware), ("model", load_model)):
+        for value in lat[column].unique():
+            load(value)
+    assert set(lat["engine"]) == {"trtllm-0.6"}
+    assert (lat["published"] > 0).all()
+    first = lat[lat["metric"] == "first_token_ms"]
+    assert len(first) == 4 and (first["output_len"] == 1).all() and (first["batch_size"] == 1).all()
+
+
+def test_measured_latency_from_the_published_figure() -> None:
+    """Llama 2 70B, TP4, 1280 x 128/128 at 670 output tokens/s per GPU: 1280 x 128 tokens over
+    4 x 670 tokens/s = 61.13 s; a first-token latency of 47 ms is 0.047 s."""
+    row = pd.Series(
+        {
+            "batch_size": 1280,
+            "output_len": 128,
+            "tensor_parallel": 4,
+            "published": 670.0,
+            "metric": "output_tokens_per_s_per_gpu",
+        },
+        dtype=object,
+    )
+    assert measured_latency_s(row) == pytest.approx(1280 * 128 / (4 * 670))
+    row["metric"], row["output_len"], row["published"] = "first_token_ms", 1, 47.0
+    assert measured_latency_s(row) == pytest.approx(0.047)
+    row["output_len"] = 2
+    with pytest.raises(SpecError, match="output_len 1"):
+        measured_latency_s(row)
+    row["metric"] = "requests_per_s"
+    with pytest.raises(SpecError, match="unknown metric"):
+        measured_latency_s(row)
+
+
+def test_static_batch_rows_are_bench_latency_of_the_whole_batch() -> None:
+    """Each row is `simulator.estimate` of the published batch with every prompt prefilled in
+    one step (the engine's static batch); a batch the memory plan cannot hold is skipped with
+    the reason instead of being predicted on a smaller one."""
+    import simulator
+
+    df = e2e_latency_suite()
+    assert set(df["suite"]) == {LATENCY} and not df["fitted"].any()
+    assert set(df["kind"]) == {"batch", "first_token"}
+    assert not df.duplicated(["device", "case"]).any()
+    row = df[df["case"] == "trtllm-0.6 llama-2-7b tp1 b384 128/128"].iloc[0]
+    expected = simulator.estimate(
+        model="llama-2-7b",
+        hardware="a100_sxm_80gb",
+        engine="trtllm-0.6",
+        batch_size=384,
+        input_len=128,
+        output_len=128,
+        dtype="float16",
+        max_num_seqs=384,
+        max_num_batched_tokens=384 * 128,
+        enable_chunked_prefill=False,
+        gpu_memory_utilization=1.0,
+    )
+    assert expected.prefill_steps.size == 1  # the whole batch in one prefill step
+    assert row["predicted_s"] == pytest.approx(expected.latency_s)
+    assert row["measured_s"] == pytest.approx(384 * 128 / 5586)
+    measured = data.read_measured("e2e/latency.csv", LATENCY_COLUMNS)
+    assert len(df) + len(df.attrs["skipped"]) == len(measured)
+    assert all("KV blocks" in reason for reason in df.attrs["skipped"])
+
+
+def test_static_batch_errors_other_than_fit_are_raised() -> None:
+    row = data.read_measured("e2e/latency.csv", LATENCY_COLUMNS).iloc[[0]].copy()
+    row["model"] = "no-such-model"
+    with pytest.raises(SpecError, match="unknown model"):
+        latency_cases(row)
 
 
 # -- trtllm-bench's settings rule -----------------------------------------------------------------
@@ -147,9 +227,9 @@ def test_an_unknown_dataset_is_a_spec_error() -> None:
 
 
 def test_suites_are_registered_and_run_by_default() -> None:
-    assert {THROUGHPUT, SERVING} <= set(SUITE_NAMES)
+    assert {THROUGHPUT, SERVING, LATENCY} <= set(SUITE_NAMES)
     assert resolve_suites([SERVING]) == [SERVING]
-    assert {THROUGHPUT, SERVING} <= set(resolve_suites(None))
+    assert {THROUGHPUT, SERVING, LATENCY} <= set(resolve_suites(None))
 
 
 # -- llmsim validate ----------------------------------------------------------------------------
@@ -180,12 +260,13 @@ COMMITTED_MAPE_PCT = {
     (THROUGHPUT, "mi300x"): 29.2,
     (SERVING, "a100_sxm_80gb"): 14.7,
     (SERVING, "h100_sxm"): 28.6,
+    (LATENCY, "a100_sxm_80gb"): 17.1,
 }
 
 
 @pytest.mark.slow
 def test_no_e2e_suite_doubles_its_committed_error() -> None:
-    summary, df = run_validation([THROUGHPUT, SERVING])
+    summary, df = run_validation([THROUGHPUT, SERVING, LATENCY])
     assert isinstance(df, pd.DataFrame)
     for (suite_name, device), committed in COMMITTED_MAPE_PCT.items():
         got = summary["suites"][suite_name]["by_device"][device]["mape_pct"]
