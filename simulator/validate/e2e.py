@@ -47,14 +47,10 @@ from simulator.validate import data
 from simulator.validate.frame import finish
 
 THROUGHPUT, SERVING, LATENCY = "e2e_throughput", "e2e_serving", "e2e_latency"
+# What every published run states: where it comes from and what ran.
+RUN_COLUMNS = ["source", "harness", "engine", "engine_version", "hardware", "model", "dtype"]
 SETUP_COLUMNS = [
-    "source",
-    "harness",
-    "engine",
-    "engine_version",
-    "hardware",
-    "model",
-    "dtype",
+    *RUN_COLUMNS,
     "quantization",
     "kv_cache_dtype",
     "tensor_parallel",
@@ -74,13 +70,7 @@ THROUGHPUT_COLUMNS = [
 ]
 SERVING_COLUMNS = [*SETUP_COLUMNS, "request_rate", "median_ttft_ms", "median_tpot_ms"]
 LATENCY_COLUMNS = [
-    "source",
-    "harness",
-    "engine",
-    "engine_version",
-    "hardware",
-    "model",
-    "dtype",
+    *RUN_COLUMNS,
     "tensor_parallel",
     "batch_size",
     "input_len",
