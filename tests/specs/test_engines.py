@@ -185,6 +185,16 @@ def test_shipped_profile_on_a_base_differs_only_where_it_says() -> None:
     assert (old.cuda_graph_max_tokens, old.gemm_library) == (160, "cublas-12.1")
 
 
+def test_trtllm_06_is_todays_trtllm_without_graphs_python_or_split() -> None:
+    """trtllm-0.6 (TensorRT engines in the C++ session) starts from trtllm and changes only
+    the host side and the decode split: launched from C++, no graphs, no per-request work."""
+    old, new = load_engine("trtllm-0.6"), load_engine("trtllm")
+    assert (old.cuda_graphs, old.cuda_graph_max_tokens, old.decode_split) == (False, 0, "none")
+    assert old.overhead.per_seq_s == 0 and old.overhead.launch_eager_s < new.overhead.launch_eager_s
+    same = ("scheduler", "attention_factor", "scalar_row_kernels", "gemm_library")
+    assert all(getattr(old, f) == getattr(new, f) for f in same)
+
+
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
