@@ -71,6 +71,8 @@ THROUGHPUT_COLUMNS = [
 SERVING_COLUMNS = [*SETUP_COLUMNS, "request_rate", "median_ttft_ms", "median_tpot_ms"]
 LATENCY_COLUMNS = [
     *RUN_COLUMNS,
+    "quantization",
+    "kv_cache_dtype",
     "tensor_parallel",
     "batch_size",
     "input_len",
@@ -304,7 +306,8 @@ def latency_cases(measured: pd.DataFrame) -> pd.DataFrame:
     for _, row in measured.iterrows():
         batch, isl, osl = int(row["batch_size"]), int(row["input_len"]), int(row["output_len"])
         tp = int(row["tensor_parallel"])
-        case = f"{row['engine']} {row['model']} tp{tp} b{batch} {isl}/{osl}"
+        quant = f" {row['quantization']}" if isinstance(row["quantization"], str) else ""
+        case = f"{row['engine']} {row['model']} tp{tp}{quant} b{batch} {isl}/{osl}"
         try:
             result = estimate(
                 model=str(row["model"]),
@@ -315,6 +318,8 @@ def latency_cases(measured: pd.DataFrame) -> pd.DataFrame:
                 output_len=osl,
                 tensor_parallel_size=tp,
                 dtype=str(row["dtype"]),
+                quantization=_optional(row["quantization"]),
+                kv_cache_dtype=str(row["kv_cache_dtype"]),
                 max_num_seqs=batch,
                 max_num_batched_tokens=max(batch * isl, isl + osl),
                 enable_chunked_prefill=False,

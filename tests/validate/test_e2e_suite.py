@@ -60,14 +60,21 @@ def test_bundled_rows_name_known_ids_and_a_source() -> None:
 
 def test_bundled_static_batch_rows() -> None:
     lat = data.read_measured("e2e/latency.csv", LATENCY_COLUMNS)
-    assert len(lat) >= 8 and set(lat["source"]) == {"S3"}
+    assert len(lat) >= 26 and set(lat["source"]) == {"S3"}
     for column, load in (("hardware", load_hardware), ("model", load_model)):
         for value in lat[column].unique():
             load(value)
     assert set(lat["engine"]) == {"trtllm-0.6"}
+    assert set(lat["hardware"]) == {"a100_sxm_80gb", "h100_sxm", "l40s"}
     assert (lat["published"] > 0).all()
     first = lat[lat["metric"] == "first_token_ms"]
-    assert len(first) == 4 and (first["output_len"] == 1).all() and (first["batch_size"] == 1).all()
+    assert len(first) == 10 and (first["output_len"] == 1).all()
+    assert (first["batch_size"] == 1).all()
+    # FP8 where the page's builds say --enable_fp8 --fp8_kv_cache (not on A100)
+    fp8 = lat["quantization"] == "fp8"
+    assert (lat.loc[fp8, "kv_cache_dtype"] == "fp8").all()
+    assert set(lat.loc[fp8, "hardware"]) == {"h100_sxm", "l40s"}
+    assert set(lat.loc[~fp8, "hardware"]) == {"a100_sxm_80gb"}
 
 
 def test_measured_latency_from_the_published_figure() -> None:
@@ -261,6 +268,8 @@ COMMITTED_MAPE_PCT = {
     (SERVING, "a100_sxm_80gb"): 14.7,
     (SERVING, "h100_sxm"): 28.6,
     (LATENCY, "a100_sxm_80gb"): 17.1,
+    (LATENCY, "h100_sxm"): 23.5,
+    (LATENCY, "l40s"): 6.4,
 }
 
 
