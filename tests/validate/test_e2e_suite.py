@@ -60,12 +60,12 @@ def test_bundled_rows_name_known_ids_and_a_source() -> None:
 
 def test_bundled_static_batch_rows() -> None:
     lat = data.read_measured("e2e/latency.csv", LATENCY_COLUMNS)
-    assert len(lat) >= 26 and set(lat["source"]) == {"S3"}
+    assert len(lat) >= 33 and set(lat["source"]) == {"S3", "S4"}
     for column, load in (("hardware", load_hardware), ("model", load_model)):
         for value in lat[column].unique():
             load(value)
     assert set(lat["engine"]) == {"trtllm-0.6"}
-    assert set(lat["hardware"]) == {"a100_sxm_80gb", "h100_sxm", "l40s"}
+    assert set(lat["hardware"]) == {"a100_sxm_80gb", "h100_sxm", "h200_sxm", "l40s"}
     assert (lat["published"] > 0).all()
     first = lat[lat["metric"] == "first_token_ms"]
     assert len(first) == 10 and (first["output_len"] == 1).all()
@@ -73,7 +73,7 @@ def test_bundled_static_batch_rows() -> None:
     # FP8 where the page's builds say --enable_fp8 --fp8_kv_cache (not on A100)
     fp8 = lat["quantization"] == "fp8"
     assert (lat.loc[fp8, "kv_cache_dtype"] == "fp8").all()
-    assert set(lat.loc[fp8, "hardware"]) == {"h100_sxm", "l40s"}
+    assert set(lat.loc[fp8, "hardware"]) == {"h100_sxm", "h200_sxm", "l40s"}
     assert set(lat.loc[~fp8, "hardware"]) == {"a100_sxm_80gb"}
 
 
@@ -270,6 +270,7 @@ COMMITTED_MAPE_PCT = {
     (LATENCY, "a100_sxm_80gb"): 17.1,
     (LATENCY, "h100_sxm"): 23.5,
     (LATENCY, "l40s"): 6.4,
+    (LATENCY, "h200_sxm"): 26.0,
 }
 
 
