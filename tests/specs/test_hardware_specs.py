@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clitools import run_cli
 
 import simulator
 from simulator.errors import SpecError
@@ -367,3 +368,19 @@ def test_attention_donor_must_not_be_built_on_a_base(
         load_hardware(path)
     assert (info.value.source, info.value.field) == (path, "efficiency.attention_from")
     assert "derived_gpu takes its attention from another device" in info.value.reason
+
+
+def test_cli_runs_a_spec_on_a_base_and_refuses_a_bad_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`llmsim hardware show` prints the derived spec under the file's id with the changed
+    bandwidth; an unknown base exits 2 with one line naming the file and `base`."""
+    path = _write(
+        tmp_path / "h100_hbm3e.yaml", "base: h100_sxm\nmemory: {bandwidth_bytes_per_s: 4.8 TB/s}\n"
+    )
+    code, out, _ = run_cli(capsys, "hardware", "show", path)
+    assert code == 0 and "(h100_hbm3e)" in out and "4.80 TB/s" in out
+    bad = _write(tmp_path / "bad.yaml", "base: h100_sxn\n")
+    code, out, err = run_cli(capsys, "hardware", "show", bad)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert err.startswith(f"llmsim: error: {bad}: base: unknown hardware id (known: ")
