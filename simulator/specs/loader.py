@@ -143,6 +143,22 @@ def _base_data(
     return base_data
 
 
+def _calibration(
+    path: Path, calibrated: bool, fitted: Any, key: str
+) -> tuple[dict[str, Any] | None, str]:
+    """The calibration laid over the spec in `path` and the name its errors go under: `fitted`
+    (a refit, named "<id> (refit)") when given, else `calibration/<file name>` beside the file
+    when `calibrated` and it exists, else None. It must hold only the `key` mapping."""
+    source = str(path.parent / CALIBRATION_DIR / path.name)
+    if fitted is None and calibrated and Path(source).is_file():
+        fitted = read_yaml(Path(source))
+    elif fitted is not None:
+        source = f"{path.stem} (refit)"
+    if fitted is not None and (not isinstance(fitted, dict) or set(fitted) != {key}):
+        raise SpecError(f"expected only an '{key}' mapping", source=source)
+    return fitted, source
+
+
 @cache
 def _load_hardware_file(path: Path, calibrated: bool) -> HardwareSpec:
     data, source = _hardware_data(path, calibrated)
@@ -181,15 +197,9 @@ def _hardware_data(
             base = {**base, "efficiency": base_eff}
         data = _merge(base, data)
     data = _sibling_attention({**data, "id": path.stem}, path, calibrated=calibrated)
-    source = str(path.parent / CALIBRATION_DIR / path.name)
-    if fitted is None and calibrated and Path(source).is_file():
-        fitted = read_yaml(Path(source))
-    elif fitted is not None:
-        source = f"{path.stem} (refit)"
+    fitted, source = _calibration(path, calibrated, fitted, "efficiency")
     if fitted is None:
         return data, str(path)
-    if not isinstance(fitted, dict) or set(fitted) != {"efficiency"}:
-        raise SpecError("expected only an 'efficiency' mapping", source=source)
     return _merge(data, fitted), source
 
 
@@ -346,16 +356,8 @@ def _engine_data(
     if base is not None:
         data = _merge(base, data)
     data["id"] = path.stem
-    source = str(path.parent / CALIBRATION_DIR / path.name)
-    if fitted is None and calibrated and Path(source).is_file():
-        fitted = read_yaml(Path(source))
-    elif fitted is not None:
-        source = f"{path.stem} (refit)"
-    if fitted is not None:
-        if not isinstance(fitted, dict) or set(fitted) != {"overhead"}:
-            raise SpecError("expected only an 'overhead' mapping", source=source)
-        data = _merge(data, fitted)
-    return data
+    fitted, _ = _calibration(path, calibrated, fitted, "overhead")
+    return data if fitted is None else _merge(data, fitted)
 
 
 def calibrated_engine(engine: str, fitted: Any) -> EngineSpec:

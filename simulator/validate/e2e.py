@@ -308,6 +308,7 @@ def latency_cases(measured: pd.DataFrame) -> pd.DataFrame:
         tp = int(row["tensor_parallel"])
         quant = f" {row['quantization']}" if isinstance(row["quantization"], str) else ""
         case = f"{row['engine']} {row['model']} tp{tp}{quant} b{batch} {isl}/{osl}"
+        measured_s = measured_latency_s(row)  # a bad metric fails even on a skipped row
         try:
             result = estimate(
                 model=str(row["model"]),
@@ -337,7 +338,7 @@ def latency_cases(measured: pd.DataFrame) -> pd.DataFrame:
                 "kind": "first_token" if row["metric"] == "first_token_ms" else "batch",
                 "case": case,
                 "predicted_s": result.latency_s,
-                "measured_s": measured_latency_s(row),
+                "measured_s": measured_s,
                 **{c: row[c] for c in ("source", "engine", "engine_version", "model")},
                 **{c: row[c] for c in ("tensor_parallel", "batch_size", "input_len")},
                 "output_len": osl,
@@ -380,7 +381,4 @@ def e2e_serving_suite() -> pd.DataFrame:
 def e2e_latency_suite() -> pd.DataFrame:
     """The `e2e_latency` suite on the bundled published static-batch runs (a fresh copy each
     call; the runs it cannot hold are in `attrs["skipped"]`)."""
-    df = _latency_suite()
-    out = df.copy()
-    out.attrs["skipped"] = list(df.attrs.get("skipped", []))
-    return out
+    return _latency_suite().copy()  # pandas copies attrs deeply: a fresh skipped list too

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,9 +12,10 @@ import yaml
 
 from simulator import calibrate
 from simulator.calibrate.check import drift, hardware_drifts
+from simulator.errors import SpecError
 from simulator.specs import load_hardware
 from simulator.specs.hardware import HardwareSpec
-from simulator.specs.loader import _merge, calibrated_hardware
+from simulator.specs.loader import _merge, calibrated_engine, calibrated_hardware
 
 CALIBRATED = ("h100_sxm", "a100_sxm_80gb")
 
@@ -188,3 +190,19 @@ def test_the_library_tile_is_chosen_by_the_fitted_models_layers() -> None:
         fit_rows["ape_pct"].mean(), rel=1e-9
     )
     assert hw.efficiency.gemm_libraries[LIBRARY].tile_m_min == 128
+
+
+@pytest.mark.parametrize(
+    ("refit", "key"),
+    [
+        (lambda fitted: calibrated_hardware("h100_sxm", fitted), "efficiency"),
+        (lambda fitted: calibrated_engine("vllm-0.2", fitted), "overhead"),
+    ],
+)
+def test_a_calibration_holding_other_keys_is_refused(refit: Any, key: str) -> None:
+    """A calibration may replace only what is fitted (a device's efficiency, an engine's CPU
+    overheads); anything else in it is an error naming the refit."""
+    with pytest.raises(SpecError) as info:
+        refit({key: {}, "scheduler": {}})
+    assert info.value.reason == f"expected only an '{key}' mapping"
+    assert info.value.source.endswith("(refit)")
