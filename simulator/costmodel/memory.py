@@ -3,7 +3,10 @@
 Mirrors how vLLM sizes its KV cache: usable = gpu_memory_utilization x capacity, minus the
 weights of the busiest device, minus the peak activation of a profiling forward pass with
 max_num_batched_tokens tokens (and the sampler's logits for max_num_seqs sequences), minus the
-engine's reserve (CUDA context, workspaces, graph pool); what remains holds KV blocks.
+engine's reserve (CUDA context, workspaces, graph pool); what remains holds KV blocks. Engines
+that take the fraction otherwise say so (`kv_budget`): SGLang's static pool holds weights and KV
+only (activations outside it), TensorRT-LLM's KV pool is a fraction of what is free once
+weights, activations and the reserve are allocated.
 
 With an offload spec (`costmodel.offload`), the weights it moves to host memory or NVMe leave
 the device and its staging buffers join it. A plan that does not fit names the smallest
@@ -27,7 +30,7 @@ from simulator.costmodel.offload import OffloadPlan, plan_offload
 from simulator.costmodel.ops import weight_bytes_per_param
 from simulator.errors import SpecError
 from simulator.specs.deployment import Parallelism, Precision
-from simulator.specs.engine import EngineSpec
+from simulator.specs.engine import EngineSpec, KvBudget
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import DTYPE_BYTES, GQAttention, ModelSpec
 from simulator.specs.offload import OffloadSpec
@@ -131,16 +134,17 @@ class MemoryPlan:
     staging_bytes: float = 0.0  # GPU buffers the offloaded weights pass through
     offload: OffloadPlan | None = None
     min_cpu_offload_gib: int | None = None  # the least --cpu-offload-gb that fits (no fit)
+    kv_budget: KvBudget = "total"  # what usable_bytes' fraction of capacity applies to
 
     @property
     def kv_cache_bytes(self) -> float:
-        return (
-            self.usable_bytes
-            - self.weights_bytes
-            - self.staging_bytes
-            - self.activation_bytes
-            - self.reserve_bytes
-        )
+        resident = self.weights_bytes + self.staging_bytes + self.reserve_bytes
+        if self.kv_budget == "static":  # activations live outside the static pool
+            return self.usable_bytes - resident
+        if self.kv_budget == "free":  # the fraction applies to what is left
+            fraction = self.usable_bytes / self.capacity_bytes
+            return fraction * (self.capacity_bytes - resident - self.activation_bytes)
+        return self.usable_bytes - resident - self.activation_bytes
 
     @property
     def fits(self) -> bool:
@@ -168,14 +172,26 @@ class MemoryPlan:
                 f" (+ {self.offloaded_bytes / g:.2f} GiB offloaded to {where})"
                 f" + staging {self.staging_bytes / g:.2f} GiB"
             )
+        weights = f"weights {self.weights_bytes / g:.2f} GiB{off}"
+        activations = f"activations {self.activation_bytes / g:.2f} GiB"
+        reserve = f"engine reserve {self.reserve_bytes / g:.2f} GiB"
+        if self.kv_budget == "static":
+            return (
+                f"{weights} + {reserve} vs {self.usable_bytes / g:.2f} GiB static pool of"
+                f" {self.capacity_bytes / g:.2f} GiB ({activations} outside it)"
+            )
+        if self.kv_budget == "free":
+            fraction = self.usable_bytes / self.capacity_bytes
+            return (
+                f"{weights} + {activations} + {reserve} of {self.capacity_bytes / g:.2f} GiB,"
+                f" KV pool {fraction:.2f} of the rest"
+            )
         return (
-            f"weights {self.weights_bytes / g:.2f} GiB{off}"
-            f" + activations {self.activation_bytes / g:.2f} GiB"
-            f" + engine reserve {self.reserve_bytes / g:.2f} GiB"
+            f"{weights} + {activations} + {reserve}"
             f" vs {self.usable_bytes / g:.2f} GiB usable of {self.capacity_bytes / g:.2f} GiB"
         )
 
-    def as_dict(self) -> dict[str, float | int | bool]:
+    def as_dict(self) -> dict[str, float | int | bool | str]:
         return {
             "capacity_bytes": self.capacity_bytes,
             "usable_bytes": self.usable_bytes,
@@ -189,6 +205,7 @@ class MemoryPlan:
             "kv_capacity_tokens": self.kv_capacity_tokens,
             "kv_capacity_blocks": self.kv_capacity_blocks,
             "block_size": self.block_size,
+            "kv_budget": self.kv_budget,
             "fits": self.fits,
         }
 
@@ -253,6 +270,7 @@ def plan_memory(
         reserve_bytes=engine.memory_reserve_bytes,
         kv_bytes_per_token=kv_bytes_per_token_per_device(model, layout, prec),
         block_size=sched.block_size,
+        kv_budget=sched.kv_budget,
     )
     offloaded = partial(with_offload, base, model, hw, layout, prec, max_tokens=max_tokens)
     plan = base

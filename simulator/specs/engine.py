@@ -7,6 +7,8 @@ engine keeps outside the KV cache, default scheduler knobs, and which quantized 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from simulator.specs._base import Bytes, Frozen, Seconds
@@ -21,6 +23,9 @@ class EngineOverhead(Frozen):
     graph_launch_s: Seconds = Field(ge=0, description="CPU cost of replaying one captured graph")
 
 
+KvBudget = Literal["total", "static", "free"]
+
+
 class SchedulerDefaults(Frozen):
     max_num_seqs: int = Field(gt=0)
     max_num_batched_tokens: int = Field(gt=0)
@@ -33,6 +38,16 @@ class SchedulerDefaults(Frozen):
     )
     block_size: int = Field(gt=0)
     gpu_memory_utilization: float = Field(gt=0, le=1)
+    kv_budget: KvBudget = Field(
+        default="total",
+        description="what gpu_memory_utilization is a fraction of when the KV pool is sized: "
+        "`total`: of the device's memory, which holds weights, activations, the engine's "
+        "reserve and the KV pool (vLLM's --gpu-memory-utilization); `static`: of the device's "
+        "memory, which holds weights, the reserve and the KV pool, activations living outside "
+        "it (SGLang's --mem-fraction-static); `free`: of the memory left once weights, "
+        "activations and the reserve are allocated (TensorRT-LLM's "
+        "--kv_cache_free_gpu_mem_fraction)",
+    )
 
 
 class EngineSpec(Frozen):

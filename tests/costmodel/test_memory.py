@@ -182,3 +182,46 @@ def test_lower_utilization_leaves_less_kv_cache() -> None:
         make_plan(gpu_memory_utilization=0.5).kv_capacity_tokens
         < make_plan(gpu_memory_utilization=0.9).kv_capacity_tokens
     )
+
+
+def test_each_engine_takes_its_memory_fraction_of_what_it_says() -> None:
+    """vLLM's fraction is of the whole device (activations inside it), SGLang's static pool
+    holds weights and KV only, TensorRT-LLM's KV pool is a fraction of what is left once
+    weights and activations are allocated: same model, device and fraction, three pools."""
+    for engine in ("vllm", "sglang", "trtllm"):
+        plan = make_plan(engine=engine, gpu_memory_utilization=0.9)
+        total, resident = plan.capacity_bytes, plan.weights_bytes + plan.reserve_bytes
+        expected = {
+            "vllm": 0.9 * total - resident - plan.activation_bytes,
+            "sglang": 0.9 * total - resident,
+            "trtllm": 0.9 * (total - resident - plan.activation_bytes),
+        }[engine]
+        assert plan.kv_budget == {"vllm": "total", "sglang": "static", "trtllm": "free"}[engine]
+        assert plan.kv_cache_bytes == pytest.approx(expected)
+        assert plan.as_dict()["kv_budget"] == plan.kv_budget
+
+
+@pytest.mark.parametrize(
+    ("engine", "words"),
+    [
+        ("vllm", "GiB usable of"),
+        ("sglang", "static pool of"),
+        ("trtllm", "KV pool 0.90 of the rest"),
+    ],
+)
+def test_memory_summary_says_how_the_pool_was_sized(engine: str, words: str) -> None:
+    plan = make_plan("llama-3.1-405b", "rtx_4090", engine=engine)
+    with pytest.raises(SpecError) as info:
+        require_fit(plan, what="llama-3.1-405b on rtx_4090")
+    assert words in str(info.value)
+
+
+def test_free_budget_shrinks_with_activations_a_static_one_does_not() -> None:
+    """More tokens per step means a larger activation peak: it comes out of vLLM's and
+    TensorRT-LLM's KV pools (all of it, and 0.9 of it), not out of SGLang's static pool."""
+    for engine, share in (("vllm", 1.0), ("trtllm", 0.9), ("sglang", 0.0)):
+        small = make_deployment(engine=engine).memory(max_num_batched_tokens=2048)
+        large = make_deployment(engine=engine).memory(max_num_batched_tokens=16384)
+        grown = large.activation_bytes - small.activation_bytes
+        assert grown > 0
+        assert small.kv_cache_bytes - large.kv_cache_bytes == pytest.approx(share * grown)

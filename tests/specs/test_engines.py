@@ -187,12 +187,16 @@ def test_shipped_profile_on_a_base_differs_only_where_it_says() -> None:
 
 def test_trtllm_06_is_todays_trtllm_without_graphs_python_or_split() -> None:
     """trtllm-0.6 (TensorRT engines in the C++ session) starts from trtllm and changes only
-    the host side and the decode split: launched from C++, no graphs, no per-request work."""
+    the host side, the decode split and the KV memory: launched from C++, no graphs, no
+    per-request work, and the batch's non-paged KV in all the free memory."""
     old, new = load_engine("trtllm-0.6"), load_engine("trtllm")
     assert (old.cuda_graphs, old.cuda_graph_max_tokens, old.decode_split) == (False, 0, "none")
     assert old.overhead.per_seq_s == 0 and old.overhead.launch_eager_s < new.overhead.launch_eager_s
-    same = ("scheduler", "attention_factor", "scalar_row_kernels", "gemm_library")
+    same = ("attention_factor", "scalar_row_kernels", "gemm_library")
     assert all(getattr(old, f) == getattr(new, f) for f in same)
+    memory = {"gpu_memory_utilization": 1.0}
+    assert old.scheduler == new.scheduler.model_copy(update=memory)
+    assert old.scheduler.kv_budget == new.scheduler.kv_budget == "free"
 
 
 @pytest.mark.parametrize(
