@@ -205,6 +205,28 @@ def test_bench_latency_flags_reach_the_model(capsys: pytest.CaptureFixture[str])
     assert fp8["tpot_s"] < base["tpot_s"]
 
 
+def test_bench_latency_memory_fraction_means_what_the_engine_says(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--gpu-memory-utilization is SGLang's --mem-fraction-static under --engine sglang: the
+    static pool holds weights and KV, so the activations do not come out of the KV cache."""
+    args = [*LATENCY, "--output-len", "8", "--gpu-memory-utilization", "0.85"]
+    vllm = run_json(capsys, *args, "--json")["memory"]
+    sglang = run_json(capsys, *args, "--engine", "sglang", "--json")["memory"]
+    assert (vllm["kv_budget"], sglang["kv_budget"]) == ("total", "static")
+    static = 0.85 * sglang["capacity_bytes"] - sglang["weights_bytes"] - sglang["reserve_bytes"]
+    assert sglang["kv_cache_bytes"] == pytest.approx(static)
+    assert vllm["kv_cache_bytes"] == pytest.approx(
+        0.85 * vllm["capacity_bytes"]
+        - vllm["weights_bytes"]
+        - vllm["reserve_bytes"]
+        - vllm["activation_bytes"]
+    )
+    code, out, err = run_cli(capsys, *args, "--engine", "sglang")
+    assert (code, err) == (0, "")
+    assert "static pool of" in out
+
+
 # -- bad input: exit 2, one line, no traceback ----------------------------------------------------
 
 
