@@ -9,7 +9,7 @@ against optional SLOs. The JSON schema is `Scenario.model_json_schema()`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -21,7 +21,14 @@ from simulator.serving.speculative import SpeculativeSpec
 from simulator.serving.workload import TraceDataset, WorkloadSpec
 from simulator.specs._base import Frozen, Watts
 from simulator.specs.deployment import Quantization
-from simulator.specs.loader import read_yaml, validate
+from simulator.specs.loader import (
+    beside,
+    list_engines,
+    list_hardware,
+    list_models,
+    read_yaml,
+    validate,
+)
 from simulator.specs.offload import ExpertOffloadSpec, OffloadSpec
 
 
@@ -179,12 +186,32 @@ class Scenario(Frozen):
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario YAML; a trace path inside it is relative to the file."""
+    """Read and validate a scenario YAML; the files it names are relative to it (see
+    `resolve_paths`)."""
     path = Path(path)
-    scenario = validate(Scenario, read_yaml(path), source=str(path))
+    return resolve_paths(validate(Scenario, read_yaml(path), source=str(path)), path.parent)
+
+
+def resolve_paths(scenario: Scenario, folder: Path) -> Scenario:
+    """`scenario` as read from a file in `folder`: a relative trace path is joined to it, and
+    so is a model config, hardware spec, engine profile or draft model given as a relative path
+    to a file there (ids, and paths to files not there, stay as they are)."""
+    models = list_models()
+    update: dict[str, Any] = {"model": beside(folder, scenario.model, models)}
     ds = scenario.workload.dataset
     if isinstance(ds, TraceDataset) and not ds.path.is_absolute():
-        resolved = ds.model_copy(update={"path": path.parent / ds.path})
-        workload = scenario.workload.model_copy(update={"dataset": resolved})
-        scenario = scenario.model_copy(update={"workload": workload})
-    return scenario
+        resolved = ds.model_copy(update={"path": folder / ds.path})
+        update["workload"] = scenario.workload.model_copy(update={"dataset": resolved})
+    groups = []
+    for group in scenario.replicas:
+        changes: dict[str, Any] = {
+            "hardware": beside(folder, group.hardware, list_hardware()),
+            "engine": beside(folder, group.engine, list_engines()),
+        }
+        spec = group.speculative
+        if spec is not None and spec.model is not None:
+            draft = beside(folder, spec.model, models)
+            changes["speculative"] = spec.model_copy(update={"model": draft})
+        groups.append(group.model_copy(update=changes))
+    update["replicas"] = groups
+    return scenario.model_copy(update=update)

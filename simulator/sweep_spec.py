@@ -20,8 +20,8 @@ The runs are every grid point x every zip row x every random sample. A path is d
 the scenario mapping, list indices as numbers (`replicas.0.tensor_parallel_size`); mappings missing
 on the way are created. A top-level path that names a replica-group field (`hardware`, `engine`,
 `count`, `tensor_parallel_size`, ..., `scheduler.max_num_seqs`) applies to every replica group. A
-trace path in the base (or set by the sweep) is relative to the base scenario file, as in
-`load_scenario`.
+trace path, model config, hardware spec or engine profile file in the base (or set by the sweep)
+is relative to the base scenario file, as in `load_scenario`.
 
 A run's id is the first 12 hex digits of the sha256 of its resolved scenario (validated, defaults
 left out, canonical JSON, the base name as its name); the run's scenario is named
@@ -44,8 +44,7 @@ import yaml
 from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
 from simulator.errors import SpecError
-from simulator.scenario import ReplicaGroupSpec, Scenario
-from simulator.serving.workload import TraceDataset
+from simulator.scenario import ReplicaGroupSpec, Scenario, resolve_paths
 from simulator.specs._base import Frozen
 from simulator.specs.loader import read_yaml, validate
 
@@ -179,24 +178,14 @@ def expand(spec: SweepSpec) -> list[SweepRun]:
 
 
 def _base(spec: SweepSpec) -> tuple[dict[str, Any], Path]:
-    """The base scenario mapping (a trace path made absolute) and the folder it lives in."""
+    """The base scenario mapping and the folder the files it names are relative to."""
     if isinstance(spec.base, dict):
-        return _absolute_trace_path(copy.deepcopy(spec.base), spec._root), spec._root
+        return copy.deepcopy(spec.base), spec._root
     path = spec._root / spec.base
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise SpecError("expected a scenario mapping", source=str(path))
-    return _absolute_trace_path(data, path.parent), path.parent
-
-
-def _absolute_trace_path(data: dict[str, Any], root: Path) -> dict[str, Any]:
-    workload = data.get("workload")
-    dataset = workload.get("dataset") if isinstance(workload, dict) else None
-    if isinstance(dataset, dict) and dataset.get("name") == "trace":
-        trace = dataset.get("path")
-        if isinstance(trace, str) and not Path(trace).is_absolute():
-            dataset["path"] = str(root / trace)
-    return data
+    return data, path.parent
 
 
 def _points(spec: SweepSpec) -> list[dict[str, Any]]:
@@ -232,12 +221,7 @@ def _resolve(base: dict[str, Any], values: dict[str, Any], root: Path) -> SweepR
         scenario = validate(Scenario, data, source="scenario")
     except SpecError as exc:
         return SweepRun(run_id=_digest(data), values=values, scenario=data, error=exc.line())
-    ds = scenario.workload.dataset
-    if isinstance(ds, TraceDataset) and not ds.path.is_absolute():
-        workload = scenario.workload.model_copy(
-            update={"dataset": ds.model_copy(update={"path": root / ds.path})}
-        )
-        scenario = scenario.model_copy(update={"workload": workload})
+    scenario = resolve_paths(scenario, root)
     run_id = _digest(scenario.model_dump(mode="json", exclude_defaults=True))
     resolved = scenario.model_dump(mode="json")
     resolved["name"] = f"{scenario.name}-{run_id}"

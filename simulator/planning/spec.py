@@ -26,7 +26,14 @@ from simulator.serving.workload import DatasetSpec, TraceDataset, WorkloadSpec
 from simulator.specs import load_engine, load_hardware, load_model
 from simulator.specs._base import Frozen
 from simulator.specs.deployment import Quantization
-from simulator.specs.loader import read_yaml, validate
+from simulator.specs.loader import (
+    beside,
+    list_engines,
+    list_hardware,
+    list_models,
+    read_yaml,
+    validate,
+)
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # what vLLM's --goodput accepts
@@ -317,14 +324,23 @@ class PlanSpec(Frozen):
 
 def load_plan(path: str | Path) -> PlanSpec:
     """Read and validate a plan YAML: its fields, then every id it names (model, hardware,
-    engines). A trace path inside it is relative to the file."""
+    engines). A trace path inside it is relative to the file, and so is a model config,
+    hardware spec or engine profile given as a relative path to a file there."""
     path = Path(path)
+    folder = path.parent
     spec = validate(PlanSpec, read_yaml(path), source=str(path))
+    update: dict[str, Any] = {"model": beside(folder, spec.model, list_models())}
     ds = spec.workload.dataset
     if isinstance(ds, TraceDataset) and not ds.path.is_absolute():
-        resolved = ds.model_copy(update={"path": path.parent / ds.path})
-        workload = spec.workload.model_copy(update={"dataset": resolved})
-        spec = spec.model_copy(update={"workload": workload})
+        resolved = ds.model_copy(update={"path": folder / ds.path})
+        update["workload"] = spec.workload.model_copy(update={"dataset": resolved})
+    cands = spec.candidates
+    hardware = [
+        h.model_copy(update={"id": beside(folder, h.id, list_hardware())}) for h in cands.hardware
+    ]
+    engines = [beside(folder, e, list_engines()) for e in cands.engine]
+    update["candidates"] = cands.model_copy(update={"hardware": hardware, "engine": engines})
+    spec = spec.model_copy(update=update)
     check_ids(spec, source=str(path))
     return spec
 

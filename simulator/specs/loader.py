@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -71,6 +71,15 @@ def validate(model: type[T], data: Any, *, source: str) -> T:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, source=source) from None
+
+
+def beside(folder: Path, ref: str, known: Iterable[str]) -> str:
+    """`ref` read from a file in `folder`: a relative path to a file or folder there is joined
+    to `folder`; an id in `known`, an absolute path and anything not found there stay as they
+    are (ids, and paths from the working directory)."""
+    if ref in known or Path(ref).is_absolute() or not (folder / ref).exists():
+        return ref
+    return str(folder / ref)
 
 
 # -- hardware ---------------------------------------------------------------------------------
