@@ -263,6 +263,7 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
         "llama-9-1t",
     ),
     "unknown-model-in-show": (lambda p: ["models", "show", "gpt-17"], "unknown model id"),
+    "empty-model": (lambda p: ["models", "show", ""], "unknown model id"),  # not ./config.json
     "malformed-hardware-yaml": (
         lambda p: [*GEMM, "--hardware", _broken_yaml(p)],
         "broken.yaml",

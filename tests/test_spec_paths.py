@@ -72,6 +72,7 @@ def test_ids_absolute_paths_and_missing_files_stay_as_given(tmp_path: Path) -> N
     assert beside(folder, "h100_sxm", list_hardware()) == "h100_sxm"
     assert beside(folder, absolute, list_hardware()) == absolute
     assert beside(folder, "elsewhere/gpu.yaml", list_hardware()) == "elsewhere/gpu.yaml"
+    assert beside(folder, "", list_hardware()) == ""  # not the folder itself
     data = _scenario(model="llama-3.1-8b", replicas=[{"hardware": "h100_sxm"}])
     scenario = load_scenario(write_yaml(folder / "ids.yaml", data))
     assert (scenario.model, scenario.replicas[0].hardware) == ("llama-3.1-8b", "h100_sxm")

@@ -77,7 +77,7 @@ def beside(folder: Path, ref: str, known: Iterable[str]) -> str:
     """`ref` read from a file in `folder`: a relative path to a file or folder there is joined
     to `folder`; an id in `known`, an absolute path and anything not found there stay as they
     are (ids, and paths from the working directory)."""
-    if ref in known or Path(ref).is_absolute() or not (folder / ref).exists():
+    if not ref or ref in known or Path(ref).is_absolute() or not (folder / ref).exists():
         return ref
     return str(folder / ref)
 
@@ -308,7 +308,7 @@ def load_model(model: str) -> ModelSpec:
     if builtin.is_file():
         return _load_model_file(builtin, model)
     path = Path(model)
-    if path.suffix == ".json" or path.is_file() or path.is_dir():
+    if model and (path.suffix == ".json" or path.is_file() or path.is_dir()):
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
