@@ -18,7 +18,7 @@ from simulator.serving.kv_tiers import KVOffloadSpec, kv_offload_problem
 from simulator.serving.kv_transfer import KVTransferSpec
 from simulator.serving.router import RouterSpec
 from simulator.serving.speculative import SpeculativeSpec
-from simulator.serving.workload import TraceDataset, WorkloadSpec
+from simulator.serving.workload import DatasetSpec, TraceDataset, WorkloadSpec
 from simulator.specs._base import Frozen, Watts
 from simulator.specs.deployment import Quantization
 from simulator.specs.loader import (
@@ -196,22 +196,30 @@ def resolve_paths(scenario: Scenario, folder: Path) -> Scenario:
     """`scenario` as read from a file in `folder`: a relative trace path is joined to it, and
     so is a model config, hardware spec, engine profile or draft model given as a relative path
     to a file there (ids, and paths to files not there, stay as they are)."""
-    models = list_models()
-    update: dict[str, Any] = {"model": beside(folder, scenario.model, models)}
-    ds = scenario.workload.dataset
-    if isinstance(ds, TraceDataset) and not ds.path.is_absolute():
-        resolved = ds.model_copy(update={"path": folder / ds.path})
-        update["workload"] = scenario.workload.model_copy(update={"dataset": resolved})
+    models, hardware, engines = list_models(), list_hardware(), list_engines()
     groups = []
     for group in scenario.replicas:
         changes: dict[str, Any] = {
-            "hardware": beside(folder, group.hardware, list_hardware()),
-            "engine": beside(folder, group.engine, list_engines()),
+            "hardware": beside(folder, group.hardware, hardware),
+            "engine": beside(folder, group.engine, engines),
         }
         spec = group.speculative
         if spec is not None and spec.model is not None:
             draft = beside(folder, spec.model, models)
             changes["speculative"] = spec.model_copy(update={"model": draft})
         groups.append(group.model_copy(update=changes))
-    update["replicas"] = groups
+    update = {
+        "model": beside(folder, scenario.model, models),
+        "workload": scenario.workload.model_copy(
+            update={"dataset": dataset_beside(scenario.workload.dataset, folder)}
+        ),
+        "replicas": groups,
+    }
     return scenario.model_copy(update=update)
+
+
+def dataset_beside(ds: DatasetSpec, folder: Path) -> DatasetSpec:
+    """`ds` as read from a file in `folder`: a relative trace path joined to it."""
+    if not isinstance(ds, TraceDataset) or ds.path.is_absolute():
+        return ds
+    return ds.model_copy(update={"path": folder / ds.path})

@@ -19,10 +19,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from simulator.errors import SpecError
-from simulator.scenario import SchedulerOverrides
+from simulator.scenario import SchedulerOverrides, dataset_beside
 from simulator.serving.kv_transfer import KVTransferSpec
 from simulator.serving.router import RouterSpec
-from simulator.serving.workload import DatasetSpec, TraceDataset, WorkloadSpec
+from simulator.serving.workload import DatasetSpec, WorkloadSpec
 from simulator.specs import load_engine, load_hardware, load_model
 from simulator.specs._base import Frozen
 from simulator.specs.deployment import Quantization
@@ -329,17 +329,16 @@ def load_plan(path: str | Path) -> PlanSpec:
     path = Path(path)
     folder = path.parent
     spec = validate(PlanSpec, read_yaml(path), source=str(path))
-    update: dict[str, Any] = {"model": beside(folder, spec.model, list_models())}
-    ds = spec.workload.dataset
-    if isinstance(ds, TraceDataset) and not ds.path.is_absolute():
-        resolved = ds.model_copy(update={"path": folder / ds.path})
-        update["workload"] = spec.workload.model_copy(update={"dataset": resolved})
-    cands = spec.candidates
-    hardware = [
-        h.model_copy(update={"id": beside(folder, h.id, list_hardware())}) for h in cands.hardware
-    ]
-    engines = [beside(folder, e, list_engines()) for e in cands.engine]
-    update["candidates"] = cands.model_copy(update={"hardware": hardware, "engine": engines})
+    cands, known_hw, known_engines = spec.candidates, list_hardware(), list_engines()
+    hardware = [h.model_copy(update={"id": beside(folder, h.id, known_hw)}) for h in cands.hardware]
+    engines = [beside(folder, e, known_engines) for e in cands.engine]
+    update = {
+        "model": beside(folder, spec.model, list_models()),
+        "workload": spec.workload.model_copy(
+            update={"dataset": dataset_beside(spec.workload.dataset, folder)}
+        ),
+        "candidates": cands.model_copy(update={"hardware": hardware, "engine": engines}),
+    }
     spec = spec.model_copy(update=update)
     check_ids(spec, source=str(path))
     return spec
