@@ -24,8 +24,8 @@ demo: $(STAMP)
 	$(BIN)/llmsim run scenarios/quickstart.yaml
 
 lint: $(DEVSTAMP)
-	$(BIN)/ruff check simulator tests benchmarks
-	$(BIN)/ruff format --check simulator tests benchmarks
+	$(BIN)/ruff check simulator tests benchmarks tools
+	$(BIN)/ruff format --check simulator tests benchmarks tools
 
 typecheck: $(DEVSTAMP)
 	$(BIN)/mypy

@@ -19,6 +19,8 @@ MEASURED_DIR = DATA_DIR / "measured"
 
 # aiconfigurator's system folder -> our hardware id
 AIC_DEVICES = {"a100_sxm": "a100_sxm_80gb", "h100_sxm": "h100_sxm"}
+# this project's own GEMM timings (tools/measure_gpu.py) folder -> hardware id
+LLMSIM_DEVICES = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm"}
 # Vidur's profiling folder -> hardware id (Vidur profiled SXM parts in 8-GPU nodes)
 VIDUR_DEVICES = {"a100": "a100_sxm_80gb", "h100": "h100_sxm"}
 # Vidur's file stem -> a short model name for case strings (not all are catalogue ids)
@@ -101,6 +103,15 @@ def aiconfigurator(device: str, table: str) -> pd.DataFrame:
     if table not in AIC_COLUMNS:
         raise SpecError(f"unknown table {table!r} ({', '.join(AIC_COLUMNS)})", field="table")
     return read_measured(f"aiconfigurator/{device}/{table}.csv", AIC_COLUMNS[table])
+
+
+def llmsim_gemm(device: str) -> pd.DataFrame:
+    """The GEMMs this project timed on one device folder (`h100_sxm`, `h200_sxm`) with
+    tools/measure_gpu.py: aiconfigurator's `gemm` columns; the fp8 rows are the scaled GEMM
+    alone, without an activation-quantisation kernel."""
+    if device not in LLMSIM_DEVICES:
+        raise SpecError(f"unknown device {device!r} ({', '.join(LLMSIM_DEVICES)})", field="device")
+    return read_measured(f"llmsim/{device}/gemm.csv", AIC_COLUMNS["gemm"])
 
 
 def vidur_files(device: str) -> list[Path]:
