@@ -17,7 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from simulator.calibrate.families import FAMILIES, LIBRARY_FAMILY
+from simulator.calibrate.families import (
+    FAMILIES,
+    LIBRARY_FAMILY,
+    MEASURED_DEVICE_FAMILY,
+    MEASURED_LIBRARY,
+    MEASURED_LIBRARY_FAMILIES,
+)
 from simulator.calibrate.fit import predict
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
@@ -57,18 +63,30 @@ def drift(family: str, committed: np.ndarray, refit: np.ndarray) -> Drift:
     return Drift(family, int(pct.size), float(pct.mean()), float(np.percentile(pct, 99)))
 
 
-def family_predictions(hw: HardwareSpec, device: str) -> dict[str, np.ndarray]:
+def family_predictions(hw: HardwareSpec, device: str | None) -> dict[str, np.ndarray]:
     """Predicted seconds of every row each family was fitted to, as it was fitted: the
-    operator families without the data ceiling (their GEMMs ran on uninitialised weights),
-    the GEMM library with it and under that library."""
-    raw = hw.without_data_ceiling()
-    out = {f.name: predict(groups, raw) for f in FAMILIES if (groups := f.rows(raw, device))}
-    if groups := LIBRARY_FAMILY.rows(hw, device):
-        out[LIBRARY_FAMILY.name] = predict(groups, hw.with_gemm(hw.efficiency.gemm_for(LIBRARY)))
+    aiconfigurator families of `device` without the data ceiling (their GEMMs ran on
+    uninitialised weights; a device without them: its own GEMM timings, with it), each GEMM
+    library with it and under that library."""
+    out: dict[str, np.ndarray] = {}
+    if device is None:
+        if groups := MEASURED_DEVICE_FAMILY.rows(hw, hw.id):
+            out[MEASURED_DEVICE_FAMILY.name] = predict(groups, hw)
+    else:
+        raw = hw.without_data_ceiling()
+        out |= {f.name: predict(groups, raw) for f in FAMILIES if (groups := f.rows(raw, device))}
+        if groups := LIBRARY_FAMILY.rows(hw, device):
+            out[LIBRARY_FAMILY.name] = predict(groups, hw.with_gemm_library(LIBRARY))
+    measured = hw.with_gemm_library(MEASURED_LIBRARY)
+    for family in MEASURED_LIBRARY_FAMILIES:
+        if groups := family.rows(measured, hw.id):
+            out[family.name] = predict(groups, measured)
     return out
 
 
-def hardware_drifts(committed: HardwareSpec, refit: HardwareSpec, device: str) -> list[Drift]:
+def hardware_drifts(
+    committed: HardwareSpec, refit: HardwareSpec, device: str | None
+) -> list[Drift]:
     """One Drift per family with rows on `device`."""
     before = family_predictions(committed, device)
     after = family_predictions(refit, device)

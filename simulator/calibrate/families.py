@@ -19,6 +19,8 @@ import pandas as pd
 from simulator.specs.hardware import HardwareSpec, RowKernel
 from simulator.validate import data
 from simulator.validate.elementwise import elementwise_groups
+from simulator.validate.gemm_library import LIBRARY as MEASURED_LIBRARY
+from simulator.validate.gemm_library import device_groups
 from simulator.validate.layers import LIBRARY, projection_groups
 from simulator.validate.operators import Group, attention_groups, collective_groups, gemm_groups
 
@@ -217,4 +219,44 @@ LIBRARY_FAMILY = Family(
         *_knots("gemm.size_curve", FLOP_KNOTS, elasticity=0.9),
     ),
     {"gemm.size_curve": FLOP_KNOTS},
+)
+
+
+# The GEMM library this project timed (`validate.gemm_library`: cuBLAS 13.1 through PyTorch 2.11,
+# tools/measure_gpu.py), fitted on the device's calibrated spec after the above (`fit.calibrate`):
+# its bf16 peak fraction and size curve, then its fp8 peak fraction, size curve and fixed cost
+# (these fp8 rows are the scaled GEMM alone: no quantisation factors to fit). On a device with no
+# aiconfigurator data, MEASURED_DEVICE_FAMILY first fits the device's own 16-bit GEMM factors
+# (as `gemm_bf16` does from aiconfigurator's vLLM GEMMs, whose bf16 kernels are cuBLAS's too).
+def _measured_rows(dtype: str) -> Callable[[HardwareSpec, str], list[Group]]:
+    def rows(hw: HardwareSpec, device: str) -> list[Group]:
+        return device_groups(hw, dtype)
+
+    return rows
+
+
+_GEMM_BF16 = next(f for f in FAMILIES if f.name == "gemm_bf16")
+MEASURED_DEVICE_FAMILY = Family(
+    _GEMM_BF16.name, _measured_rows("bf16"), _GEMM_BF16.params, _GEMM_BF16.curves
+)
+MEASURED_LIBRARY_FAMILIES = (
+    Family(
+        f"gemm_{MEASURED_LIBRARY}_bf16",
+        _measured_rows("bf16"),
+        (
+            Param("gemm.peak_fraction.bf16", 0.8, 0.3, 1.0),
+            *_knots("gemm.size_curve", FLOP_KNOTS, elasticity=0.9),
+        ),
+        {"gemm.size_curve": FLOP_KNOTS},
+    ),
+    Family(
+        f"gemm_{MEASURED_LIBRARY}_fp8",
+        _measured_rows("fp8"),
+        (
+            Param("gemm.peak_fraction.fp8", 0.7, 0.1, 1.0),
+            Param("gemm.extra_latency_s.fp8", 1 * _US, 0.0, 50 * _US),
+            *_knots("gemm.size_curves.fp8", FLOP_KNOTS, elasticity=0.9),
+        ),
+        {"gemm.size_curves.fp8": FLOP_KNOTS},
+    ),
 )

@@ -18,6 +18,9 @@ from simulator.calibrate.families import (
     FAMILIES,
     LIBRARY_FAMILY,
     LIBRARY_TILES_M_MIN,
+    MEASURED_DEVICE_FAMILY,
+    MEASURED_LIBRARY,
+    MEASURED_LIBRARY_FAMILIES,
     TILE_MARGIN_PCT,
     Family,
 )
@@ -205,14 +208,69 @@ def calibrate_library(hw: HardwareSpec) -> tuple[GemmLibrary | None, FitReport]:
     return library, report
 
 
-def calibrate(hw_id: str, device: str) -> tuple[EfficiencySpec, list[FitReport]]:
-    """Fit every family in order on the hand-written spec of `hw_id` (no overlay), as the
-    operator data were measured (GEMMs on uninitialised weights: no data ceiling, which the
-    returned efficiency keeps); then, on that result, the GEMM library of LIBRARY_FAMILY
-    where the device has measurements of it (`efficiency.gemm_libraries`)."""
-    base = load_hardware(hw_id, calibrated=False)
-    hw = base.without_data_ceiling()
+def calibrate_measured_library(hw: HardwareSpec) -> tuple[GemmLibrary | None, list[FitReport]]:
+    """Fit MEASURED_LIBRARY_FAMILIES' GEMM library (this project's timings of `hw`) on the
+    calibrated spec `hw`, its data ceiling kept (the GEMMs ran on random data); None where this
+    project has not measured the device. fp16 takes bf16's peak fraction, int8 fp8's (the same
+    tensor paths)."""
     reports = []
+    fitted = hw
+    for family in MEASURED_LIBRARY_FAMILIES:
+        fitted, report = fit_family(fitted, hw.id, family)
+        reports.append(report)
+    if not any(r.rows for r in reports):
+        return None, reports
+    gemm = fitted.efficiency.gemm
+    peaks = {"bf16": gemm.peak_fraction["bf16"], "fp16": gemm.peak_fraction["bf16"]}
+    if "fp8" in gemm.size_curves:
+        peaks |= {"fp8": gemm.peak_fraction["fp8"], "int8": gemm.peak_fraction["fp8"]}
+    library = GemmLibrary(
+        peak_fraction=peaks,
+        size_curve=gemm.size_curve,
+        size_curves={k: v for k, v in gemm.size_curves.items() if k == "fp8"},
+        extra_latency_s={k: v for k, v in gemm.extra_latency_s.items() if k == "fp8"},
+    )
+    return library, reports
+
+
+def calibrate(hw_id: str, device: str | None) -> tuple[EfficiencySpec, list[FitReport]]:
+    """Fit every family in order on the hand-written spec of `hw_id` (no overlay), as the
+    aiconfigurator data of `device` were measured (GEMMs on uninitialised weights: no data
+    ceiling, which the returned efficiency keeps); then, on that result, the GEMM library of
+    LIBRARY_FAMILY where the device has measurements of it (`efficiency.gemm_libraries`). A
+    device without aiconfigurator data (`device` None) fits MEASURED_DEVICE_FAMILY instead, on
+    this project's own GEMM timings. Last, on either, the library of those timings
+    (MEASURED_LIBRARY) where there are some."""
+    base = load_hardware(hw_id, calibrated=False)
+    reports = []
+    if device is None:
+        hw, report = fit_family(base, hw_id, MEASURED_DEVICE_FAMILY)
+        reports.append(report)
+        peaks = dict(hw.efficiency.gemm.peak_fraction)
+        peaks["fp16"] = peaks["bf16"]  # the same tensor-core path as bf16
+        eff = hw.efficiency.model_copy(
+            update={"gemm": hw.efficiency.gemm.model_copy(update={"peak_fraction": peaks})}
+        )
+        libraries: dict[str, GemmLibrary] = {}
+    else:
+        eff, libraries = _calibrate_aiconfigurator(base, device, reports)
+    measured, measured_reports = calibrate_measured_library(
+        base.model_copy(update={"efficiency": eff})
+    )
+    reports += measured_reports
+    if measured is not None:
+        libraries[MEASURED_LIBRARY] = measured
+    if libraries:
+        eff = eff.model_copy(update={"gemm_libraries": libraries})
+    return eff, reports
+
+
+def _calibrate_aiconfigurator(
+    base: HardwareSpec, device: str, reports: list[FitReport]
+) -> tuple[EfficiencySpec, dict[str, GemmLibrary]]:
+    """FAMILIES on aiconfigurator's data of `device`, then LIBRARY_FAMILY's library; the
+    fitted efficiency (data ceiling restored) and the libraries fitted; appends to `reports`."""
+    hw = base.without_data_ceiling()
     for family in FAMILIES:
         hw, report = fit_family(hw, device, family)
         reports.append(report)
@@ -227,6 +285,4 @@ def calibrate(hw_id: str, device: str) -> tuple[EfficiencySpec, list[FitReport]]
     eff = eff.model_copy(update={"gemm": gemm})
     library, report = calibrate_library(base.model_copy(update={"efficiency": eff}))
     reports.append(report)
-    if library is not None:
-        eff = eff.model_copy(update={"gemm_libraries": {LIBRARY: library}})
-    return eff, reports
+    return eff, {} if library is None else {LIBRARY: library}

@@ -11,11 +11,11 @@ from typing import Any
 
 import yaml
 
-from simulator.calibrate.families import LIBRARY_TILES_M_MIN
+from simulator.calibrate.families import LIBRARY_TILES_M_MIN, MEASURED_LIBRARY
 from simulator.calibrate.fit import SIGNIFICANT, FitReport
 from simulator.specs.hardware import EfficiencySpec
 from simulator.specs.loader import hardware_dirs
-from simulator.validate.layers import HELD_OUT
+from simulator.validate.layers import HELD_OUT, LIBRARY
 
 CALIBRATION_DIR = "calibration"
 
@@ -53,12 +53,21 @@ FITTED_KEYS = {
 }
 
 
-def fitted_section(eff: EfficiencySpec) -> dict[str, Any]:
-    """The part of the efficiency section the calibration owns, as plain YAML data."""
+# What a device without aiconfigurator data owns: its 16-bit GEMM factors, fitted to this
+# project's own timings (`families.MEASURED_DEVICE_FAMILY`); every other factor stays hand-written
+# (H200's attention, say, comes from H100's file: `attention_from`).
+MEASURED_DEVICE_KEYS = {"gemm": ("peak_fraction", "size_curve"), "memory": ("size_curve",)}
+
+
+def fitted_section(
+    eff: EfficiencySpec, keys: dict[str, tuple[str, ...]] = FITTED_KEYS
+) -> dict[str, Any]:
+    """The part of the efficiency section the calibration owns (`keys` of each group, the
+    kernel latency and the GEMM libraries), as plain YAML data."""
     dumped = eff.model_dump()
     out: dict[str, Any] = {"kernel_latency_s": dumped["kernel_latency_s"]}
-    for group, keys in FITTED_KEYS.items():
-        out[group] = {k: dumped[group][k] for k in keys}
+    for group, names in keys.items():
+        out[group] = {k: dumped[group][k] for k in names}
     if dumped["gemm_libraries"]:
         out["gemm_libraries"] = dumped["gemm_libraries"]
     return _rounded(out)
@@ -76,24 +85,39 @@ def _rounded(node: Any) -> Any:
     return node
 
 
-def render(hw_id: str, device: str, eff: EfficiencySpec, reports: list[FitReport]) -> str:
+def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[FitReport]) -> str:
+    """The calibration file of `hw_id`: fitted to aiconfigurator's data of `device`, or (None)
+    to this project's own GEMM timings alone."""
     lines = [
         f"# Calibrated efficiency factors for {hw_id}. GENERATED: do not edit by hand.",
         "# Regenerate with `python -m simulator.calibrate`; `--check` verifies this file.",
-        f"# Fitted to simulator/data/measured/aiconfigurator/{device}/ (NVIDIA aiconfigurator,",
-        "# per-kernel timings of vLLM 0.14.0's GEMM, flash-attention and NCCL kernels), by robust",
-        f"# least squares on log(predicted / measured). Laid over hardware_specs/{hw_id}.yaml.",
-        "# Fit per family (rows, MAPE before -> after):",
     ]
+    if device is None:
+        lines += [
+            f"# Fitted to simulator/data/measured/llmsim/{hw_id}/ (this project's GEMM timings,",
+            "# tools/measure_gpu.py: cuBLAS 13.1 through PyTorch 2.11, random data), by robust",
+            "# least squares on log(predicted / measured): the 16-bit GEMM factors, kernel latency",
+            "# and memory size curve (as aiconfigurator's vLLM bf16 GEMMs give them on H100 SXM);",
+            f"# every other factor is hardware_specs/{hw_id}.yaml's. Fit per family (rows, MAPE",
+            "# before -> after):",
+        ]
+    else:
+        lines += [
+            f"# Fitted to simulator/data/measured/aiconfigurator/{device}/ (NVIDIA aiconfigurator,",
+            "# per-kernel timings of vLLM 0.14.0's GEMM, flash-attention and NCCL kernels), by "
+            "robust",
+            f"# least squares on log(predicted / measured). Laid over hardware_specs/{hw_id}.yaml.",
+            "# Fit per family (rows, MAPE before -> after):",
+        ]
     lines += [
         f"#   {r.family}: {r.rows} rows, {r.mape_before_pct:.1f}% -> {r.mape_after_pct:.1f}%"
         for r in reports
         if r.rows
     ]
-    if eff.gemm_libraries:
+    if LIBRARY in eff.gemm_libraries:
         tiles = "/".join(map(str, LIBRARY_TILES_M_MIN))
         lines += [
-            f"# gemm_libraries: {', '.join(eff.gemm_libraries)}, the cuBLAS of Vidur's profiles",
+            f"# gemm_libraries: {LIBRARY}, the cuBLAS of Vidur's profiles",
             "# (simulator/data/measured/vidur/, Sarathi-Serve on PyTorch's CUDA 12.1 build):",
             "# its 16-bit peak fraction and size curve, fitted to the per-projection GEMM times,",
             f"# and smallest row tile (of {tiles}, the one whose fit best predicts their layers)",
@@ -101,11 +125,23 @@ def render(hw_id: str, device: str, eff: EfficiencySpec, reports: list[FitReport
             "# holds the rest out), on the factors above. Engines of that build name it",
             "# (`gemm_library`).",
         ]
+    if MEASURED_LIBRARY in eff.gemm_libraries:
+        lines += [
+            f"# gemm_libraries: {MEASURED_LIBRARY}, this project's GEMM timings of the device",
+            f"# (simulator/data/measured/llmsim/{hw_id}/: bf16 through torch.nn.functional.linear,",
+            "# fp8 through torch._scaled_mm, the scaled GEMM alone), fitted on the factors above",
+            "# with the data ceiling (random data): peak fractions, size curves and fp8 fixed cost",
+            "# (llmsim validate: gemm_library_fit). Engines that call cuBLAS(Lt) for them name it.",
+        ]
     lines.append("# fp16 takes bf16's peak fraction (same tensor path); int8 takes fp8's.")
-    lines.append("# quant_fraction: vLLM's fp8 activation-quantisation kernel run alone (an engine")
-    lines.append("# that fuses it into the kernel before, `fused_activation_quant`, skips it).")
+    if device is not None:
+        lines += [
+            "# quant_fraction: vLLM's fp8 activation-quantisation kernel run alone (an engine",
+            "# that fuses it into the kernel before, `fused_activation_quant`, skips it).",
+        ]
+    section = fitted_section(eff, FITTED_KEYS if device is not None else MEASURED_DEVICE_KEYS)
     body = yaml.safe_dump(
-        {"efficiency": fitted_section(eff)}, sort_keys=False, default_flow_style=None, width=100
+        {"efficiency": section}, sort_keys=False, default_flow_style=None, width=100
     )
     return "\n".join(lines) + "\n" + body
 

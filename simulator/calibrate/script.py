@@ -27,6 +27,14 @@ from simulator.validate import data
 from simulator.validate.iteration import ENGINE
 
 
+def _devices() -> dict[str, str | None]:
+    """Every hardware id with data to fit, and its aiconfigurator folder (None: a device with
+    only this project's own GEMM timings)."""
+    out: dict[str, str | None] = {hw_id: None for hw_id in data.LLMSIM_DEVICES.values()}
+    out.update({hw_id: folder for folder, hw_id in data.AIC_DEVICES.items()})
+    return out
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m simulator.calibrate",
@@ -37,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device",
         action="append",
-        choices=sorted(data.AIC_DEVICES.values()),
+        choices=sorted(_devices()),
         help="hardware id to calibrate (default: all with data)",
     )
     parser.add_argument(
@@ -62,7 +70,7 @@ class Output:
     check: Callable[[], list[Drift]]
 
 
-def _fit_device(*, hw_id: str, device: str) -> list[Output]:
+def _fit_device(*, hw_id: str, device: str | None) -> list[Output]:
     """Fit `hw_id` from the data of `device` (and the engine, on its device); print the fit
     reports; return the files to write."""
     eff, reports = calibrate(hw_id, device)
@@ -122,9 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command with `argv` (default: sys.argv); 0 on success, 1 when `--check` finds a
     committed file that is missing or predicts other times than the refit."""
     args = _parser().parse_args(argv)
-    wanted = set(args.device or data.AIC_DEVICES.values())
+    devices = _devices()
+    wanted = set(args.device or devices)
     outputs: list[Output] = []
-    for device, hw_id in sorted(data.AIC_DEVICES.items()):
+    for hw_id, device in sorted(devices.items()):
         if hw_id in wanted:
             outputs += _fit_device(hw_id=hw_id, device=device)
     if not args.check:

@@ -196,17 +196,23 @@ class GemmEfficiency(Frozen):
 
 
 class GemmLibrary(Frozen):
-    """How another GEMM library runs this device's 16-bit GEMMs: the peak fraction, size
-    curve and smallest row tile its measurements give, where they differ from the library
-    `gemm` was fitted to. Every other GEMM factor (largest tiles, fp8 curves, data ceiling) is
-    the device's. An engine names its library (`EngineSpec.gemm_library`);
-    `EfficiencySpec.gemm_for` resolves it."""
+    """How another GEMM library runs this device's GEMMs: the peak fractions, size curves,
+    per-dtype fixed costs and smallest row tile its measurements give, where they differ from
+    the library `gemm` was fitted to. Every other GEMM factor (largest tiles, the activation
+    quantisation kernel, data ceiling) is the device's. An engine names its library
+    (`EngineSpec.gemm_library`); `EfficiencySpec.gemm_for` resolves it."""
 
     peak_fraction: dict[ComputeDtype, float] = Field(
         default_factory=dict, description="per-dtype peak fractions replacing the device's"
     )
     size_curve: Curve | None = Field(
         default=None, description="size curve replacing the device's (None: the device's)"
+    )
+    size_curves: dict[ComputeDtype, Curve] = Field(
+        default_factory=dict, description="per-dtype size curves replacing the device's"
+    )
+    extra_latency_s: dict[ComputeDtype, Seconds] = Field(
+        default_factory=dict, description="per-dtype fixed costs replacing the device's"
     )
     tile_m_min: int | None = Field(
         default=None, gt=0, description="smallest row tile it uses (None: the device's)"
@@ -366,8 +372,11 @@ class EfficiencySpec(Frozen):
         lib = self.gemm_libraries.get(library) if library is not None else None
         if lib is None:
             return self.gemm
-        peaks = {**self.gemm.peak_fraction, **lib.peak_fraction}
-        update: dict[str, object] = {"peak_fraction": peaks}
+        update: dict[str, object] = {
+            "peak_fraction": {**self.gemm.peak_fraction, **lib.peak_fraction},
+            "size_curves": {**self.gemm.size_curves, **lib.size_curves},
+            "extra_latency_s": {**self.gemm.extra_latency_s, **lib.extra_latency_s},
+        }
         if lib.size_curve is not None:
             update["size_curve"] = lib.size_curve
         if lib.tile_m_min is not None:

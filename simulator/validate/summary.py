@@ -3,7 +3,8 @@
 `summarize(df)` gives INTERFACE's `llmsim validate --json` object: per suite n, mean / median /
 p90 / worst absolute percentage error, whether the suite's rows were used to fit parameters,
 and the same statistics per device. `iteration` is the union of its two held-out sub-suites;
-`iteration_engine_fit` holds the rows the engine's overheads were fitted to, `layers_fit` the
+`iteration_engine_fit` holds the rows the engine's overheads were fitted to, `gemm_library_fit`
+the GEMMs this project timed (the `cublas-13.1` library was fitted to them), `layers_fit` the
 rows the GEMM library of Vidur's profiles was fitted to (`layers` holds the rest out), and
 `elementwise_fit` the rows the one-block-per-token kernels' launch factors were fitted to.
 """
@@ -28,6 +29,8 @@ from simulator.validate.elementwise import FIT as ELEMENTWISE_FIT
 from simulator.validate.elementwise import SUITE as ELEMENTWISE
 from simulator.validate.elementwise import elementwise_suite
 from simulator.validate.frame import COLUMNS
+from simulator.validate.gemm_library import SUITE as GEMM_LIBRARY_FIT
+from simulator.validate.gemm_library import gemm_library_suite
 from simulator.validate.iteration import DECODE, ENGINE_FIT, PREFILL, iteration_suite
 from simulator.validate.layers import FIT as LAYERS_FIT
 from simulator.validate.layers import SUITE as LAYERS
@@ -38,7 +41,8 @@ from simulator.validate.power import POWER, POWER_FIT, power_suite
 # Every name `--suite` accepts, in output order; a union names the suites it is made of.
 UNIONS: dict[str, tuple[str, ...]] = {"iteration": (PREFILL, DECODE)}
 SUITE_NAMES = (
-    "ops", LAYERS, LAYERS_FIT,  # kernels, a layer's GEMMs (held out / fitted)
+    "ops", GEMM_LIBRARY_FIT,  # kernels (fitted): aiconfigurator's, and this project's GEMMs
+    LAYERS, LAYERS_FIT,  # a layer's GEMMs (held out / fitted)
     ELEMENTWISE, ELEMENTWISE_FIT,  # a layer's memory-bound kernels (held out / fitted)
     "iteration", PREFILL, DECODE, ENGINE_FIT,  # engine steps (held out / fitted)
     THROUGHPUT, SERVING, LATENCY,  # whole benchmarks against published results (held out)
@@ -112,6 +116,8 @@ def run_suites(names: list[str]) -> pd.DataFrame:
     frames, skipped = [], []
     if "ops" in needed:
         frames.append(ops_suite())
+    if GEMM_LIBRARY_FIT in needed:
+        frames.append(gemm_library_suite())
     if needed & {LAYERS, LAYERS_FIT}:
         layers = layers_suite()
         frames.append(layers[layers["suite"].isin(needed)])

@@ -145,7 +145,7 @@ def test_the_engine_overlay_replaces_only_its_overheads() -> None:
 @pytest.mark.parametrize("hw_id", CALIBRATED)
 def test_the_vidur_gemm_library_is_fitted_with_the_device_and_keeps_its_bound(hw_id: str) -> None:
     eff = load_hardware(hw_id).efficiency
-    assert set(eff.gemm_libraries) == {"cublas-12.1"}
+    assert "cublas-12.1" in eff.gemm_libraries  # (H100 holds this project's cublas-13.1 too)
     lib = eff.gemm_libraries["cublas-12.1"]
     assert lib.peak_fraction["fp16"] == lib.peak_fraction["bf16"]  # one 16-bit tensor path
     # the older library reaches less of the peak than vLLM 0.14's on large GEMMs

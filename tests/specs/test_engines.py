@@ -187,12 +187,14 @@ def test_shipped_profile_on_a_base_differs_only_where_it_says() -> None:
 
 def test_trtllm_06_is_todays_trtllm_without_graphs_python_or_split() -> None:
     """trtllm-0.6 (TensorRT engines in the C++ session) starts from trtllm and changes only
-    the host side, the decode split and the KV memory: launched from C++, no graphs, no
-    per-request work, and the batch's non-paged KV in all the free memory."""
+    the host side, the decode split, the KV memory and the GEMMs: launched from C++, no graphs,
+    no per-request work, the batch's non-paged KV in all the free memory, and TensorRT's own
+    GEMM tactics (the device's factors) instead of the PyTorch backend's cuBLAS calls."""
     old, new = load_engine("trtllm-0.6"), load_engine("trtllm")
     assert (old.cuda_graphs, old.cuda_graph_max_tokens, old.decode_split) == (False, 0, "none")
     assert old.overhead.per_seq_s == 0 and old.overhead.launch_eager_s < new.overhead.launch_eager_s
-    same = ("attention_factor", "scalar_row_kernels", "gemm_library")
+    assert (old.gemm_library, new.gemm_library) == (None, "cublas-13.1")
+    same = ("attention_factor", "scalar_row_kernels", "fused_activation_quant")
     assert all(getattr(old, f) == getattr(new, f) for f in same)
     memory = {"gpu_memory_utilization": 1.0}
     assert old.scheduler == new.scheduler.model_copy(update=memory)
