@@ -1,6 +1,7 @@
 """Fit the efficiency factors of devices with operator measurements, reproducibly.
 
     python -m simulator.calibrate [--device h100_sxm ...] [--check]
+    python -m simulator.calibrate --gemm-csv OUT_DIR/gemm.csv --hardware my_gpu.yaml
 
 For each device with bundled operator data (aiconfigurator: vLLM 0.14.0 kernels on A100 SXM and
 H100 SXM; see simulator/data/README.md) this fits, family by family, the named factors of the
@@ -19,6 +20,11 @@ but for the Splitwise llama-2-70b rows the `vllm-0.2` engine's CPU overheads are
 (`iteration_engine_fit`). `--check` refits and fails if the committed files predict other
 times than the refit for the rows they were fitted to (see `calibrate.check`: predictions, not
 the written numbers, which numpy/scipy releases move along the flat directions of the fit).
+
+This project's own GEMM timings (tools/measure_gpu.py, `simulator/data/measured/llmsim/`: H100
+SXM and H200 SXM) fit the `cublas-13.1` library of both, and H200's own 16-bit GEMM factors, as it
+has no aiconfigurator data. The second form fits a spec file of one's own to such timings of
+its device and writes `calibration/<name>` beside it (`calibrate.own`).
 
 Curves are fitted at fixed knots (log-spaced over the measured range); the last knot of each
 multiplier curve is pinned to 1 so that the family's peak fraction stays identifiable.

@@ -16,6 +16,8 @@ from simulator.calibrate.check import Drift, engine_drift, hardware_drifts
 from simulator.calibrate.engine import ENGINE_HARDWARE, calibrate_engine, render_engine
 from simulator.calibrate.fit import calibrate
 from simulator.calibrate.output import CALIBRATION_DIR, calibration_path, render
+from simulator.calibrate.own import calibrate_own_file
+from simulator.errors import SpecError
 from simulator.specs.loader import (
     ENGINES_DIR,
     calibrated_engine,
@@ -47,6 +49,19 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         choices=sorted(_devices()),
         help="hardware id to calibrate (default: all with data)",
+    )
+    parser.add_argument(
+        "--gemm-csv",
+        type=Path,
+        metavar="FILE",
+        help="a device of your own: GEMMs timed on it with tools/measure_gpu.py (with --hardware)",
+    )
+    parser.add_argument(
+        "--hardware",
+        type=Path,
+        metavar="SPEC.yaml",
+        help="your spec file; its GEMM factors are fitted to --gemm-csv and written to "
+        "calibration/<name> beside it",
     )
     parser.add_argument(
         "--check",
@@ -106,6 +121,21 @@ def _fit_device(*, hw_id: str, device: str | None) -> list[Output]:
     return outputs
 
 
+def _own(spec: Path, csv: Path) -> int:
+    """Fit a spec file of one's own to GEMM timings (`own.calibrate_own_file`); 2 and one line
+    on bad input."""
+    try:
+        path, reports = calibrate_own_file(spec, csv)
+    except SpecError as exc:
+        print(exc.line(), file=sys.stderr)
+        return 2
+    for r in reports:
+        before, after = r.mape_before_pct, r.mape_after_pct
+        print(f"{r.family:10} {r.rows:6d} rows  MAPE {before:6.1f}% -> {after:6.1f}%")
+    print(f"wrote {path}")
+    return 0
+
+
 def _stale(outputs: list[Output]) -> list[str]:
     """The paths whose committed file is missing or predicts other times than the refit
     (`check.MEAN_DRIFT_PCT`, `check.P99_DRIFT_PCT`); each family's drift is printed."""
@@ -129,7 +159,12 @@ def _write(outputs: list[Output]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the command with `argv` (default: sys.argv); 0 on success, 1 when `--check` finds a
     committed file that is missing or predicts other times than the refit."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if (args.gemm_csv is None) != (args.hardware is None):
+        parser.error("--gemm-csv and --hardware go together")
+    if args.gemm_csv is not None:
+        return _own(args.hardware, args.gemm_csv)
     devices = _devices()
     wanted = set(args.device or devices)
     outputs: list[Output] = []

@@ -168,6 +168,13 @@ def _calibration(
     return fitted, source
 
 
+def forget_loaded_specs() -> None:
+    """Drop the specs this process has loaded (each file is read once), so that the next load
+    reads the files again: after a calibration file was written, say."""
+    _load_hardware_file.cache_clear()
+    _load_engine_file.cache_clear()
+
+
 @cache
 def _load_hardware_file(path: Path, calibrated: bool) -> HardwareSpec:
     data, source = _hardware_data(path, calibrated)

@@ -118,3 +118,15 @@ def test_tensorrt_llm_runs_the_measured_library_where_the_device_has_it() -> Non
     # TensorRT-LLM 0.5-0.6's engines keep the device's factors
     old = seconds("h100_sxm", "trtllm-0.6", "bf16", 512)
     assert old == seconds("h100_sxm", "vllm", "bf16", 512)
+
+
+def test_h200s_overlay_builds_the_spec_the_loader_builds() -> None:
+    import yaml
+
+    from simulator.specs.loader import calibrated_hardware
+
+    fitted = yaml.safe_load(calibrate.calibration_path("h200_sxm").read_text())
+    # only what its own timings fit: the GEMM factors, kernel latency, memory curve, library
+    assert set(fitted["efficiency"]) == {"kernel_latency_s", "gemm", "memory", "gemm_libraries"}
+    assert set(fitted["efficiency"]["memory"]) == {"size_curve"}
+    assert calibrated_hardware("h200_sxm", fitted) == load_hardware("h200_sxm")
