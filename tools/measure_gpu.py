@@ -139,6 +139,9 @@ def measure_gemms(
     out: Rows, dtype: str, device: str, deadline: float, quick: bool, log: Callable[[str], None]
 ) -> None:
     tdtype = torch.bfloat16 if dtype == "bfloat16" else FP8
+    if tdtype == FP8 and (why := fp8_unsupported(device)):
+        log(f"gemm fp8: skipped ({why})")
+        return
     m_values = QUICK_M if quick else M_VALUES
     flat = torch.randn(max(m_values) * max(NK_VALUES), device=device, dtype=torch.bfloat16)
     if tdtype != torch.bfloat16:
@@ -158,6 +161,19 @@ def measure_gemms(
             out.add(dtype, m, n, k, f"{s * 1e3:.6g}")
         del ws
     log(f"gemm {dtype}: done")
+
+
+def fp8_unsupported(device: str) -> str | None:
+    """Why this device cannot run the e4m3 scaled GEMM (no fp8 matrix unit before compute
+    capability 8.9; ROCm's MI300 takes another fp8 format), or None where one small one runs."""
+    try:
+        a = torch.zeros(16, 32, device=device).to(FP8)
+        b = torch.zeros(32, 32, device=device).to(FP8).t()
+        one = torch.ones((), device=device, dtype=torch.float32)
+        torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    except (RuntimeError, TypeError) as exc:
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None
 
 
 def measure_copies(out: Rows, device: str, deadline: float, log: Callable[[str], None]) -> None:
