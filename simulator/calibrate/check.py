@@ -21,6 +21,7 @@ from simulator.calibrate.families import (
     FAMILIES,
     LIBRARY_FAMILY,
     MEASURED_DEVICE_FAMILY,
+    MEASURED_DEVICE_FP8_FAMILY,
     MEASURED_LIBRARY,
     MEASURED_LIBRARY_FAMILIES,
 )
@@ -70,8 +71,9 @@ def family_predictions(hw: HardwareSpec, device: str | None) -> dict[str, np.nda
     library with it and under that library."""
     out: dict[str, np.ndarray] = {}
     if device is None:
-        if groups := MEASURED_DEVICE_FAMILY.rows(hw, hw.id):
-            out[MEASURED_DEVICE_FAMILY.name] = predict(groups, hw)
+        for family in (MEASURED_DEVICE_FAMILY, MEASURED_DEVICE_FP8_FAMILY):
+            if groups := family.rows(hw, hw.id):
+                out[family.name] = predict(groups, hw)
     else:
         raw = hw.without_data_ceiling()
         out |= {f.name: predict(groups, raw) for f in FAMILIES if (groups := f.rows(raw, device))}

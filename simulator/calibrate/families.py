@@ -227,7 +227,8 @@ LIBRARY_FAMILY = Family(
 # its bf16 peak fraction and size curve, then its fp8 peak fraction, size curve and fixed cost
 # (these fp8 rows are the scaled GEMM alone: no quantisation factors to fit). On a device with no
 # aiconfigurator data, MEASURED_DEVICE_FAMILY first fits the device's own 16-bit GEMM factors
-# (as `gemm_bf16` does from aiconfigurator's vLLM GEMMs, whose bf16 kernels are cuBLAS's too).
+# (as `gemm_bf16` does from aiconfigurator's vLLM GEMMs, whose bf16 kernels are cuBLAS's too),
+# and MEASURED_DEVICE_FP8_FAMILY its fp8 GEMM's: the only fp8 GEMM measured on it.
 def _measured_rows(dtype: str) -> Callable[[HardwareSpec, str], list[Group]]:
     def rows(hw: HardwareSpec, device: str) -> list[Group]:
         return device_groups(hw, dtype)
@@ -238,6 +239,18 @@ def _measured_rows(dtype: str) -> Callable[[HardwareSpec, str], list[Group]]:
 _GEMM_BF16 = next(f for f in FAMILIES if f.name == "gemm_bf16")
 MEASURED_DEVICE_FAMILY = Family(
     _GEMM_BF16.name, _measured_rows("bf16"), _GEMM_BF16.params, _GEMM_BF16.curves
+)
+# ... and its fp8 GEMM's peak fraction, size curve and fixed cost, from the fp8 rows (the scaled
+# GEMM alone: the activation-quantisation kernel keeps the spec's factors)
+MEASURED_DEVICE_FP8_FAMILY = Family(
+    "gemm_fp8",
+    _measured_rows("fp8"),
+    (
+        Param("gemm.peak_fraction.fp8", 0.7, 0.1, 1.0),
+        Param("gemm.extra_latency_s.fp8", 1 * _US, 0.0, 50 * _US),
+        *_knots("gemm.size_curves.fp8", FLOP_KNOTS, elasticity=0.9),
+    ),
+    {"gemm.size_curves.fp8": FLOP_KNOTS},
 )
 MEASURED_LIBRARY_FAMILIES = (
     Family(
@@ -251,12 +264,8 @@ MEASURED_LIBRARY_FAMILIES = (
     ),
     Family(
         f"gemm_{MEASURED_LIBRARY}_fp8",
-        _measured_rows("fp8"),
-        (
-            Param("gemm.peak_fraction.fp8", 0.7, 0.1, 1.0),
-            Param("gemm.extra_latency_s.fp8", 1 * _US, 0.0, 50 * _US),
-            *_knots("gemm.size_curves.fp8", FLOP_KNOTS, elasticity=0.9),
-        ),
-        {"gemm.size_curves.fp8": FLOP_KNOTS},
+        MEASURED_DEVICE_FP8_FAMILY.rows,
+        MEASURED_DEVICE_FP8_FAMILY.params,
+        MEASURED_DEVICE_FP8_FAMILY.curves,
     ),
 )

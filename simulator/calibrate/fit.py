@@ -19,6 +19,7 @@ from simulator.calibrate.families import (
     LIBRARY_FAMILY,
     LIBRARY_TILES_M_MIN,
     MEASURED_DEVICE_FAMILY,
+    MEASURED_DEVICE_FP8_FAMILY,
     MEASURED_LIBRARY,
     MEASURED_LIBRARY_FAMILIES,
     TILE_MARGIN_PCT,
@@ -26,6 +27,7 @@ from simulator.calibrate.families import (
 )
 from simulator.specs.hardware import EfficiencySpec, GemmLibrary, HardwareSpec
 from simulator.specs.loader import load_hardware
+from simulator.validate.gemm_library import device_groups
 from simulator.validate.layers import LIBRARY
 from simulator.validate.operators import Group, op_time
 
@@ -233,24 +235,39 @@ def calibrate_measured_library(hw: HardwareSpec) -> tuple[GemmLibrary | None, li
     return library, reports
 
 
+def calibrate_timings(
+    hw: HardwareSpec, groups: list[Group]
+) -> tuple[EfficiencySpec, list[FitReport]]:
+    """The efficiency of `hw` with its own GEMM factors fitted to GEMM timings of the device
+    (`groups`: `validate.gemm_library.library_groups` of a tools/measure_gpu.py table):
+    MEASURED_DEVICE_FAMILY on the bf16 rows, then MEASURED_DEVICE_FP8_FAMILY on the fp8 rows
+    where there are any. fp16 takes bf16's peak fraction, int8 fp8's (the same tensor paths)."""
+    reports = []
+    for family, dtype in ((MEASURED_DEVICE_FAMILY, "bf16"), (MEASURED_DEVICE_FP8_FAMILY, "fp8")):
+        rows = [g for g in groups if g.op.dtype == dtype]
+        if rows:
+            hw, report = fit_family(hw, hw.id, family, rows)
+            reports.append(report)
+    peaks = dict(hw.efficiency.gemm.peak_fraction)
+    peaks["fp16"] = peaks["bf16"]
+    if "fp8" in peaks and "int8" in peaks:
+        peaks["int8"] = peaks["fp8"]
+    gemm = hw.efficiency.gemm.model_copy(update={"peak_fraction": peaks})
+    return hw.efficiency.model_copy(update={"gemm": gemm}), reports
+
+
 def calibrate(hw_id: str, device: str | None) -> tuple[EfficiencySpec, list[FitReport]]:
     """Fit every family in order on the hand-written spec of `hw_id` (no overlay), as the
     aiconfigurator data of `device` were measured (GEMMs on uninitialised weights: no data
     ceiling, which the returned efficiency keeps); then, on that result, the GEMM library of
     LIBRARY_FAMILY where the device has measurements of it (`efficiency.gemm_libraries`). A
-    device without aiconfigurator data (`device` None) fits MEASURED_DEVICE_FAMILY instead, on
-    this project's own GEMM timings. Last, on either, the library of those timings
+    device without aiconfigurator data (`device` None) fits its GEMM factors to this project's
+    own timings of it instead (`calibrate_timings`). Last, on either, the library of those timings
     (MEASURED_LIBRARY) where there are some."""
     base = load_hardware(hw_id, calibrated=False)
-    reports = []
+    reports: list[FitReport] = []
     if device is None:
-        hw, report = fit_family(base, hw_id, MEASURED_DEVICE_FAMILY)
-        reports.append(report)
-        peaks = dict(hw.efficiency.gemm.peak_fraction)
-        peaks["fp16"] = peaks["bf16"]  # the same tensor-core path as bf16
-        eff = hw.efficiency.model_copy(
-            update={"gemm": hw.efficiency.gemm.model_copy(update={"peak_fraction": peaks})}
-        )
+        eff, reports = calibrate_timings(base, device_groups(base))
         libraries: dict[str, GemmLibrary] = {}
     else:
         eff, libraries = _calibrate_aiconfigurator(base, device, reports)

@@ -53,10 +53,13 @@ FITTED_KEYS = {
 }
 
 
-# What a device without aiconfigurator data owns: its 16-bit GEMM factors, fitted to this
-# project's own timings (`families.MEASURED_DEVICE_FAMILY`); every other factor stays hand-written
-# (H200's attention, say, comes from H100's file: `attention_from`).
-MEASURED_DEVICE_KEYS = {"gemm": ("peak_fraction", "size_curve"), "memory": ("size_curve",)}
+# What a device fitted to GEMM timings alone owns (`fit.calibrate_timings`): its GEMM factors,
+# kernel latency and memory size curve; every other factor stays hand-written (H200's attention,
+# say, comes from H100's file: `attention_from`).
+MEASURED_DEVICE_KEYS = {
+    "gemm": ("peak_fraction", "size_curve", "size_curves", "extra_latency_s"),
+    "memory": ("size_curve",),
+}
 
 
 def fitted_section(
@@ -97,7 +100,8 @@ def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[Fi
             f"# Fitted to simulator/data/measured/llmsim/{hw_id}/ (this project's GEMM timings,",
             "# tools/measure_gpu.py: cuBLAS 13.1 through PyTorch 2.11, random data), by robust",
             "# least squares on log(predicted / measured): the 16-bit GEMM factors, kernel latency",
-            "# and memory size curve (as aiconfigurator's vLLM bf16 GEMMs give them on H100 SXM);",
+            "# and memory size curve (as aiconfigurator's vLLM bf16 GEMMs give them on H100 SXM),",
+            "# and the fp8 GEMM's peak fraction, size curve and fixed cost (cuBLASLt's, alone);",
             f"# every other factor is hardware_specs/{hw_id}.yaml's. Fit per family (rows, MAPE",
             "# before -> after):",
         ]

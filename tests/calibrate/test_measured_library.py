@@ -74,11 +74,16 @@ def test_the_library_is_fitted_on_each_measured_device(hw_id: str) -> None:
 
 
 def test_h200_takes_only_its_gemm_factors_from_its_own_timings() -> None:
+    # bf16 and fp8, as `--gemm-csv` fits a device of one's own
     base = load_hardware("h200_sxm", calibrated=False)
     fitted = load_hardware("h200_sxm")
     peaks, written = fitted.efficiency.gemm.peak_fraction, base.efficiency.gemm.peak_fraction
-    assert peaks["bf16"] != written["bf16"] and peaks["fp8"] == written["fp8"]
+    assert peaks["bf16"] != written["bf16"] and peaks["fp8"] != written["fp8"]
+    assert peaks["fp16"] == peaks["bf16"] and peaks["int8"] == peaks["fp8"]
     assert fitted.efficiency.gemm.size_curve != base.efficiency.gemm.size_curve
+    assert set(fitted.efficiency.gemm.size_curves) == {"fp8"}  # cuBLASLt's, the only one timed
+    # the quantisation kernel before an fp8 GEMM keeps the spec's factors (none was timed)
+    assert fitted.efficiency.gemm.quant_fraction == base.efficiency.gemm.quant_fraction
     assert fitted.efficiency.memory.size_curve != base.efficiency.memory.size_curve
     # everything else stays as written: the attention is still H100's fitted one
     assert fitted.efficiency.attention == load_hardware("h100_sxm").efficiency.attention
