@@ -9,6 +9,7 @@ from rich.table import Table
 
 from simulator.cli.common import out, print_json
 from simulator.specs import (
+    hardware_provenance,
     list_engines,
     list_hardware,
     list_models,
@@ -52,11 +53,13 @@ def hardware_show(
 ) -> None:
     """Show one hardware spec."""
     spec = load_hardware(hw_id)
+    origin = hardware_provenance(hw_id)
     data = {
         "id": spec.id,
         "peak_flops_per_s": dict(spec.compute.peak_flops_per_s),
         "memory_capacity_bytes": spec.memory.capacity_bytes,
         "memory_bandwidth_bytes_per_s": spec.memory.bandwidth_bytes_per_s,
+        "provenance": origin,
         **spec.model_dump(exclude={"id"}),
     }
     if as_json:
@@ -79,6 +82,23 @@ def hardware_show(
         f"  power: {spec.power.tdp_w:.0f} W TDP; price ~${spec.price.usd_per_hour:.2f}/GPU-hour "
         f"({spec.price.source}, {spec.price.date})"
     )
+    out.print(f"  efficiency: {_efficiency_origin(origin, list(spec.efficiency.gemm_libraries))}")
+
+
+def _efficiency_origin(origin: dict[str, str | None], libraries: list[str]) -> str:
+    """One line on where a spec's efficiency factors come from."""
+    parts = [
+        f"fitted factors from {origin['calibration']}, the rest as the spec writes them"
+        if origin["calibration"]
+        else "as the spec writes them (datasheet and microbenchmark figures)"
+    ]
+    if origin["base"]:
+        parts.append(f"over {origin['base']}'s")
+    if origin["attention_from"]:
+        parts.append(f"attention from {origin['attention_from']}")
+    if libraries:
+        parts.append(f"GEMM libraries {', '.join(libraries)}")
+    return "; ".join(parts)
 
 
 @models_app.command("list")

@@ -3,6 +3,7 @@
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.loader import (
+    hardware_provenance,
     list_engines,
     list_hardware,
     list_models,
@@ -17,6 +18,7 @@ __all__ = [
     "EngineSpec",
     "HardwareSpec",
     "ModelSpec",
+    "hardware_provenance",
     "list_engines",
     "list_hardware",
     "list_models",

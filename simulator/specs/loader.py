@@ -168,6 +168,25 @@ def _calibration(
     return fitted, source
 
 
+def hardware_provenance(hw: str) -> dict[str, str | None]:
+    """Where the spec of `hw` (an id or a path) comes from: its file, the spec it starts from
+    (`base`), the device whose attention it takes (`attention_from`), and the calibration file
+    laid over it (None where there is none; a base's comes with the base)."""
+    path = _hardware_path(hw).resolve()
+    raw = read_yaml(path)
+    raw = raw if isinstance(raw, dict) else {}
+    eff = raw.get("efficiency")
+    calibration = path.parent / CALIBRATION_DIR / path.name
+    return {
+        "file": str(path),
+        "base": str(raw[BASE]) if BASE in raw else None,
+        "attention_from": (
+            str(eff[ATTENTION_FROM]) if isinstance(eff, dict) and ATTENTION_FROM in eff else None
+        ),
+        "calibration": str(calibration) if calibration.is_file() else None,
+    }
+
+
 def forget_loaded_specs() -> None:
     """Drop the specs this process has loaded (each file is read once), so that the next load
     reads the files again: after a calibration file was written, say."""
