@@ -41,8 +41,8 @@ def read_gemm_csv(path: Path) -> pd.DataFrame:
     bad = numbers.isna().any(axis=1) | (numbers <= 0).any(axis=1)
     if bad.any():
         row = int(bad.to_numpy().argmax()) + 2  # the header is line 1
-        raise SpecError("m, n, k and latency_ms must be positive numbers", source=str(path),
-                        field=f"line {row}")  # fmt: skip
+        reason = "m, n, k and latency_ms must be positive numbers"
+        raise SpecError(reason, source=str(path), field=f"line {row}")
     if not (df["gemm_dtype"] == "bfloat16").any():
         raise SpecError("no bfloat16 rows to fit", source=str(path), field="gemm_dtype")
     return df.assign(**numbers)
