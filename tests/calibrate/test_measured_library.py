@@ -67,6 +67,8 @@ def test_the_library_is_fitted_on_each_measured_device(hw_id: str) -> None:
     # the library replaces what it measured and keeps the device's quantisation kernel
     under = eff.gemm_for(LIBRARY)
     assert under.size_curves["fp8"] == lib.size_curves["fp8"]
+    assert under.extra_latency_s["fp8"] == lib.extra_latency_s["fp8"]
+    assert under.peak_fraction["fp8"] == lib.peak_fraction["fp8"]
     assert under.quant_fraction == eff.gemm.quant_fraction
     text = calibrate.calibration_path(hw_id).read_text()
     assert f"simulator/data/measured/llmsim/{hw_id}/" in text
