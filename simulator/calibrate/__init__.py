@@ -55,14 +55,13 @@ from simulator.calibrate.fit import (
     fit_family,
 )
 from simulator.calibrate.output import (
-    CALIBRATION_DIR,
     FITTED_KEYS,
     calibration_path,
     fitted_section,
     render,
 )
 from simulator.calibrate.script import main
-from simulator.specs.loader import ENGINES_DIR
+from simulator.specs.loader import CALIBRATION_DIR, ENGINES_DIR
 
 __all__ = [
     "BYTE_KNOTS",

@@ -7,7 +7,7 @@ is applied, so that the written YAML reproduces the reported MAPE.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from simulator.calibrate.families import (
     TILE_MARGIN_PCT,
     Family,
 )
-from simulator.specs.hardware import EfficiencySpec, GemmLibrary, HardwareSpec
+from simulator.specs.hardware import ComputeDtype, EfficiencySpec, GemmLibrary, HardwareSpec
 from simulator.specs.loader import load_hardware
 from simulator.validate.gemm_library import device_groups
 from simulator.validate.layers import LIBRARY
@@ -235,6 +235,16 @@ def calibrate_measured_library(hw: HardwareSpec) -> tuple[GemmLibrary | None, li
     return library, reports
 
 
+def same_tensor_paths(peaks: Mapping[ComputeDtype, float]) -> dict[ComputeDtype, float]:
+    """`peaks` with fp16 at bf16's fitted fraction (the same tensor-core path) and, where the
+    device has both, int8 at fp8's (the same tensor rate; no int8 measurements are bundled)."""
+    out = dict(peaks)
+    out["fp16"] = out["bf16"]
+    if "fp8" in out and "int8" in out:
+        out["int8"] = out["fp8"]
+    return out
+
+
 def calibrate_timings(
     hw: HardwareSpec, groups: list[Group]
 ) -> tuple[EfficiencySpec, list[FitReport]]:
@@ -248,10 +258,7 @@ def calibrate_timings(
         if rows:
             hw, report = fit_family(hw, hw.id, family, rows)
             reports.append(report)
-    peaks = dict(hw.efficiency.gemm.peak_fraction)
-    peaks["fp16"] = peaks["bf16"]
-    if "fp8" in peaks and "int8" in peaks:
-        peaks["int8"] = peaks["fp8"]
+    peaks = same_tensor_paths(hw.efficiency.gemm.peak_fraction)
     gemm = hw.efficiency.gemm.model_copy(update={"peak_fraction": peaks})
     return hw.efficiency.model_copy(update={"gemm": gemm}), reports
 
@@ -292,10 +299,7 @@ def _calibrate_aiconfigurator(
         hw, report = fit_family(hw, device, family)
         reports.append(report)
     eff = hw.efficiency
-    peaks = dict(eff.gemm.peak_fraction)
-    peaks["fp16"] = peaks["bf16"]  # the same tensor-core path as bf16
-    if "fp8" in peaks and "int8" in peaks:
-        peaks["int8"] = peaks["fp8"]  # the same tensor rate; no int8 measurements bundled
+    peaks = same_tensor_paths(eff.gemm.peak_fraction)
     gemm = eff.gemm.model_copy(
         update={"peak_fraction": peaks, "data_ceiling": base.efficiency.gemm.data_ceiling}
     )

@@ -14,10 +14,8 @@ import yaml
 from simulator.calibrate.families import LIBRARY_TILES_M_MIN, MEASURED_LIBRARY
 from simulator.calibrate.fit import SIGNIFICANT, FitReport
 from simulator.specs.hardware import EfficiencySpec
-from simulator.specs.loader import hardware_dirs
+from simulator.specs.loader import calibration_beside, hardware_dirs
 from simulator.validate.layers import HELD_OUT, LIBRARY
-
-CALIBRATION_DIR = "calibration"
 
 FITTED_KEYS = {
     "gemm": (
@@ -152,4 +150,4 @@ def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[Fi
 
 def calibration_path(hw_id: str) -> Path:
     base = next(d for d in hardware_dirs() if (d / f"{hw_id}.yaml").is_file())
-    return base / CALIBRATION_DIR / f"{hw_id}.yaml"
+    return calibration_beside(base / f"{hw_id}.yaml")

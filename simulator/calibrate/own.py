@@ -18,10 +18,10 @@ import pandas as pd
 import yaml
 
 from simulator.calibrate.fit import FitReport, calibrate_timings
-from simulator.calibrate.output import CALIBRATION_DIR, MEASURED_DEVICE_KEYS, fitted_section
+from simulator.calibrate.output import MEASURED_DEVICE_KEYS, fitted_section
 from simulator.errors import SpecError
 from simulator.specs.hardware import EfficiencySpec
-from simulator.specs.loader import forget_loaded_specs, load_hardware
+from simulator.specs.loader import calibration_beside, forget_loaded_specs, load_hardware
 from simulator.validate.data import AIC_COLUMNS
 from simulator.validate.gemm_library import library_groups
 
@@ -80,7 +80,7 @@ def calibrate_own_file(spec: Path, csv: Path) -> tuple[Path, list[FitReport]]:
             source=str(spec),
             field="--hardware",
         )
-    out = spec.parent / CALIBRATION_DIR / spec.name
+    out = calibration_beside(spec)
     if out.is_file() and GENERATED_BY not in out.read_text(encoding="utf-8"):
         raise SpecError(
             "has a calibration fitted to other data: copy the spec to a file of your own",

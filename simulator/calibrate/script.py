@@ -15,13 +15,14 @@ import yaml
 from simulator.calibrate.check import Drift, engine_drift, hardware_drifts
 from simulator.calibrate.engine import ENGINE_HARDWARE, calibrate_engine, render_engine
 from simulator.calibrate.fit import calibrate
-from simulator.calibrate.output import CALIBRATION_DIR, calibration_path, render
+from simulator.calibrate.output import calibration_path, render
 from simulator.calibrate.own import calibrate_own_file
 from simulator.errors import SpecError
 from simulator.specs.loader import (
     ENGINES_DIR,
     calibrated_engine,
     calibrated_hardware,
+    calibration_beside,
     load_engine,
     load_hardware,
 )
@@ -102,7 +103,7 @@ def _fit_device(*, hw_id: str, device: str | None) -> list[Output]:
         hw = load_hardware(hw_id, calibrated=False).model_copy(update={"efficiency": eff})
         overhead, report = calibrate_engine(hw)
         reports.append(report)
-        path = ENGINES_DIR / CALIBRATION_DIR / f"{ENGINE}.yaml"
+        path = calibration_beside(ENGINES_DIR / f"{ENGINE}.yaml")
         engine_text = render_engine(overhead, report)
 
         def check_engine() -> list[Drift]:

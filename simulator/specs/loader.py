@@ -152,13 +152,19 @@ def _base_data(
     return base_data
 
 
+def calibration_beside(path: Path) -> Path:
+    """Where the calibration of the spec file `path` lives: `calibration/<file name>` beside it
+    (the file the loader lays over the spec when it exists)."""
+    return path.parent / CALIBRATION_DIR / path.name
+
+
 def _calibration(
     path: Path, calibrated: bool, fitted: Any, key: str
 ) -> tuple[dict[str, Any] | None, str]:
     """The calibration laid over the spec in `path` and the name its errors go under: `fitted`
     (a refit, named "<id> (refit)") when given, else `calibration/<file name>` beside the file
     when `calibrated` and it exists, else None. It must hold only the `key` mapping."""
-    source = str(path.parent / CALIBRATION_DIR / path.name)
+    source = str(calibration_beside(path))
     if fitted is None and calibrated and Path(source).is_file():
         fitted = read_yaml(Path(source))
     elif fitted is not None:
@@ -176,7 +182,7 @@ def hardware_provenance(hw: str) -> dict[str, str | None]:
     raw = read_yaml(path)
     raw = raw if isinstance(raw, dict) else {}
     eff = raw.get("efficiency")
-    calibration = path.parent / CALIBRATION_DIR / path.name
+    calibration = calibration_beside(path)
     return {
         "file": str(path),
         "base": str(raw[BASE]) if BASE in raw else None,

@@ -5,9 +5,9 @@
 as TensorRT-LLM's per-tensor FP8 linear layers call them (`cublas_scaled_mm`: cuBLASLt on operands
 already quantised). `python -m simulator.calibrate` fits the `cublas-13.1` GEMM library
 (`efficiency.gemm_libraries`) of each device to them, and on H200, which has no aiconfigurator data,
-the device's own 16-bit GEMM factors too. The rows are predicted under that library: without the
-activation-quantisation kernel (they time the scaled GEMM alone) and with the device's data ceiling
-(they ran on random data).
+the device's own GEMM factors (16-bit and fp8) too. The rows are predicted under that library:
+without the activation-quantisation kernel (they time the scaled GEMM alone) and with the device's
+data ceiling (they ran on random data).
 """
 
 from __future__ import annotations
