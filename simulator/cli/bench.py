@@ -188,7 +188,7 @@ def bench_throughput_cmd(
     enable_prefix_caching: PrefixCachingOpt = False,
     kv_offloading_size: KvOffloadSizeOpt = None,
     kv_offloading_backend: KvOffloadBackendOpt = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
     speculative_config: SpecOpt = None,
     cpu_offload_gb: CpuOffloadOpt = 0.0,
     offload_config: OffloadConfigOpt = None,
@@ -240,7 +240,7 @@ def bench_serve_cmd(
     request_rate: Annotated[float, typer.Option("--request-rate")] = float("inf"),
     burstiness: Annotated[float, typer.Option("--burstiness")] = 1.0,
     max_concurrency: Annotated[int | None, typer.Option("--max-concurrency")] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
     goodput: Annotated[
         list[str] | None, typer.Option("--goodput", help="ttft:MS tpot:MS e2el:MS")
     ] = None,

@@ -319,7 +319,7 @@ class PlanSpec(Frozen):
         description="latency of the cost/latency frontier (None: the first SLO among tpot, "
         "itl, ttft, e2el; its SLO percentile, else p99)",
     )
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
 
 
 def load_plan(path: str | Path) -> PlanSpec:
@@ -327,7 +327,7 @@ def load_plan(path: str | Path) -> PlanSpec:
     engines). A trace path inside it is relative to the file, and so is a model config,
     hardware spec or engine profile given as a relative path to a file there."""
     path = Path(path)
-    folder = path.parent
+    folder = path.resolve().parent  # so the plan means the same from any working directory
     spec = validate(PlanSpec, read_yaml(path), source=str(path))
     cands, known_hw, known_engines = spec.candidates, list_hardware(), list_engines()
     hardware = [h.model_copy(update={"id": beside(folder, h.id, known_hw)}) for h in cands.hardware]
