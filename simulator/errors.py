@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class SpecError(ValueError):
     """Bad input: an unknown id, malformed YAML, an impossible layout, a model that does not fit.
@@ -19,3 +22,16 @@ class SpecError(ValueError):
     def line(self) -> str:
         where = ": ".join(part for part in (self.source, self.field) if part)
         return f"{where}: {self.reason}" if where else self.reason
+
+
+@contextmanager
+def naming(source: str = "", field: str = "") -> Iterator[None]:
+    """A SpecError raised within that does not already name `source` is raised again with
+    `source` and `field` in front of its line (a scenario file's impossible layout names the
+    file and the replica group)."""
+    try:
+        yield
+    except SpecError as exc:
+        if source and exc.source == source:
+            raise
+        raise SpecError(exc.line(), source=source, field=field) from exc

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pandas as pd
 from simulator.api import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.engine_args import EngineArgs
+from simulator.errors import naming
 from simulator.metrics.summary import kv_tier_summary, serve_summary, throughput_summary
 from simulator.power import energy_summary, with_power_cap
 from simulator.scenario import ReplicaGroupSpec, Scenario, load_scenario
@@ -112,13 +114,22 @@ def build_group(
 
 
 def run(scenario: Scenario | str | Path) -> RunResult:
-    """Simulate a scenario (a Scenario or a path to its YAML)."""
-    if not isinstance(scenario, Scenario):
-        scenario = load_scenario(scenario)
+    """Simulate a scenario (a Scenario, or a path to its YAML: bad input then names the file
+    and, for a replica group's impossible layout, the group)."""
+    if isinstance(scenario, Scenario):
+        return _simulate(scenario)
+    with naming(str(scenario)):
+        return _simulate(load_scenario(scenario), name_groups=True)
+
+
+def _simulate(scenario: Scenario, *, name_groups: bool = False) -> RunResult:
     model = load_model(scenario.model)
     requests = generate_requests(scenario.workload, rng=np.random.default_rng(scenario.seed))
     held = {"prefill": prefill_view(requests)}  # a prefill replica keeps prompt + 1 token
-    built = [build_group(model, spec, held.get(spec.role, requests)) for spec in scenario.replicas]
+    built = []
+    for i, spec in enumerate(scenario.replicas):
+        with naming(field=f"replicas.{i}") if name_groups else nullcontext():
+            built.append(build_group(model, spec, held.get(spec.role, requests)))
     if scenario.disaggregated:
         groups, deps = [g for g, _, _ in built], [dep for _, _, dep in built]
         sim = serve_scenario(scenario, requests, groups=groups, deployments=deps)

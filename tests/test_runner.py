@@ -294,6 +294,10 @@ def test_run_prints_its_schema(capsys: pytest.CaptureFixture[str]) -> None:
             ("bench", "throughput", "--hardware", "rtx_4090", "--model", "llama-3.1-70b"),
             "does not fit",
         ),
+        (
+            ("bench", "serve", "--hardware", "h100_sxm", "--model", "llama-3.1-8b", "--seed", "-1"),
+            "--seed",
+        ),
     ],
 )
 def test_bad_serving_input_exits_2_with_one_line(
@@ -316,6 +320,29 @@ def test_a_malformed_scenario_names_file_and_field(
     code, _, err = cli(capsys, "run", str(bad))
     assert code == 2
     assert "bad.yaml" in err and "replicas.0.tp" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("group", "top", "named"),
+    [
+        ("tensor_parallel_size: 3", "", "replicas.0: layout: tensor_parallel_size: "),
+        ("power_cap_w: 10", "", "replicas.0: power_cap_w: "),
+        ("", "seed: -1\n", ": seed: "),  # the schema's own check
+    ],
+)
+def test_an_impossible_scenario_names_its_file_and_group(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, group: str, top: str, named: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    extra = f", {group}" if group else ""
+    bad.write_text(
+        f"name: x\nmodel: llama-3.1-8b\nreplicas: [{{hardware: h100_sxm{extra}}}]\n"
+        f"workload: {{dataset: {{name: random}}, num_prompts: 2}}\n{top}"
+    )
+    code, _, err = cli(capsys, "run", str(bad))
+    assert code == 2
+    assert err.startswith(f"llmsim: error: {bad}: ") and named in err
     assert len(err.strip().splitlines()) == 1
 
 
