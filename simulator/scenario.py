@@ -159,7 +159,7 @@ class Scenario(Frozen):
     workload: WorkloadSpec
     max_concurrency: int | None = Field(default=None, ge=1)
     slo: SLOSpec | None = None
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
 
     @field_validator("replicas")
     @classmethod
@@ -187,35 +187,46 @@ class Scenario(Frozen):
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario YAML; the files it names are relative to it (see
-    `resolve_paths`)."""
+    `paths_beside`)."""
     path = Path(path)
-    return resolve_paths(validate(Scenario, read_yaml(path), source=str(path)), path.parent)
+    return validate(Scenario, paths_beside(read_yaml(path), path.parent), source=str(path))
 
 
-def resolve_paths(scenario: Scenario, folder: Path) -> Scenario:
-    """`scenario` as read from a file in `folder`: a relative trace path is joined to it, and
-    so is a model config, hardware spec, engine profile or draft model given as a relative path
-    to a file there (ids, and paths to files not there, stay as they are)."""
-    models, hardware, engines = list_models(), list_hardware(), list_engines()
-    groups = []
-    for group in scenario.replicas:
-        changes: dict[str, Any] = {
-            "hardware": beside(folder, group.hardware, hardware),
-            "engine": beside(folder, group.engine, engines),
-        }
-        spec = group.speculative
-        if spec is not None and spec.model is not None:
-            draft = beside(folder, spec.model, models)
-            changes["speculative"] = spec.model_copy(update={"model": draft})
-        groups.append(group.model_copy(update=changes))
-    update = {
-        "model": beside(folder, scenario.model, models),
-        "workload": scenario.workload.model_copy(
-            update={"dataset": dataset_beside(scenario.workload.dataset, folder)}
-        ),
-        "replicas": groups,
-    }
-    return scenario.model_copy(update=update)
+def paths_beside(data: Any, folder: Path) -> Any:
+    """A scenario mapping as read from a file in `folder`, with the files it names made
+    absolute: the trace path joined to `folder`, and so a model config, hardware spec, engine
+    profile or draft model given as a relative path to a file there (ids, and paths to files
+    not there, stay as they are), so the scenario means the same from any working directory
+    and written anywhere. What is not shaped as a scenario is left for validation to report."""
+    if not isinstance(data, dict):
+        return data
+    folder = folder.resolve()
+    models = list_models()
+    out = dict(data)
+    if isinstance(out.get("model"), str):
+        out["model"] = beside(folder, out["model"], models)
+    if isinstance(out.get("replicas"), list):
+        out["replicas"] = [_group_beside(g, folder, models) for g in out["replicas"]]
+    workload = out.get("workload")
+    if isinstance(workload, dict) and isinstance(workload.get("dataset"), dict):
+        ds = workload["dataset"]
+        if ds.get("name") == "trace" and isinstance(ds.get("path"), str):
+            ds = {**ds, "path": str(folder / ds["path"])}  # an absolute path stays as it is
+        out["workload"] = {**workload, "dataset": ds}
+    return out
+
+
+def _group_beside(group: Any, folder: Path, models: list[str]) -> Any:
+    if not isinstance(group, dict):
+        return group
+    out = dict(group)
+    for key, known in (("hardware", list_hardware()), ("engine", list_engines())):
+        if isinstance(out.get(key), str):
+            out[key] = beside(folder, out[key], known)
+    spec = out.get("speculative")
+    if isinstance(spec, dict) and isinstance(spec.get("model"), str):
+        out["speculative"] = {**spec, "model": beside(folder, spec["model"], models)}
+    return out
 
 
 def dataset_beside(ds: DatasetSpec, folder: Path) -> DatasetSpec:

@@ -44,7 +44,7 @@ import yaml
 from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
 from simulator.errors import SpecError
-from simulator.scenario import ReplicaGroupSpec, Scenario, resolve_paths
+from simulator.scenario import ReplicaGroupSpec, Scenario, paths_beside
 from simulator.specs._base import Frozen
 from simulator.specs.loader import read_yaml, validate
 
@@ -177,6 +177,12 @@ def expand(spec: SweepSpec) -> list[SweepRun]:
     return list(runs.values())
 
 
+def num_points(spec: SweepSpec) -> int:
+    """Points of the sweep, counting those that resolve to the same scenario (`expand` keeps
+    one run of each)."""
+    return len(_points(spec))
+
+
 def _base(spec: SweepSpec) -> tuple[dict[str, Any], Path]:
     """The base scenario mapping and the folder the files it names are relative to."""
     if isinstance(spec.base, dict):
@@ -218,10 +224,9 @@ def _resolve(base: dict[str, Any], values: dict[str, Any], root: Path) -> SweepR
     try:
         for path, value in values.items():
             assign(data, path, copy.deepcopy(value))
-        scenario = validate(Scenario, data, source="scenario")
+        scenario = validate(Scenario, paths_beside(data, root), source="scenario")
     except SpecError as exc:
         return SweepRun(run_id=_digest(data), values=values, scenario=data, error=exc.line())
-    scenario = resolve_paths(scenario, root)
     run_id = _digest(scenario.model_dump(mode="json", exclude_defaults=True))
     resolved = scenario.model_dump(mode="json")
     resolved["name"] = f"{scenario.name}-{run_id}"
@@ -280,10 +285,31 @@ def _index(node: list[Any], key: str, *, path: str) -> int:
 # -- the sweep as run -----------------------------------------------------------------------------
 def write_sweep(spec: SweepSpec, path: Path) -> None:
     """The sweep as run, its base scenario inlined (`DIR/sweep.yaml`)."""
-    base, _ = _base(spec)
-    data = {"base": base, **spec.model_dump(mode="json", exclude={"base"}, exclude_defaults=True)}
+    base, root = _base(spec)
+    rest = spec.model_dump(mode="json", exclude={"base"}, exclude_defaults=True)
+    for section in ("grid", "zip", "random"):  # a file a value names, as the base finds it
+        for varied, values in rest.get(section, {}).items():
+            if isinstance(values, list):
+                rest[section][varied] = [_beside_base(base, varied, v, root) for v in values]
+    data = {"base": paths_beside(base, root), **rest}  # its files named from anywhere
     source = f"{spec.base} in {spec._root}" if isinstance(spec.base, str) else "inline"
     header = f"# The sweep as run by `llmsim sweep`; the base ({source}) inlined.\n"
     path.write_text(
         header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None), encoding="utf-8"
     )
+
+
+def _beside_base(base: dict[str, Any], path: str, value: Any, root: Path) -> Any:
+    """`value` of the varied `path` as a run reads it: a file it names beside the base made
+    absolute (`paths_beside`), so the sweep as written means the same from its own folder."""
+    data = copy.deepcopy(base)
+    try:
+        assign(data, path, value)
+    except SpecError:  # a run that cannot take it is an error row already
+        return value
+    head, *rest = path.split(".")
+    keys = ["replicas", "0", head, *rest] if head in REPLICA_FIELDS else [head, *rest]
+    node: Any = paths_beside(data, root)
+    for key in keys:
+        node = _get(node, key, path=path)
+    return node

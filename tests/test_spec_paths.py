@@ -14,7 +14,7 @@ from factories import plan_data, write_yaml
 from simulator.planning.spec import load_plan
 from simulator.scenario import load_scenario
 from simulator.specs.loader import MODELS_DIR, beside, list_hardware, load_hardware
-from simulator.sweep_spec import expand, load_sweep
+from simulator.sweep_spec import expand, load_sweep, write_sweep
 
 RANDOM = {"dataset": {"name": "random", "input_len": 128, "output_len": 16}, "num_prompts": 8}
 
@@ -54,15 +54,21 @@ def test_a_scenario_finds_its_spec_files_beside_it(
     monkeypatch.chdir(tmp_path)  # neither the scenario's folder nor the repository
     scenario = load_scenario(here / "run.yaml")
     group = scenario.replicas[0]
-    assert scenario.model == str(here / "cfg")
+    beside_it = (tmp_path / here).resolve()  # absolute: the same from any working directory
+    assert scenario.model == str(beside_it / "cfg")
     assert (group.hardware, group.engine) == (
-        str(here / "my_gpu.yaml"),
-        str(here / "my_engine.yaml"),
+        str(beside_it / "my_gpu.yaml"),
+        str(beside_it / "my_engine.yaml"),
     )
     assert load_hardware(group.hardware).memory.bandwidth_bytes_per_s == 3.0e12
-    code, out, err = run_cli(capsys, "run", str(here / "run.yaml"), "--json")
+    code, out, err = run_cli(capsys, "run", str(here / "run.yaml"), "--json", "--out", "run")
     assert (code, err) == (0, "")
     assert json.loads(out)["completed"] == 8
+    # The run folder names the files as found, so its report is written from anywhere.
+    monkeypatch.chdir(tmp_path / here)
+    code, _, err = run_cli(capsys, "report", str(tmp_path / "run"), "-o", "r.html")
+    assert (code, err) == (0, "")
+    assert (tmp_path / here / "r.html").stat().st_size > 0
 
 
 def test_ids_absolute_paths_and_missing_files_stay_as_given(tmp_path: Path) -> None:
@@ -115,6 +121,12 @@ def test_a_sweep_base_finds_its_spec_files_beside_it(
     assert engines == ["vllm", str(folder.resolve() / "my_engine.yaml")]
     hardware = {r["scenario"]["replicas"][0]["hardware"] for r in runs}
     assert hardware == {str(folder.resolve() / "my_gpu.yaml")}
+    # DIR/sweep.yaml inlines the base with its files named absolutely: rerun from its own
+    # folder, it finds them and makes the same runs.
+    (tmp_path / "out").mkdir()
+    write_sweep(load_sweep(path), tmp_path / "out" / "sweep.yaml")
+    again = expand(load_sweep(tmp_path / "out" / "sweep.yaml"))
+    assert [(r["run_id"], r["error"]) for r in again] == [(r["run_id"], None) for r in runs]
 
 
 def test_a_plan_finds_its_spec_files_beside_it(
@@ -129,6 +141,7 @@ def test_a_plan_finds_its_spec_files_beside_it(
     write_yaml(folder / "plan.yaml", data)
     monkeypatch.chdir(tmp_path)
     spec = load_plan(Path("plans/plan.yaml"))
-    assert spec.model == str(Path("plans/cfg"))
-    assert [h.id for h in spec.candidates.hardware] == ["h100_sxm", str(Path("plans/my_gpu.yaml"))]
-    assert spec.candidates.engine == [str(Path("plans/my_engine.yaml"))]
+    plans = folder.resolve()
+    assert spec.model == str(plans / "cfg")
+    assert [h.id for h in spec.candidates.hardware] == ["h100_sxm", str(plans / "my_gpu.yaml")]
+    assert spec.candidates.engine == [str(plans / "my_engine.yaml")]
