@@ -54,6 +54,7 @@ from simulator.sweep_spec import (
     assign,
     expand,
     load_sweep,
+    num_points,
     write_sweep,
 )
 
@@ -265,10 +266,13 @@ class SweepReport:
     error: int
     skipped: int
     path: Path
+    repeats: int = 0  # points that resolve to the scenario of another point: run once
 
     def line(self) -> str:
+        same = f", {self.repeats} repeated points run once" if self.repeats else ""
         return (
-            f"{self.ok} ok, {self.error} error, {self.skipped} skipped (done before); {self.path}"
+            f"{self.ok} ok, {self.error} error, {self.skipped} skipped (done before)"
+            f"{same}; {self.path}"
         )
 
 
@@ -316,7 +320,8 @@ def execute_sweep(
     finally:
         results.close()
     table = pd.read_csv(results.path) if results.path.exists() else pd.DataFrame()
-    return SweepReport(table, counts["ok"], counts["error"], len(runs) - len(todo), results.path)
+    skipped, repeats = len(runs) - len(todo), num_points(spec) - len(runs)
+    return SweepReport(table, counts["ok"], counts["error"], skipped, results.path, repeats)
 
 
 def run_sweep(

@@ -309,6 +309,21 @@ def test_cli_sweep_writes_results(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert (code, stdout.split(";")[0]) == (0, "sweep: 0 ok, 0 error, 2 skipped (done before)")
 
 
+def test_cli_sweep_says_when_points_repeat_a_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Six draws from two choices: two distinct scenarios, each run once.
+    random = {"router.kind": ["round_robin", "least_outstanding"]}
+    path = make_sweep(tmp_path, random=random, samples=6)
+    out = tmp_path / "out"
+    code, stdout, _ = run_cli(capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
+    assert (code, stdout.split(";")[0]) == (
+        0,
+        "sweep: 2 ok, 0 error, 0 skipped (done before), 4 repeated points run once",
+    )
+    assert len(pd.read_csv(out / "results.csv")) == 2
+
+
 def test_the_progress_bar_shows_on_a_terminal_unless_quiet(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
