@@ -81,6 +81,7 @@ def test_hardware_show_says_where_the_efficiency_factors_come_from(
 ) -> None:
     h200 = run_json(capsys, "hardware", "show", "h200_sxm", "--json")["provenance"]
     assert h200["attention_from"] == "h100_sxm" and h200["base"] is None
+    assert h200["collective_from"] == "h100_sxm"
     assert h200["calibration"].endswith("calibration/h200_sxm.yaml")
     assert h200["file"].endswith("hardware_specs/h200_sxm.yaml")
     b200 = run_json(capsys, "hardware", "show", "b200", "--json")["provenance"]
@@ -88,6 +89,7 @@ def test_hardware_show_says_where_the_efficiency_factors_come_from(
     _, text, _ = run_cli(capsys, "hardware", "show", "h200_sxm")
     line = " ".join(text.split("efficiency:")[1].split())
     assert "fitted factors from" in line and "attention from h100_sxm" in line
+    assert "collectives from h100_sxm" in line
     assert "GEMM libraries cublas-13.1" in line
     _, text, _ = run_cli(capsys, "hardware", "show", "b200")
     assert "as the spec writes them" in text

@@ -96,6 +96,8 @@ def _efficiency_origin(origin: dict[str, str | None], libraries: list[str]) -> s
         parts.append(f"over {origin['base']}'s")
     if origin["attention_from"]:
         parts.append(f"attention from {origin['attention_from']}")
+    if origin["collective_from"]:
+        parts.append(f"collectives from {origin['collective_from']}")
     if libraries:
         parts.append(f"GEMM libraries {', '.join(libraries)}")
     return "; ".join(parts)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from simulator.errors import SpecError
 from simulator.specs.engine import EngineSpec
-from simulator.specs.hardware import HardwareSpec
+from simulator.specs.hardware import EfficiencySpec, HardwareSpec
 from simulator.specs.hf import ConfigKeyError, from_hf_config
 from simulator.specs.model import ModelSpec
 
@@ -110,7 +110,13 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 ATTENTION_FROM = "attention_from"
+COLLECTIVE_FROM = "collective_from"
 BASE = "base"
+# What a sibling device lends (`efficiency.<key>_from: ID`): the efficiency keys it carries.
+SIBLING_KEYS = {
+    ATTENTION_FROM: ("attention", "attention_kernels"),
+    COLLECTIVE_FROM: ("collective",),
+}
 
 
 def _check_chain(path: Path, chain: tuple[Path, ...], what: str) -> None:
@@ -176,19 +182,19 @@ def _calibration(
 
 def hardware_provenance(hw: str) -> dict[str, str | None]:
     """Where the spec of `hw` (an id or a path) comes from: its file, the spec it starts from
-    (`base`), the device whose attention it takes (`attention_from`), and the calibration file
-    laid over it (None where there is none; a base's comes with the base)."""
+    (`base`), the devices whose attention and collectives it takes (`attention_from`,
+    `collective_from`), and the calibration file laid over it (None where there is none; a
+    base's comes with the base)."""
     path = _hardware_path(hw).resolve()
     raw = read_yaml(path)
     raw = raw if isinstance(raw, dict) else {}
     eff = raw.get("efficiency")
+    eff = eff if isinstance(eff, dict) else {}
     calibration = calibration_beside(path)
     return {
         "file": str(path),
         "base": str(raw[BASE]) if BASE in raw else None,
-        "attention_from": (
-            str(eff[ATTENTION_FROM]) if isinstance(eff, dict) and ATTENTION_FROM in eff else None
-        ),
+        **{key: str(eff[key]) if key in eff else None for key in SIBLING_KEYS},
         "calibration": str(calibration) if calibration.is_file() else None,
     }
 
@@ -229,15 +235,14 @@ def _hardware_data(
     )
     if base is not None:
         eff = data.get("efficiency")
-        if isinstance(eff, dict) and ATTENTION_FROM in eff:
-            # This file names its own attention donor: the base's attention goes with it.
+        if isinstance(eff, dict):
+            # This file names its own donor of a part: the base's part goes with it.
+            lent = {k for key, keys in SIBLING_KEYS.items() if key in eff for k in keys}
             inherited = base.get("efficiency") or {}
-            base_eff = {
-                k: v for k, v in inherited.items() if k not in ("attention", "attention_kernels")
-            }
-            base = {**base, "efficiency": base_eff}
+            base = {**base, "efficiency": {k: v for k, v in inherited.items() if k not in lent}}
         data = _merge(base, data)
     data = _sibling_attention({**data, "id": path.stem}, path, calibrated=calibrated)
+    data = _sibling_collective(data, path, calibrated=calibrated)
     fitted, source = _calibration(path, calibrated, fitted, "efficiency")
     if fitted is None:
         return data, str(path)
@@ -248,21 +253,53 @@ def _sibling_attention(data: dict[str, Any], path: Path, *, calibrated: bool) ->
     """`efficiency.attention_from: ID` (a device of the same die running the same kernels,
     e.g. H200 from H100 SXM): the attention efficiency as that device's spec has it (fitted
     to its operator data when `calibrated`), as fractions of this device's own peak and
-    bandwidth, and its `attention_kernels` unless this file gives its own. The named device
-    must describe its attention itself, in its own file (no `attention_from`, no `base`)."""
+    bandwidth, and its `attention_kernels` unless this file gives its own."""
     eff = data.get("efficiency")
     if not isinstance(eff, dict) or ATTENTION_FROM not in eff:
         return data
-    field = f"efficiency.{ATTENTION_FROM}"
-    sibling_id = eff[ATTENTION_FROM]
-    if not isinstance(sibling_id, str):
-        raise SpecError("expected a hardware id", source=str(path), field=field)
     if "attention" in eff:
         raise SpecError(
             f"give either 'attention' or '{ATTENTION_FROM}', not both",
             source=str(path),
-            field=field,
+            field=f"efficiency.{ATTENTION_FROM}",
         )
+    sibling = _sibling(eff, ATTENTION_FROM, path, calibrated=calibrated)
+    eff = {k: v for k, v in eff.items() if k != ATTENTION_FROM}
+    eff["attention"] = sibling.attention.model_dump()
+    if "attention_kernels" not in eff and sibling.attention_kernels:
+        eff["attention_kernels"] = {
+            name: kernel.model_dump() for name, kernel in sibling.attention_kernels.items()
+        }
+    return {**data, "efficiency": eff}
+
+
+def _sibling_collective(data: dict[str, Any], path: Path, *, calibrated: bool) -> dict[str, Any]:
+    """`efficiency.collective_from: ID` (a device on the same kind of fabric running the same
+    collective library, e.g. H200 from H100 SXM, both NVLink4 through NVSwitch under NCCL):
+    the collective efficiency as that device's spec has it (fitted to its all-reduce timings
+    when `calibrated`: latency, its growth with the group, size curve, bus bandwidth fraction
+    of this device's own links), with the keys this file's own `collective` gives laid over
+    it (a measurement of this device's own, such as its busbw fraction)."""
+    eff = data.get("efficiency")
+    if not isinstance(eff, dict) or COLLECTIVE_FROM not in eff:
+        return data
+    sibling = _sibling(eff, COLLECTIVE_FROM, path, calibrated=calibrated)
+    own = eff.get("collective") or {}
+    if not isinstance(own, dict):
+        raise SpecError("expected a mapping", source=str(path), field="efficiency.collective")
+    eff = {k: v for k, v in eff.items() if k != COLLECTIVE_FROM}
+    eff["collective"] = {**sibling.collective.model_dump(), **own}
+    return {**data, "efficiency": eff}
+
+
+def _sibling(eff: dict[str, Any], key: str, path: Path, *, calibrated: bool) -> EfficiencySpec:
+    """The efficiency of the device `eff[key]` names (`attention_from`, `collective_from`),
+    calibrated when `calibrated`. It must describe that part itself, in its own file (no
+    `<key>`, no `base`)."""
+    field = f"efficiency.{key}"
+    sibling_id = eff[key]
+    if not isinstance(sibling_id, str):
+        raise SpecError("expected a hardware id", source=str(path), field=field)
     try:
         sibling_path = _hardware_path(sibling_id).resolve()
     except SpecError as exc:
@@ -272,22 +309,15 @@ def _sibling_attention(data: dict[str, Any], path: Path, *, calibrated: bool) ->
     if (
         sibling_path == path
         or (isinstance(raw, dict) and BASE in raw)
-        or (isinstance(sibling_eff, dict) and ATTENTION_FROM in sibling_eff)
+        or (isinstance(sibling_eff, dict) and key in sibling_eff)
     ):
+        part = {ATTENTION_FROM: "attention", COLLECTIVE_FROM: "collectives"}[key]
         raise SpecError(
-            f"{sibling_id} takes its attention from another device: name one that describes "
-            "its own",
+            f"{sibling_id} takes its {part} from another device: name one that describes its own",
             source=str(path),
             field=field,
         )
-    sibling = _load_hardware_file(sibling_path, calibrated).efficiency
-    eff = {k: v for k, v in eff.items() if k != ATTENTION_FROM}
-    eff["attention"] = sibling.attention.model_dump()
-    if "attention_kernels" not in eff and sibling.attention_kernels:
-        eff["attention_kernels"] = {
-            name: kernel.model_dump() for name, kernel in sibling.attention_kernels.items()
-        }
-    return {**data, "efficiency": eff}
+    return _load_hardware_file(sibling_path, calibrated).efficiency
 
 
 def calibrated_hardware(hw: str, fitted: Any) -> HardwareSpec:

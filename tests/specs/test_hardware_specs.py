@@ -213,6 +213,45 @@ def test_same_die_takes_the_siblings_fitted_attention(hw: str, sibling: str) -> 
     assert load_hardware(hw).memory != load_hardware(sibling).memory
 
 
+# -- collective_from: a device on the same fabric takes its sibling's fitted collectives --------
+COLLECTIVE_SIBLINGS = {
+    "h200_sxm": "h100_sxm",
+    "gh200": "h100_sxm",
+    "b200": "h100_sxm",
+    "a100_sxm_40gb": "a100_sxm_80gb",
+}
+
+
+@pytest.mark.parametrize(("hw", "sibling"), sorted(COLLECTIVE_SIBLINGS.items()))
+def test_same_fabric_takes_the_siblings_fitted_collectives(hw: str, sibling: str) -> None:
+    """The sibling's fit (latency, its growth with the group, size curve), with the keys the
+    device's own `collective` gives (its measured busbw fraction) laid over it."""
+    own = {"h200_sxm": 0.82, "b200": 0.76}
+    for calibrated in (True, False):
+        spec = load_hardware(hw, calibrated=calibrated).efficiency.collective
+        other = load_hardware(sibling, calibrated=calibrated).efficiency.collective
+        assert spec.busbw_fraction == own.get(hw, other.busbw_fraction)
+        assert spec.model_dump(exclude={"busbw_fraction"}) == other.model_dump(
+            exclude={"busbw_fraction"}
+        )
+    # A small all-reduce costs what it costs on the sibling's fabric, whatever the group
+    # (GH200: one GPU a node, no group to time).
+    for n in [n for n in (2, 4, 8) if n <= load_hardware(hw).interconnect.gpus_per_node]:
+        mine = simulator.allreduce_cost(hardware=hw, num_devices=n, size_bytes=8192)
+        theirs = simulator.allreduce_cost(hardware=sibling, num_devices=n, size_bytes=8192)
+        assert float(mine.time_s) == pytest.approx(float(theirs.time_s), rel=0.05)
+
+
+def test_bad_collective_from_names_the_file_and_field(tmp_path: Path) -> None:
+    text = (SPEC_DIR / "h200_sxm.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "variant.yaml"
+    path.write_text(text.replace("collective_from: h100_sxm", "collective_from: b200"))
+    with pytest.raises(SpecError) as info:
+        load_hardware(str(path))
+    assert (info.value.source, info.value.field) == (str(path), "efficiency.collective_from")
+    assert "b200 takes its collectives from another device" in info.value.reason
+
+
 def test_h200_decode_reads_at_its_own_bandwidth() -> None:
     """The same fitted fraction of a larger bandwidth: a large decode is faster on H200, by
     less than 4.8 / 3.35 where the fitted latency limits (the page walk, per-block rate) that
