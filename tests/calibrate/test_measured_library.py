@@ -87,9 +87,12 @@ def test_h200_takes_only_its_gemm_factors_from_its_own_timings() -> None:
     # the quantisation kernel before an fp8 GEMM keeps the spec's factors (none was timed)
     assert fitted.efficiency.gemm.quant_fraction == base.efficiency.gemm.quant_fraction
     assert fitted.efficiency.memory.size_curve != base.efficiency.memory.size_curve
-    # everything else stays as written: the attention is still H100's fitted one
-    assert fitted.efficiency.attention == load_hardware("h100_sxm").efficiency.attention
-    assert fitted.efficiency.collective == base.efficiency.collective
+    # everything else stays as written: the attention is still H100's fitted one, and so are
+    # the collectives, but for H200's own measured busbw
+    h100 = load_hardware("h100_sxm").efficiency
+    assert fitted.efficiency.attention == h100.attention
+    own_busbw = {"busbw_fraction": base.efficiency.collective.busbw_fraction}
+    assert fitted.efficiency.collective == h100.collective.model_copy(update=own_busbw)
     assert fitted.efficiency.memory.stream_fraction == base.efficiency.memory.stream_fraction
     assert (fitted.compute, fitted.memory) == (base.compute, base.memory)
     text = calibrate.calibration_path("h200_sxm").read_text()
