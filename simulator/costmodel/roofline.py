@@ -81,7 +81,9 @@ def gemm_efficiency(hw: HardwareSpec, op: Op, eff: GemmEfficiency | None = None)
     m = np.maximum(np.asarray(op.m, dtype=float), 1.0)
     n = np.maximum(np.asarray(op.n, dtype=float), 1.0)
     groups = np.maximum(np.asarray(op.groups, dtype=float), 1.0)
-    max_split = np.maximum(1.0, np.floor(np.asarray(op.k, dtype=float) / eff.split_k_min_k))
+    # A smooth fill, as for attention's split-KV: whole splits would make k just below a
+    # multiple of split_k_min_k slower than the multiple (k = 960 slower than 1024).
+    max_split = np.maximum(1.0, np.asarray(op.k, dtype=float) / eff.split_k_min_k)
     units = hw.compute.units
     frac = eff.peak_fraction.get(op.dtype, eff.peak_fraction.get("bf16", 0.7))  # type: ignore[call-overload]
     curve = eff.size_curves.get(op.dtype, eff.size_curve)  # type: ignore[call-overload]

@@ -95,6 +95,15 @@ def test_gemm_4096_cube_bf16_on_h100() -> None:
     assert bound(cost) == "compute"
 
 
+@pytest.mark.parametrize("hw", ["h100_sxm", "a100_sxm_80gb", "rtx_4090", "l40s", "mi300x"])
+def test_a_longer_k_never_makes_a_skinny_gemm_faster(hw: str) -> None:
+    # Split-K fills the idle SMs smoothly in k: with whole splits only, k = 960 (one split of
+    # the least 512) cost more than k = 1024 (two) on every device, 1.6x on an RTX 4090.
+    for m, n in [(64, 1024), (16, 4096), (256, 2048)]:
+        times = [gemm_cost(hardware=hw, m=m, n=n, k=k).time_s.item() for k in range(128, 8193, 32)]
+        assert np.all(np.diff(times) >= -1e-12 * max(times)), (m, n)
+
+
 def test_gemm_single_row_is_memory_bound() -> None:
     # m = 1 (a decode GEMV): bytes = 4096 x 4096 x 2 (weights) + 1 x (4096 + 4096) x 2 = 33,570,816
     # memory = 33,570,816 / (3.35e12 x 0.89) = 11.26 us >> compute; time = memory + 3 us
