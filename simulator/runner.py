@@ -31,9 +31,7 @@ from simulator.serving.cluster import (
 from simulator.serving.disagg import pool_summary, prefill_view, serve_scenario
 from simulator.serving.loops import engine_loop, expert_layout
 from simulator.serving.workload import (
-    RandomDataset,
     RequestTable,
-    SharedPrefix,
     WorkloadSpec,
     generate_requests,
 )
@@ -223,12 +221,13 @@ def bench_throughput(
     """`vllm bench throughput`: every request at t=0; returns the run and its summary.
     `prefix_len`: vLLM's --prefix-len, a prefix shared by every prompt, before its input_len
     tokens. `engine_args`: as in `bench_scenario`."""
-    workload = WorkloadSpec(
-        dataset=RandomDataset(input_len=input_len, output_len=output_len),
-        num_prompts=num_prompts,
-        request_rate=math.inf,
-        prefix=SharedPrefix(tokens=prefix_len) if prefix_len else None,
-    )
+    data = {
+        "dataset": {"name": "random", "input_len": input_len, "output_len": output_len},
+        "num_prompts": num_prompts,
+        "request_rate": math.inf,
+        "prefix": {"tokens": prefix_len} if prefix_len else None,
+    }
+    workload = validate(WorkloadSpec, data, source="bench")
     scenario = bench_scenario(
         model=model, hardware=hardware, workload=workload, engine_args=engine_args, seed=seed
     )

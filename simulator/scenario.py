@@ -82,7 +82,9 @@ class ReplicaGroupSpec(Frozen):
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    swap_space_gib: float = Field(default=4.0, ge=0, description="host swap space per GPU")
+    swap_space_gib: float = Field(
+        default=4.0, ge=0, allow_inf_nan=False, description="host swap space per GPU"
+    )
     enable_prefix_caching: bool = Field(
         default=False, description="vLLM's automatic prefix caching (--enable-prefix-caching)"
     )

@@ -298,6 +298,20 @@ def test_run_prints_its_schema(capsys: pytest.CaptureFixture[str]) -> None:
             ("bench", "serve", "--hardware", "h100_sxm", "--model", "llama-3.1-8b", "--seed", "-1"),
             "--seed",
         ),
+        (
+            (
+                *("bench", "throughput", "--hardware", "h100_sxm", "--model", "llama-3.1-8b"),
+                *("--num-prompts", "0"),
+            ),
+            "num_prompts",
+        ),
+        (
+            (
+                *("bench", "serve", "--hardware", "h100_sxm", "--model", "llama-3.1-8b"),
+                *("--preemption-mode", "swap", "--swap-space", "inf"),
+            ),
+            "swap_space",
+        ),
     ],
 )
 def test_bad_serving_input_exits_2_with_one_line(

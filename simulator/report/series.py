@@ -113,5 +113,7 @@ def waiting(arrival_s: npt.ArrayLike, leave_s: npt.ArrayLike) -> tuple[np.ndarra
     delta = np.concatenate([np.ones(arrive.size), -np.ones(leave.size)])
     order = np.argsort(times, kind="stable")
     times, counts = times[order], np.cumsum(delta[order])
+    if times.size == 0:  # nothing arrived: no step in the count
+        return times, counts
     last = np.r_[times[1:] != times[:-1], True]  # the count once every event at t is in
     return times[last], counts[last]

@@ -7,7 +7,7 @@ the cost model then runs that precision weight-only (dequantise to bf16/fp16, co
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -25,6 +25,9 @@ from simulator.specs._base import (
 
 ComputeDtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
 
+# What a kernel reaches of a peak or a bandwidth: above 0, at most all of it.
+Fraction = Annotated[float, Field(gt=0, le=1)]
+
 
 class ComputeSpec(Frozen):
     units: int = Field(gt=0, description="SMs (NVIDIA) or CUs (AMD)")
@@ -35,7 +38,7 @@ class ComputeSpec(Frozen):
         "10.0; 1536 at 8.6 and 8.9)",
     )
     clock_hz: Hertz = Field(gt=0, description="clock at which the tensor peaks are computed")
-    peak_flops_per_s: dict[ComputeDtype, FlopsPerS] = Field(
+    peak_flops_per_s: dict[ComputeDtype, Annotated[FlopsPerS, Field(gt=0)]] = Field(
         description="dense matrix-unit peak per dtype (fp32: vector FMA peak)"
     )
 
@@ -48,7 +51,9 @@ class ComputeSpec(Frozen):
 
 class MemorySpec(Frozen):
     capacity_bytes: Bytes = Field(gt=0, description="capacity the driver reports")
-    bandwidth_bytes_per_s: BytesPerS = Field(gt=0, description="datasheet DRAM bandwidth")
+    bandwidth_bytes_per_s: BytesPerS = Field(
+        gt=0, allow_inf_nan=False, description="datasheet DRAM bandwidth"
+    )
     l2_cache_bytes: Bytes = Field(ge=0, description="last-level on-chip cache")
 
 
@@ -160,7 +165,7 @@ class GemmEfficiency(Frozen):
     separate memory-bound kernel.
     """
 
-    peak_fraction: dict[ComputeDtype, float]
+    peak_fraction: dict[ComputeDtype, Fraction]
     tile_m: int = Field(default=128, gt=0, description="largest row tile")
     tile_n: int = Field(default=128, gt=0, description="largest column tile")
     tile_m_min: int = Field(
@@ -177,7 +182,7 @@ class GemmEfficiency(Frozen):
     extra_latency_s: dict[ComputeDtype, Seconds] = Field(
         default_factory=dict, description="per-dtype fixed cost on top of the kernel latency"
     )
-    quant_fraction: dict[ComputeDtype, float] = Field(
+    quant_fraction: dict[ComputeDtype, Fraction] = Field(
         default_factory=dict,
         description="per-dtype fraction of DRAM bandwidth the activation-quantisation kernel "
         "before a W8A8 GEMM reaches (default: the memory stream fraction)",
@@ -186,7 +191,7 @@ class GemmEfficiency(Frozen):
         default_factory=lambda: flat(1.0),
         description="multiplier on quant_fraction by the bytes the quantisation kernel moves",
     )
-    data_ceiling: dict[ComputeDtype, float] = Field(
+    data_ceiling: dict[ComputeDtype, Fraction] = Field(
         default_factory=dict,
         description="per-dtype highest fraction of the dense peak a GEMM reaches on real "
         "(random-like) weights, whose switching power holds the clock down at the power limit; "
@@ -202,7 +207,7 @@ class GemmLibrary(Frozen):
     quantisation kernel, data ceiling) is the device's. An engine names its library
     (`EngineSpec.gemm_library`); `EfficiencySpec.gemm_for` resolves it."""
 
-    peak_fraction: dict[ComputeDtype, float] = Field(
+    peak_fraction: dict[ComputeDtype, Fraction] = Field(
         default_factory=dict, description="per-dtype peak fractions replacing the device's"
     )
     size_curve: Curve | None = Field(

@@ -39,9 +39,13 @@ def _get(cfg: dict[str, Any], name: str, default: Any = ...) -> Any:
 
 
 def _int(cfg: dict[str, Any], name: str, default: Any = ...) -> int:
+    """A size the config gives (a count or a dimension): an integer of at least 1."""
     value = _get(cfg, name, default)
+    key = next((k for k in _ALIASES.get(name, (name,)) if cfg.get(k) is not None), name)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigKeyError(name, f"expected an integer, got {value!r}")
+        raise ConfigKeyError(key, f"expected an integer, got {value!r}")
+    if value < 1:
+        raise ConfigKeyError(key, f"must be at least 1, got {value}")
     return value
 
 

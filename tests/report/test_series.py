@@ -81,6 +81,11 @@ def test_binned_means_keep_the_integral(parts: list[tuple[float, float]], bins: 
     assert np.all(s.peak >= s.mean - 1e-9)
 
 
+def test_waiting_with_nothing_arrived_is_empty() -> None:
+    times, counts = waiting([], [])
+    assert times.size == counts.size == 0
+
+
 def test_waiting_counts_arrived_and_not_left() -> None:
     # Arrivals at 0, 1, 1; leaves at 1, never, 2: one waits, then two, then one.
     times, counts = waiting([0.0, 1.0, 1.0], [1.0, np.nan, 2.0])

@@ -384,6 +384,25 @@ def test_bad_hardware_base_names_the_file_and_field(tmp_path: Path, text: str, r
     assert reason in info.value.reason
 
 
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("efficiency: {gemm: {peak_fraction: {bf16: 0}}}\n", "efficiency.gemm.peak_fraction.bf16"),
+        ("efficiency: {gemm: {peak_fraction: {fp8: 1.5}}}\n", "efficiency.gemm.peak_fraction.fp8"),
+        ("compute: {peak_flops_per_s: {bf16: -989.4 TFLOP/s}}\n", "compute.peak_flops_per_s.bf16"),
+        ("memory: {bandwidth_bytes_per_s: .inf}\n", "memory.bandwidth_bytes_per_s"),
+    ],
+)
+def test_an_impossible_factor_names_the_file_and_field(
+    tmp_path: Path, text: str, field: str
+) -> None:
+    # A zero fraction made every GEMM take forever (inf latency, NaN metrics), not an error.
+    path = _write(tmp_path / "bad.yaml", "base: h100_sxm\n" + text)
+    with pytest.raises(SpecError) as info:
+        load_hardware(path)
+    assert (info.value.source, info.value.field) == (path, field)
+
+
 def test_error_in_the_base_spec_names_that_file(tmp_path: Path) -> None:
     base = _write(tmp_path / "base.yaml", "base: h100_sxm\npower: {tdp_w: -5 W}\n")
     path = _write(tmp_path / "child.yaml", "base: base.yaml\n")

@@ -259,6 +259,14 @@ def test_missing_key_names_file_and_key(tmp_path: Path) -> None:
     assert excinfo.value.field == "num_attention_heads"
 
 
+@pytest.mark.parametrize("key", ["num_attention_heads", "num_hidden_layers", "hidden_size"])
+def test_a_zero_size_names_file_and_key(tmp_path: Path, key: str) -> None:
+    path = _write(tmp_path / key / "config.json", json.dumps({**TINY, key: 0}))
+    with pytest.raises(SpecError) as excinfo:
+        load_model(str(path))
+    assert excinfo.value.field == key and "must be at least 1, got 0" in excinfo.value.reason
+
+
 def test_malformed_json_is_spec_error(tmp_path: Path) -> None:
     path = _write(tmp_path / "broken" / "config.json", '{"hidden_size": 256,,}')
     with pytest.raises(SpecError, match="malformed JSON") as excinfo:
