@@ -337,6 +337,17 @@ def test_a_malformed_scenario_names_file_and_field(
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_dataset_path_that_is_not_read_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(
+        capsys,
+        *("bench", "serve", "--hardware", "h100_sxm", "--model", "llama-3.1-8b"),
+        *("--dataset-name", "sharegpt", "--dataset-path", "ShareGPT_V3.json"),
+        *("--num-prompts", "5", "--json"),
+    )
+    assert code == 0 and json.loads(out)["completed"] == 5
+    assert err.count("\n") == 1 and "--dataset-path is not read" in err and "fitted" in err
+
+
 @pytest.mark.parametrize(
     ("group", "top", "named"),
     [

@@ -287,6 +287,15 @@ def bench_serve_cmd(
         if not dataset_path:
             raise SpecError("--dataset-name trace needs --dataset-path", field="dataset_path")
         dataset["path"] = dataset_path
+    elif dataset_path:  # a vllm command pasted as it is: say what stands in for the file
+        stand_in = {
+            DatasetName.sharegpt: "draws ShareGPT's lengths from its fitted length model",
+            DatasetName.random: "draws random lengths",
+        }.get(dataset_name, "replays its bundled copy of that trace")
+        sys.stderr.write(
+            f"llmsim: note: --dataset-path is not read for --dataset-name "
+            f"{dataset_name.value}: llmsim {stand_in} (--dataset-name trace reads a file)\n"
+        )
     if random_prefix_len and dataset_name is not DatasetName.random:
         raise SpecError("applies to --dataset-name random", field="random_prefix_len")
     workload = validate(
