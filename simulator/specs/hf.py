@@ -61,6 +61,13 @@ def _first_int(cfg: dict[str, Any], *keys: str, default: int) -> int:
     return default
 
 
+def _size(cfg: dict[str, Any], *keys: str, default: int) -> int:
+    """The first of `keys` the config gives (not null), a size of at least 1; else `default`.
+    Unlike `_first_int`, a 0 is an error, not "absent"."""
+    key = next((k for k in keys if cfg.get(k) is not None), None)
+    return default if key is None else _int(cfg, key)
+
+
 def _attention(cfg: dict[str, Any], hidden: int) -> GQAttention | MLAttention:
     heads = _int(cfg, "num_heads")
     if cfg.get("kv_lora_rank"):
@@ -90,7 +97,7 @@ def _dense_mlp(cfg: dict[str, Any], hidden: int) -> MLP:
     model_type = cfg.get("model_type", "")
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
     gated = act in _GATED_ACTS and model_type != "bloom"
-    size = _first_int(cfg, "intermediate_size", "ffn_dim", "n_inner", default=4 * hidden)
+    size = _size(cfg, "intermediate_size", "ffn_dim", "n_inner", default=4 * hidden)
     bias = model_type == "bloom" or bool(cfg.get("mlp_bias", False))  # Llama configs: mlp_bias
     return MLP(intermediate_size=size, gated=gated, bias=bias)
 
@@ -99,9 +106,7 @@ def _moe(cfg: dict[str, Any], num_layers: int) -> MoE | None:
     experts = _first_int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
     if experts <= 1:
         return None
-    expert_size = _first_int(cfg, "moe_intermediate_size", default=0) or _int(
-        cfg, "intermediate_size"
-    )
+    expert_size = _size(cfg, "moe_intermediate_size", default=0) or _int(cfg, "intermediate_size")
     shared = _first_int(cfg, "n_shared_experts", default=0)
     shared_size = _first_int(cfg, "shared_expert_intermediate_size", default=0)
     if shared_size:  # Qwen-MoE: one shared expert of its own size
@@ -173,7 +178,7 @@ def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type == "bloom")),
         dtype=dtype,
         weight_dtype=_weight_dtype(cfg, dtype),
-        max_position_embeddings=_first_int(
+        max_position_embeddings=_size(
             cfg, "max_position_embeddings", "seq_length", "n_positions", default=4096
         ),
     )

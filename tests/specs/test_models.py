@@ -259,7 +259,16 @@ def test_missing_key_names_file_and_key(tmp_path: Path) -> None:
     assert excinfo.value.field == "num_attention_heads"
 
 
-@pytest.mark.parametrize("key", ["num_attention_heads", "num_hidden_layers", "hidden_size"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "num_attention_heads",
+        "num_hidden_layers",
+        "hidden_size",
+        "intermediate_size",  # was taken for absent: 4 x hidden
+        "max_position_embeddings",  # likewise: 4096
+    ],
+)
 def test_a_zero_size_names_file_and_key(tmp_path: Path, key: str) -> None:
     path = _write(tmp_path / key / "config.json", json.dumps({**TINY, key: 0}))
     with pytest.raises(SpecError) as excinfo:
