@@ -77,6 +77,9 @@ class EngineSpec(Frozen):
         "the one the device's attention factors were fitted to; used on devices with a "
         "comparison of the two (`efficiency.attention_kernels`), else the device's own",
     )
+    vendors: list[Literal["nvidia", "amd", "intel"]] | None = Field(
+        default=None, description="the GPU vendors the engine runs on (None: any)"
+    )
     multi_step_scheduling: bool = Field(
         default=False,
         description="has vLLM V0's multi-step scheduling (--num-scheduler-steps)",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from simulator.api import deployment
 from simulator.errors import SpecError
 from simulator.serving.group import default_scheduler
 from simulator.specs import EngineSpec, list_engines, load_engine
@@ -224,3 +225,13 @@ def test_error_in_the_base_file_names_that_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_engine(path)
     assert (info.value.source, info.value.field) == (base, "scheduler.max_num_seqs")
+
+
+@pytest.mark.parametrize("engine", ["trtllm", "trtllm-0.6"])
+def test_tensorrt_llm_runs_on_nvidia_gpus_only(engine: str) -> None:
+    assert load_engine(engine).vendors == ["nvidia"]
+    with pytest.raises(SpecError, match="runs on nvidia GPUs, not on AMD Instinct MI300X") as info:
+        deployment(model="llama-3.1-8b", hardware="mi300x", engine=engine)
+    assert info.value.field == "engine"
+    deployment(model="llama-3.1-8b", hardware="h100_sxm", engine=engine)
+    deployment(model="llama-3.1-8b", hardware="mi300x", engine="sglang")  # any vendor
