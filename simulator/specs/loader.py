@@ -253,7 +253,9 @@ def _sibling_attention(data: dict[str, Any], path: Path, *, calibrated: bool) ->
     """`efficiency.attention_from: ID` (a device of the same die running the same kernels,
     e.g. H200 from H100 SXM): the attention efficiency as that device's spec has it (fitted
     to its operator data when `calibrated`), as fractions of this device's own peak and
-    bandwidth, and its `attention_kernels` unless this file gives its own."""
+    bandwidth, and its `attention_kernels` unless this file gives its own; likewise the
+    activation-quantisation kernel before W8A8 GEMMs (`gemm.quant_fraction` and its size
+    curve), the other engine kernel timed with them, unless this file gives its own."""
     eff = data.get("efficiency")
     if not isinstance(eff, dict) or ATTENTION_FROM not in eff:
         return data
@@ -269,6 +271,13 @@ def _sibling_attention(data: dict[str, Any], path: Path, *, calibrated: bool) ->
     if "attention_kernels" not in eff and sibling.attention_kernels:
         eff["attention_kernels"] = {
             name: kernel.model_dump() for name, kernel in sibling.attention_kernels.items()
+        }
+    gemm = eff.get("gemm")
+    if isinstance(gemm, dict) and "quant_fraction" not in gemm and sibling.gemm.quant_fraction:
+        eff["gemm"] = {
+            **gemm,
+            "quant_fraction": dict(sibling.gemm.quant_fraction),
+            "quant_size_curve": sibling.gemm.quant_size_curve.model_dump(),
         }
     return {**data, "efficiency": eff}
 

@@ -84,8 +84,11 @@ def test_h200_takes_only_its_gemm_factors_from_its_own_timings() -> None:
     assert peaks["fp16"] == peaks["bf16"] and peaks["int8"] == peaks["fp8"]
     assert fitted.efficiency.gemm.size_curve != base.efficiency.gemm.size_curve
     assert set(fitted.efficiency.gemm.size_curves) == {"fp8"}  # cuBLASLt's, the only one timed
-    # the quantisation kernel before an fp8 GEMM keeps the spec's factors (none was timed)
-    assert fitted.efficiency.gemm.quant_fraction == base.efficiency.gemm.quant_fraction
+    # the quantisation kernel before an fp8 GEMM (not timed on H200) is H100's fitted one,
+    # lent with the attention (`attention_from`: same die, same engine kernels)
+    h100_gemm = load_hardware("h100_sxm").efficiency.gemm
+    assert fitted.efficiency.gemm.quant_fraction == h100_gemm.quant_fraction
+    assert fitted.efficiency.gemm.quant_size_curve == h100_gemm.quant_size_curve
     assert fitted.efficiency.memory.size_curve != base.efficiency.memory.size_curve
     # everything else stays as written: the attention is still H100's fitted one, and so are
     # the collectives, but for H200's own measured busbw

@@ -208,6 +208,8 @@ def test_same_die_takes_the_siblings_fitted_attention(hw: str, sibling: str) -> 
         other = load_hardware(sibling, calibrated=calibrated).efficiency.model_dump()
         assert spec["attention"] == other["attention"]
         assert spec["attention_kernels"] == other["attention_kernels"]
+        for key in ("quant_fraction", "quant_size_curve"):  # vLLM's fp8 activation quantisation
+            assert spec["gemm"][key] == other["gemm"][key]
     fitted = load_hardware(hw).efficiency.attention.model_dump()
     assert fitted != load_hardware(hw, calibrated=False).efficiency.attention.model_dump()
     assert load_hardware(hw).memory != load_hardware(sibling).memory
