@@ -203,12 +203,12 @@ def paths_beside(data: Any, folder: Path) -> Any:
     if not isinstance(data, dict):
         return data
     folder = folder.resolve()
-    models = list_models()
+    known = {"model": list_models(), "hardware": list_hardware(), "engine": list_engines()}
     out = dict(data)
     if isinstance(out.get("model"), str):
-        out["model"] = beside(folder, out["model"], models)
+        out["model"] = beside(folder, out["model"], known["model"])
     if isinstance(out.get("replicas"), list):
-        out["replicas"] = [_group_beside(g, folder, models) for g in out["replicas"]]
+        out["replicas"] = [_group_beside(g, folder, known) for g in out["replicas"]]
     workload = out.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("dataset"), dict):
         ds = workload["dataset"]
@@ -218,16 +218,17 @@ def paths_beside(data: Any, folder: Path) -> Any:
     return out
 
 
-def _group_beside(group: Any, folder: Path, models: list[str]) -> Any:
+def _group_beside(group: Any, folder: Path, known: dict[str, list[str]]) -> Any:
+    """One replica group of `paths_beside`; `known`: the catalogue ids by kind."""
     if not isinstance(group, dict):
         return group
     out = dict(group)
-    for key, known in (("hardware", list_hardware()), ("engine", list_engines())):
+    for key in ("hardware", "engine"):
         if isinstance(out.get(key), str):
-            out[key] = beside(folder, out[key], known)
+            out[key] = beside(folder, out[key], known[key])
     spec = out.get("speculative")
     if isinstance(spec, dict) and isinstance(spec.get("model"), str):
-        out["speculative"] = {**spec, "model": beside(folder, spec["model"], models)}
+        out["speculative"] = {**spec, "model": beside(folder, spec["model"], known["model"])}
     return out
 
 
