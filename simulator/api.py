@@ -30,6 +30,7 @@ from simulator.specs import (
     load_model,
 )
 from simulator.specs.deployment import Parallelism, Precision, resolve_precision
+from simulator.specs.engine import Entrypoint
 from simulator.specs.offload import ExpertOffloadSpec, OffloadLike, OffloadSpec, resolve_offload
 
 __all__ = [
@@ -118,8 +119,11 @@ def deployment(
     cpu_offload_gb: float = 0.0,
     offload: OffloadLike = None,
     expert_offload: ExpertOffloadSpec | None = None,
+    entrypoint: Entrypoint = "server",
 ) -> Deployment:
     """Resolve ids into a checked Deployment; raises SpecError for anything impossible.
+    `entrypoint`: the engine runs as an API server or offline (vLLM's LLM class), which with
+    the device picks its batch defaults (`EngineSpec.on_device`).
     `cpu_offload_gb` (vLLM's flag), `offload` (an OffloadSpec, mapping or JSON text) and
     `expert_offload` keep weights off the GPU (`simulator.specs.offload`).
     `expert_parallel_size` = tp x dp > tp is DP attention (`Parallelism`);
@@ -127,6 +131,9 @@ def deployment(
     m = model if isinstance(model, ModelSpec) else load_model(model)
     hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
     eng = engine if isinstance(engine, EngineSpec) else load_engine(engine)
+    eng = eng.on_device(
+        hardware_id=hw.id, memory_bytes=hw.memory.capacity_bytes, entrypoint=entrypoint
+    )
     for name, value in (
         ("tensor_parallel_size", tensor_parallel_size),
         ("pipeline_parallel_size", pipeline_parallel_size),
@@ -208,6 +215,7 @@ def estimate(
         kv_cache_dtype=kv_cache_dtype,
         cpu_offload_gb=cpu_offload_gb,
         offload=offload,
+        entrypoint="offline",  # vllm bench latency runs the LLM class
     )
     return bench_latency(
         dep.model,

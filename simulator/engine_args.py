@@ -15,6 +15,7 @@ from typing import Any
 
 from simulator.errors import SpecError
 from simulator.serving.speculative import SpeculativeSpec, parse_speculative_config
+from simulator.specs.engine import Entrypoint
 from simulator.specs.offload import OffloadLike, parse_offload
 
 
@@ -30,7 +31,8 @@ class EngineArgs:
     `simulator.specs.offload.OffloadSpec`, as JSON text or a mapping) keep weights off the GPU.
     `kv_offloading_size` (GiB of host memory per replica) and `kv_offloading_backend`: vLLM's
     KV offloading flags, a CPU tier below HBM (`serving.kv_tiers`; needs prefix caching).
-    None: the engine profile's default. Values are checked when the scenario is validated.
+    None: the engine profile's default (prefix caching: on in vLLM V1, SGLang, TensorRT-LLM).
+    Values are checked when the scenario is validated.
     """
 
     engine: str = "vllm"
@@ -49,7 +51,7 @@ class EngineArgs:
     preemption_mode: str | None = None
     num_scheduler_steps: int | None = None
     swap_space: float = 4.0
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool | None = None
     kv_offloading_size: float | None = None
     kv_offloading_backend: str | None = None
     speculative_config: SpeculativeSpec | Mapping[str, Any] | str | None = None
@@ -58,10 +60,11 @@ class EngineArgs:
     enable_expert_parallel: bool = False
     pipeline_micro_batching: bool = False
 
-    def replica_group(self, *, hardware: str) -> dict[str, Any]:
+    def replica_group(self, *, hardware: str, entrypoint: Entrypoint = "server") -> dict[str, Any]:
         """The fields of the scenario's one replica group (`scenario.ReplicaGroupSpec`) on
-        `hardware`; raises SpecError for KV offloading without its size or prefix caching, and
-        for bad speculative or offload JSON."""
+        `hardware`, run as an API server or `offline` (vLLM's LLM class); raises SpecError
+        for KV offloading without its size or prefix caching, and for bad speculative or
+        offload JSON."""
         kv_offload = self._kv_offload()  # its errors come before the JSON flags' errors
         dp_attention = self.enable_expert_parallel and self.data_parallel_size > 1
         speculative = parse_speculative_config(
@@ -71,6 +74,7 @@ class EngineArgs:
         return {
             "hardware": hardware,
             "engine": self.engine,
+            "entrypoint": entrypoint,
             "count": 1 if dp_attention else self.data_parallel_size,
             "data_parallel_size": self.data_parallel_size if dp_attention else 1,
             "enable_expert_parallel": self.enable_expert_parallel,
@@ -104,10 +108,10 @@ class EngineArgs:
             raise SpecError("needs --kv-offloading-size", field="kv_offloading_backend")
         if self.kv_offloading_size is None:
             return None
-        if not self.enable_prefix_caching:
+        if self.enable_prefix_caching is False:
             raise SpecError(
-                "needs --enable-prefix-caching (offloaded blocks are found by their "
-                "prefix-cache keys)",
+                "needs prefix caching, not --no-enable-prefix-caching (offloaded blocks are "
+                "found by their prefix-cache keys)",
                 field="kv_offloading_size",
             )
         return {

@@ -208,12 +208,12 @@ def fleet_energy(
     *, steps: pd.DataFrame, requests: pd.DataFrame, groups: Sequence[GroupAccount]
 ) -> dict[str, float]:
     """Energy and cost of every GPU of `groups` (replicas numbered in group order, as
-    `serving.cluster.serve` numbers them) from the first arrival to the last finish: steps at
-    their modelled power, the rest at idle power. Keys: ENERGY_KEYS. Per-token and per-request
+    `serving.cluster.serve` numbers them) from the run's start (t = 0, the benchmark's start,
+    as the summary's duration) to the last finish: steps at their modelled power, the rest at
+    idle power. Keys: ENERGY_KEYS. Per-token and per-request
     figures are 0 when nothing completed (as the summary's rates are)."""
-    arrivals = requests["arrival_s"].to_numpy(dtype=float)
     ends = [requests["finish_s"].max(), steps["end_s"].max() if len(steps) else np.nan]
-    start = float(arrivals.min()) if arrivals.size else 0.0
+    start = 0.0
     stop = max((float(t) for t in ends if np.isfinite(t)), default=start)
     span = max(stop - start, 0.0)
     energy = cost = 0.0
@@ -265,7 +265,7 @@ def _energy_figures(
 
 def energy_summary(result: RunResult) -> dict[str, float]:
     """Energy, power and cost of a run (keys: ENERGY_KEYS): every GPU of every replica group
-    (count x tp x pp, each group its own hardware and price) from the first arrival to the last
+    (count x tp x pp, each group its own hardware and price) from the run's start to the last
     finish. A group's price is its `usd_per_gpu_hour` or its hardware's `price.usd_per_hour`."""
     if len(result.deployments) != len(result.scenario.replicas):
         raise ValueError("the run result carries no deployments (build it with runner.run)")

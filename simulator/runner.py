@@ -36,6 +36,7 @@ from simulator.serving.workload import (
     generate_requests,
 )
 from simulator.specs import ModelSpec, load_hardware, load_model
+from simulator.specs.engine import Entrypoint
 from simulator.specs.loader import validate
 
 
@@ -81,6 +82,7 @@ def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
         cpu_offload_gb=spec.cpu_offload_gb,
         offload=spec.offload,
         expert_offload=spec.expert_offload,
+        entrypoint=spec.entrypoint,
     )
 
 
@@ -91,7 +93,9 @@ def build_group(
     engine loop), memory plan and deployment."""
     dep = group_deployment(model, spec)
     overrides = spec.scheduler.model_dump()
-    scheduler = default_scheduler(dep.engine, **overrides)
+    scheduler = default_scheduler(
+        dep.engine, max_model_len=dep.model.max_position_embeddings, **overrides
+    )
     group, plan = replica_group(
         model=dep.model,
         hw=dep.hardware,
@@ -103,7 +107,7 @@ def build_group(
         enforce_eager=spec.enforce_eager,
         gpu_memory_utilization=spec.gpu_memory_utilization,
         swap_space_gib=spec.swap_space_gib,
-        enable_prefix_caching=spec.enable_prefix_caching,
+        enable_prefix_caching=spec.prefix_caching,
         speculative=spec.speculative,
         offload=dep.offload,
         kv_offload=spec.kv_offload,
@@ -145,7 +149,8 @@ def _simulate(scenario: Scenario, *, name_groups: bool = False) -> RunResult:
         itl_s=sim.itl_s,
         itl_weight=sim.itl_weight,
         goodput=goodput or None,
-        prefix_caching=any(g.enable_prefix_caching for g in scenario.replicas),
+        prefix_caching=any(g.prefix_caching for g in scenario.replicas),
+        start_s=0.0,  # the simulation starts with the benchmark
     )
     if scenario.disaggregated:
         summary.update(pool_summary(scenario, sim))
@@ -189,11 +194,13 @@ def bench_scenario(
     goodput: dict[str, float] | None = None,
     router: str = "round_robin",
     seed: int = 0,
+    entrypoint: Entrypoint = "server",
 ) -> Scenario:
     """The scenario `llmsim bench serve|throughput` flags describe: one replica group on
     `hardware` from `engine_args` (vLLM's engine flags; `EngineArgs()`, vLLM's defaults, when
-    None), the workload, and the client's `max_concurrency`, `goodput` SLOs (ms) and `router`."""
-    group = (engine_args or EngineArgs()).replica_group(hardware=hardware)
+    None) run as an API server or `offline` (the engine's batch defaults differ), the
+    workload, and the client's `max_concurrency`, `goodput` SLOs (ms) and `router`."""
+    group = (engine_args or EngineArgs()).replica_group(hardware=hardware, entrypoint=entrypoint)
     data = {
         "name": "bench",
         "model": model,
@@ -229,7 +236,12 @@ def bench_throughput(
     }
     workload = validate(WorkloadSpec, data, source="bench")
     scenario = bench_scenario(
-        model=model, hardware=hardware, workload=workload, engine_args=engine_args, seed=seed
+        model=model,
+        hardware=hardware,
+        workload=workload,
+        engine_args=engine_args,
+        seed=seed,
+        entrypoint="offline",  # vllm bench throughput runs the LLM class
     )
     result = run(scenario)
     return result, throughput_summary(result.sim.requests)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from simulator.errors import SpecError
 from simulator.serving.disagg import is_disaggregated, role_problem
 from simulator.serving.kv_tiers import KVOffloadSpec, kv_offload_problem
 from simulator.serving.kv_transfer import KVTransferSpec
@@ -21,11 +22,13 @@ from simulator.serving.speculative import SpeculativeSpec
 from simulator.serving.workload import DatasetSpec, TraceDataset, WorkloadSpec
 from simulator.specs._base import Frozen, Watts
 from simulator.specs.deployment import Quantization
+from simulator.specs.engine import Entrypoint
 from simulator.specs.loader import (
     beside,
     list_engines,
     list_hardware,
     list_models,
+    load_engine,
     read_yaml,
     validate,
 )
@@ -85,8 +88,16 @@ class ReplicaGroupSpec(Frozen):
     swap_space_gib: float = Field(
         default=4.0, ge=0, allow_inf_nan=False, description="host swap space per GPU"
     )
-    enable_prefix_caching: bool = Field(
-        default=False, description="vLLM's automatic prefix caching (--enable-prefix-caching)"
+    enable_prefix_caching: bool | None = Field(
+        default=None,
+        description="automatic prefix caching (vLLM's --enable-prefix-caching); None: the "
+        "engine's default (on in vLLM V1, SGLang and TensorRT-LLM)",
+    )
+    entrypoint: Entrypoint = Field(
+        default="server",
+        description="how the engine runs: `server` (an API server, as `vllm serve`) or "
+        "`offline` (vLLM's LLM class, as `vllm bench latency|throughput`); the engine's batch "
+        "defaults on the device depend on it",
     )
     kv_offload: KVOffloadSpec | None = Field(
         default=None,
@@ -118,7 +129,7 @@ class ReplicaGroupSpec(Frozen):
     def _kv_offload_applies(self) -> ReplicaGroupSpec:
         if self.kv_offload is not None:
             problem = kv_offload_problem(
-                prefix_caching=self.enable_prefix_caching,
+                prefix_caching=self.prefix_caching,
                 role=self.role,
                 data_parallel_size=self.data_parallel_size,
                 micro_batching=self.pipeline_micro_batching,
@@ -127,6 +138,17 @@ class ReplicaGroupSpec(Frozen):
             if problem:
                 raise ValueError(problem)
         return self
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Prefix caching on: as set, else the engine's default (on for an engine id that is
+        not found, whose error comes when the group is built)."""
+        if self.enable_prefix_caching is not None:
+            return self.enable_prefix_caching
+        try:
+            return load_engine(self.engine).scheduler.prefix_caching
+        except SpecError:
+            return True
 
     @property
     def num_replicas(self) -> int:

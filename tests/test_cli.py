@@ -303,7 +303,11 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
         "batch_size",
     ),
     "prompt-over-token-budget": (
-        lambda p: [*LATENCY, "--input-len", "9000", "--no-enable-chunked-prefill"],
+        lambda p: [
+            *LATENCY,
+            *("--input-len", "9000", "--no-enable-chunked-prefill"),
+            *("--max-num-batched-tokens", "8192"),
+        ],
         "max_num_batched_tokens",
     ),
     "gpu-memory-utilization": (

@@ -56,14 +56,17 @@ def test_kv_offloading_needs_its_size_and_prefix_caching() -> None:
     with pytest.raises(SpecError, match="needs --kv-offloading-size") as exc:
         EngineArgs(kv_offloading_backend="lmcache").replica_group(hardware="h100_sxm")
     assert exc.value.field == "kv_offloading_backend"
-    with pytest.raises(SpecError, match="needs --enable-prefix-caching") as exc:
-        EngineArgs(kv_offloading_size=8).replica_group(hardware="h100_sxm")
+    with pytest.raises(SpecError, match="needs prefix caching") as exc:
+        EngineArgs(kv_offloading_size=8, enable_prefix_caching=False).replica_group(
+            hardware="h100_sxm"
+        )
     assert exc.value.field == "kv_offloading_size"
-    args = EngineArgs(kv_offloading_size=8, enable_prefix_caching=True)
-    assert args.replica_group(hardware="h100_sxm")["kv_offload"] == {
-        "cpu_gib": 8,
-        "backend": "native",
-    }
+    for caching in (True, None):  # None: the engine's default, on in vLLM V1
+        args = EngineArgs(kv_offloading_size=8, enable_prefix_caching=caching)
+        assert args.replica_group(hardware="h100_sxm")["kv_offload"] == {
+            "cpu_gib": 8,
+            "backend": "native",
+        }
 
 
 def test_json_flags_are_parsed_and_bad_json_is_a_spec_error() -> None:

@@ -212,7 +212,8 @@ def test_idle_gap_energy_is_idle_power_times_gap_times_gpus() -> None:
     empty = make_steps([])
     out = fleet_energy(steps=empty, requests=requests, groups=[account(dep, count=3)])
     assert out["num_gpus"] == 6
-    assert out["energy_j"] == pytest.approx(60.0 * 10.0 * 6)
+    # from the run's start (t = 0, as the benchmark's duration), not the first arrival
+    assert out["energy_j"] == pytest.approx(60.0 * 13.0 * 6)
     # adding a step adds (its power - idle) x its time x the replica's GPUs
     one = make_steps([(1, 5.0, 5.5, 4, 0, 4, 100)])
     with_step = fleet_energy(steps=one, requests=requests, groups=[account(dep, count=3)])

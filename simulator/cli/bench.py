@@ -185,7 +185,7 @@ def bench_throughput_cmd(
     preemption_mode: PreemptOpt = None,
     num_scheduler_steps: StepsOpt = None,
     swap_space: SwapOpt = 4.0,
-    enable_prefix_caching: PrefixCachingOpt = False,
+    enable_prefix_caching: PrefixCachingOpt = None,
     kv_offloading_size: KvOffloadSizeOpt = None,
     kv_offloading_backend: KvOffloadBackendOpt = None,
     seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
@@ -261,7 +261,7 @@ def bench_serve_cmd(
     preemption_mode: PreemptOpt = None,
     num_scheduler_steps: StepsOpt = None,
     swap_space: SwapOpt = 4.0,
-    enable_prefix_caching: PrefixCachingOpt = False,
+    enable_prefix_caching: PrefixCachingOpt = None,
     kv_offloading_size: KvOffloadSizeOpt = None,
     kv_offloading_backend: KvOffloadBackendOpt = None,
     speculative_config: SpecOpt = None,
@@ -326,7 +326,7 @@ def bench_serve_cmd(
             "backend": engine,
             "model_id": model,
             "num_prompts": num_prompts,
-            "request_rate": request_rate,
+            "request_rate": request_rate if request_rate < float("inf") else "inf",  # as vLLM
             "burstiness": burstiness,
             "max_concurrency": max_concurrency,
         }

@@ -96,7 +96,7 @@ KvOffloadSizeOpt = Annotated[
     typer.Option(
         "--kv-offloading-size",
         help="GiB of host memory per replica for KV blocks evicted from the GPU (vLLM's flag; "
-        "needs --enable-prefix-caching)",
+        "needs prefix caching)",
     ),
 ]
 KvOffloadBackendOpt = Annotated[
@@ -122,10 +122,11 @@ MicroBatchOpt = Annotated[
     ),
 ]
 PrefixCachingOpt = Annotated[
-    bool,
+    bool | None,
     typer.Option(
         "--enable-prefix-caching/--no-enable-prefix-caching",
-        help="reuse the KV blocks of shared prompt prefixes (vLLM's automatic prefix caching)",
+        help="reuse the KV blocks of shared prompt prefixes (vLLM's automatic prefix caching); "
+        "default: the engine's (on in vLLM V1, SGLang, TensorRT-LLM)",
     ),
 ]
 CpuOffloadOpt = Annotated[

@@ -286,7 +286,11 @@ def bench_latency(
     )
     layout.check(model, hw)
     sched = engine.scheduler
-    max_tokens = pick(max_num_batched_tokens, sched.max_num_batched_tokens)
+    chunked = sched.chunked_prefill if chunked_prefill is None else chunked_prefill
+    max_tokens = pick(
+        max_num_batched_tokens,
+        engine.step_tokens(chunked=chunked, max_model_len=model.max_position_embeddings),
+    )
     max_seqs = pick(max_num_seqs, sched.max_num_seqs)
     plan = plan_memory(
         model,
@@ -319,7 +323,6 @@ def bench_latency(
             f"{plan.max_batch(seq_len=input_len + output_len)})",
             field="batch_size",
         )
-    chunked = sched.chunked_prefill if chunked_prefill is None else chunked_prefill
     sizes = [wave] * (batch_size // wave) + ([batch_size % wave] if batch_size % wave else [])
     runs = {
         size: _wave(

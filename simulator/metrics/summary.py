@@ -65,6 +65,7 @@ def serve_summary(
     goodput: Mapping[str, float] | None = None,
     percentiles: Sequence[float] = (50, 90, 99),
     prefix_caching: bool = False,
+    start_s: float | None = None,
 ) -> Summary:
     """`vllm bench serve --output-json` metrics, then the simulator's extras.
 
@@ -79,13 +80,15 @@ def serve_summary(
     `prefix_caching` `prefix_cache_hit_rate` (cached / prompt tokens of completed requests,
     each request's cache hit when first admitted, as vLLM's num_cached_tokens) and
     `prefix_cache_saved_tokens` (those cached tokens). Rates are 0 when the duration is 0
-    (nothing completed).
+    (nothing completed). The duration runs from `start_s` (the benchmark's start: vLLM sends
+    its first request one inter-arrival gap after it, and times the gap) or, when None, from
+    the first arrival, to the last finish.
     """
     _require_columns(requests)
     pcts = _check_percentiles(percentiles)
     slos = _check_slos(goodput or {})
     done = completed_requests(requests)
-    duration = _duration(requests, duration_s)
+    duration = _duration(requests, duration_s, start_s)
     ttft = done["first_token_s"] - done["arrival_s"]
     e2el = done["finish_s"] - done["arrival_s"]
     multi = done[done["output_tokens"] > 1]
@@ -274,7 +277,9 @@ def _itl_sample(itl_s: npt.ArrayLike, itl_weight: npt.ArrayLike) -> tuple[np.nda
     return values, weights
 
 
-def _duration(requests: pd.DataFrame, duration_s: float | None) -> float:
+def _duration(
+    requests: pd.DataFrame, duration_s: float | None, start_s: float | None = None
+) -> float:
     if duration_s is not None:
         if not duration_s >= 0 or math.isinf(duration_s):
             raise ValueError(f"duration_s must be finite and non-negative, got {duration_s}")
@@ -282,7 +287,8 @@ def _duration(requests: pd.DataFrame, duration_s: float | None) -> float:
     finish = completed_requests(requests)["finish_s"]
     if finish.empty:
         return 0.0
-    return float(finish.max() - requests["arrival_s"].min())
+    start = requests["arrival_s"].min() if start_s is None else start_s
+    return float(finish.max() - start)
 
 
 def _rate(count: float, duration: float) -> float:

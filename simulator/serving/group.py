@@ -59,8 +59,12 @@ class ReplicaGroup:
         )
 
 
-def default_scheduler(engine: EngineSpec, **overrides: Any) -> SchedulerSpec:
-    """The engine's scheduler defaults, with `overrides` (None values ignored)."""
+def default_scheduler(
+    engine: EngineSpec, *, max_model_len: int | None = None, **overrides: Any
+) -> SchedulerSpec:
+    """The engine's scheduler defaults, with `overrides` (None values ignored). Without
+    chunked prefill an engine that sizes its step by the model (vLLM) holds at least
+    `max_model_len` tokens a step unless max_num_batched_tokens is given."""
     sched = engine.scheduler
     given = {k: v for k, v in overrides.items() if v is not None}
     chunked = given.get("chunked_prefill", sched.chunked_prefill)
@@ -68,8 +72,9 @@ def default_scheduler(engine: EngineSpec, **overrides: Any) -> SchedulerSpec:
     values = {
         "kind": "continuous" if mixed else "prefill_first",  # unless `kind` is given
         "max_num_seqs": sched.max_num_seqs,
-        "max_num_batched_tokens": sched.max_num_batched_tokens,
+        "max_num_batched_tokens": engine.step_tokens(chunked=chunked, max_model_len=max_model_len),
         "chunked_prefill": chunked,
+        "watermark": sched.watermark,
     }
     return SchedulerSpec(**(values | given))
 
@@ -137,7 +142,7 @@ def replica_group(
     `offload`: weights streamed from host memory (`costmodel.offload`), every step pays it;
     `kv_offload`: KV-cache tiers below HBM behind prefix caching (`serving.kv_tiers`)."""
     layout.check(model, hw)
-    spec = scheduler or default_scheduler(engine)
+    spec = scheduler or default_scheduler(engine, max_model_len=model.max_position_embeddings)
     _check_multi_step(spec, engine, speculative=speculative is not None)
     drafter = None
     if speculative is not None:

@@ -24,6 +24,44 @@ class EngineOverhead(Frozen):
 
 
 KvBudget = Literal["total", "static", "free"]
+Entrypoint = Literal["server", "offline"]
+
+
+class BatchLimits(Frozen):
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+
+
+class DeviceBatchDefaults(Frozen):
+    """Batch limits an engine picks for itself by device (vLLM's
+    `EngineArgs.get_batch_defaults`, SGLang's memory heuristics): the first entry whose
+    device test passes gives them; what it leaves out is the profile's."""
+
+    min_memory: Bytes = Field(default=0, ge=0, description="device memory at least this")
+    excluding: tuple[str, ...] = Field(
+        default=(), description="not on a device whose id contains one of these (vLLM: a100)"
+    )
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    offline: BatchLimits = Field(
+        default_factory=BatchLimits,
+        description="what differs when the engine runs offline (vLLM's LLM class: `bench "
+        "latency|throughput`) rather than as an API server (`bench serve`, scenarios)",
+    )
+
+    def matches(self, *, hardware_id: str, memory_bytes: float) -> bool:
+        return memory_bytes >= self.min_memory and not any(
+            name in hardware_id for name in self.excluding
+        )
+
+    def limits(self, entrypoint: Entrypoint) -> dict[str, int]:
+        given = {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+        }
+        if entrypoint == "offline":
+            given |= self.offline.model_dump(exclude_none=True)
+        return {k: v for k, v in given.items() if v is not None}
 
 
 class SchedulerDefaults(Frozen):
@@ -47,6 +85,26 @@ class SchedulerDefaults(Frozen):
         "it (SGLang's --mem-fraction-static); `free`: of the memory left once weights, "
         "activations and the reserve are allocated (TensorRT-LLM's "
         "--kv_cache_free_gpu_mem_fraction)",
+    )
+    by_device: tuple[DeviceBatchDefaults, ...] = Field(
+        default=(),
+        description="batch limits the engine picks by device and entrypoint, first match "
+        "wins (`EngineSpec.on_device`); none matching: max_num_seqs, max_num_batched_tokens",
+    )
+    unchunked_holds_max_model_len: bool = Field(
+        default=False,
+        description="without chunked prefill and with max_num_batched_tokens left to the "
+        "engine, a step holds at least the model's context length (vLLM's EngineArgs)",
+    )
+    prefix_caching: bool = Field(
+        default=False, description="automatic prefix caching on unless turned off"
+    )
+    watermark: float = Field(
+        default=0.01,
+        ge=0,
+        lt=1,
+        description="fraction of KV blocks kept free when admitting a request (vLLM V0's "
+        "watermark; V1 keeps none)",
     )
 
 
@@ -102,3 +160,24 @@ class EngineSpec(Frozen):
     )
     scheduler: SchedulerDefaults
     quantized_kernels: tuple[Quantization, ...] = ("fp8", "int8", "int4")
+
+    def on_device(
+        self, *, hardware_id: str, memory_bytes: float, entrypoint: Entrypoint = "server"
+    ) -> EngineSpec:
+        """The profile as it runs on a device: the batch limits of its first `by_device` entry
+        that matches the device, for `entrypoint` (an API server, or offline)."""
+        sched = self.scheduler
+        for rule in sched.by_device:
+            if rule.matches(hardware_id=hardware_id, memory_bytes=memory_bytes):
+                limits = rule.limits(entrypoint)
+                return self.model_copy(update={"scheduler": sched.model_copy(update=limits)})
+        return self
+
+    def step_tokens(self, *, chunked: bool, max_model_len: int | None) -> int:
+        """The default max_num_batched_tokens: the profile's, raised to the model's context
+        length without chunked prefill where the engine does so (vLLM's EngineArgs:
+        `max(max_model_len, default)`)."""
+        sched = self.scheduler
+        if chunked or max_model_len is None or not sched.unchunked_holds_max_model_len:
+            return sched.max_num_batched_tokens
+        return max(sched.max_num_batched_tokens, max_model_len)

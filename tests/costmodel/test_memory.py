@@ -77,8 +77,9 @@ def test_max_batch_is_consistent_with_kv_capacity_blocks(seq_len: int) -> None:
 
 
 def test_bench_latency_accepts_max_batch_and_refuses_one_more() -> None:
-    # rtx_4090 keeps the numbers small: ~31.6k KV tokens, 15 sequences of 2048
-    plan = make_plan(hardware="rtx_4090")
+    # rtx_4090 keeps the numbers small: ~31.6k KV tokens, 15 sequences of 2048 (planned as
+    # `bench latency` runs vLLM: offline, the LLM class's 8192-token steps)
+    plan = make_plan(hardware="rtx_4090", entrypoint="offline")
     batch = plan.max_batch(seq_len=2048)
     assert batch > 0
     estimate(

@@ -234,18 +234,15 @@ def test_uva_needs_no_staging() -> None:
 
 
 def test_the_suggested_offload_is_the_least_that_fits() -> None:
-    dep = make_deployment("llama-3.1-70b", quantization="int4")
+    knobs: dict[str, Any] = {"quantization": "int4", "entrypoint": "offline"}  # as estimate
+    dep = make_deployment("llama-3.1-70b", **knobs)
     with pytest.raises(SpecError) as info:
         estimate(model="llama-3.1-70b", hardware="rtx_4090", quantization="int4")
     n = dep.memory().min_cpu_offload_gib
     assert n is not None
     assert f"--cpu-offload-gb {n} " in str(info.value)
-    assert make_deployment("llama-3.1-70b", quantization="int4", cpu_offload_gb=n).memory().fits
-    assert (
-        not make_deployment("llama-3.1-70b", quantization="int4", cpu_offload_gb=n - 1)
-        .memory()
-        .fits
-    )
+    assert make_deployment("llama-3.1-70b", cpu_offload_gb=n, **knobs).memory().fits
+    assert not make_deployment("llama-3.1-70b", cpu_offload_gb=n - 1, **knobs).memory().fits
 
 
 def test_a_model_too_big_even_streamed_says_so() -> None:

@@ -399,7 +399,8 @@ def test_the_bench_flags_add_a_cpu_tier(capsys: pytest.CaptureFixture[str]) -> N
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--kv-offloading-size", "16"], "needs --enable-prefix-caching"),
+        (["--kv-offloading-size", "16", "--no-enable-prefix-caching"], "needs prefix caching"),
+        (["--kv-offloading-size", "16", "--engine", "vllm-0.6"], "needs enable_prefix_caching"),
         (["--kv-offloading-backend", "lmcache"], "needs --kv-offloading-size"),
     ],
 )

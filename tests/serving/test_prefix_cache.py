@@ -416,12 +416,14 @@ def test_bench_throughput_prefix_len(capsys: pytest.CaptureFixture[str]) -> None
         "--num-prompts", "64", "--input-len", "64", "--output-len", "16", "--prefix-len", "1024",
         "--json",
     )  # fmt: skip
-    _, out, _ = run_cli(capsys, *args)
+    _, out, _ = run_cli(capsys, *args, "--no-enable-prefix-caching")
     cold = json.loads(out)
     _, out, _ = run_cli(capsys, *args, "--enable-prefix-caching")
     warm = json.loads(out)
     assert cold["total_num_tokens"] == warm["total_num_tokens"] == 64 * (1024 + 64 + 16)
     assert warm["requests_per_second"] > cold["requests_per_second"]
+    _, out, _ = run_cli(capsys, *args)  # vLLM V1 caches prefixes unless told not to
+    assert json.loads(out) == warm
 
 
 def test_scenario_field_round_trips() -> None:

@@ -197,7 +197,7 @@ def test_trtllm_06_is_todays_trtllm_without_graphs_python_or_split() -> None:
     assert (old.gemm_library, new.gemm_library) == (None, "cublas-13.1")
     same = ("attention_factor", "scalar_row_kernels", "fused_activation_quant")
     assert all(getattr(old, f) == getattr(new, f) for f in same)
-    memory = {"gpu_memory_utilization": 1.0}
+    memory = {"gpu_memory_utilization": 1.0, "prefix_caching": False}
     assert old.scheduler == new.scheduler.model_copy(update=memory)
     assert old.scheduler.kv_budget == new.scheduler.kv_budget == "free"
 
