@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,12 @@ from simulator.api import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.engine_args import EngineArgs
 from simulator.errors import naming
-from simulator.metrics.summary import kv_tier_summary, serve_summary, throughput_summary
+from simulator.metrics.summary import (
+    PERCENTILES,
+    kv_tier_summary,
+    serve_summary,
+    throughput_summary,
+)
 from simulator.power import energy_summary, with_power_cap
 from simulator.scenario import ReplicaGroupSpec, Scenario, load_scenario
 from simulator.serving.cluster import (
@@ -115,16 +121,22 @@ def build_group(
     return engine_loop(group, spec=spec, dep=dep), plan, dep
 
 
-def run(scenario: Scenario | str | Path) -> RunResult:
+def run(
+    scenario: Scenario | str | Path, *, percentiles: Sequence[float] = PERCENTILES
+) -> RunResult:
     """Simulate a scenario (a Scenario, or a path to its YAML: bad input then names the file
-    and, for a replica group's impossible layout, the group)."""
+    and, for a replica group's impossible layout, the group). `percentiles`: those the
+    summary reports for each latency (vLLM's --metric-percentiles; p90 and p99 always)."""
+    percentiles = tuple(sorted({*PERCENTILES, *percentiles}))
     if isinstance(scenario, Scenario):
-        return _simulate(scenario)
+        return _simulate(scenario, percentiles=percentiles)
     with naming(str(scenario)):
-        return _simulate(load_scenario(scenario), name_groups=True)
+        return _simulate(load_scenario(scenario), name_groups=True, percentiles=percentiles)
 
 
-def _simulate(scenario: Scenario, *, name_groups: bool = False) -> RunResult:
+def _simulate(
+    scenario: Scenario, *, name_groups: bool = False, percentiles: Sequence[float] = PERCENTILES
+) -> RunResult:
     model = load_model(scenario.model)
     requests = generate_requests(scenario.workload, rng=np.random.default_rng(scenario.seed))
     held = {"prefill": prefill_view(requests)}  # a prefill replica keeps prompt + 1 token
@@ -151,6 +163,7 @@ def _simulate(scenario: Scenario, *, name_groups: bool = False) -> RunResult:
         goodput=goodput or None,
         prefix_caching=any(g.prefix_caching for g in scenario.replicas),
         start_s=0.0,  # the simulation starts with the benchmark
+        percentiles=percentiles,
     )
     if scenario.disaggregated:
         summary.update(pool_summary(scenario, sim))

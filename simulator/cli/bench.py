@@ -11,6 +11,7 @@ from rich.table import Table
 
 from simulator import api, runner
 from simulator.cli.bench_flags import (
+    PASS_EXTRA,
     ChunkedOpt,
     CpuOffloadOpt,
     DpOpt,
@@ -41,6 +42,7 @@ from simulator.cli.bench_flags import (
     TokensOpt,
     TpOpt,
     engine_args,
+    ignored_flags,
     parse_offload_flag,
     save_result,
 )
@@ -50,6 +52,8 @@ from simulator.metrics.summary import (
     format_serve_summary,
     format_throughput_summary,
     parse_goodput,
+    parse_metric_percentiles,
+    parse_percentile_metrics,
 )
 from simulator.serving.workload import WorkloadSpec
 from simulator.specs.loader import validate
@@ -58,8 +62,9 @@ from simulator.units import format_bytes, format_seconds
 bench_app = typer.Typer(help="Predict `vllm bench latency|throughput|serve`.", no_args_is_help=True)
 
 
-@bench_app.command("latency")
+@bench_app.command("latency", context_settings=PASS_EXTRA)
 def bench_latency_cmd(
+    ctx: typer.Context,
     hardware: HardwareOpt,
     model: ModelOpt,
     batch_size: Annotated[int, typer.Option("--batch-size")] = 8,
@@ -85,6 +90,7 @@ def bench_latency_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Latency of one batch: prefill, then decode to the output length (analytic)."""
+    ignored_flags(ctx)
     if data_parallel_size != 1:
         raise SpecError(
             "bench latency runs one replica; drop --data-parallel-size", field="data_parallel_size"
@@ -158,7 +164,7 @@ def _print_latency_summary(result: Any) -> None:
     out.print(table)
 
 
-@bench_app.command("throughput")
+@bench_app.command("throughput", context_settings=PASS_EXTRA)
 def bench_throughput_cmd(
     ctx: typer.Context,
     hardware: HardwareOpt,
@@ -198,6 +204,7 @@ def bench_throughput_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Offline throughput: every prompt submitted at t=0, served to completion (simulated)."""
+    ignored_flags(ctx)
     _, summary = runner.bench_throughput(
         model=model,
         hardware=hardware,
@@ -223,7 +230,7 @@ class DatasetName(str, Enum):
     trace = "trace"
 
 
-@bench_app.command("serve")
+@bench_app.command("serve", context_settings=PASS_EXTRA)
 def bench_serve_cmd(
     ctx: typer.Context,
     hardware: HardwareOpt,
@@ -233,6 +240,10 @@ def bench_serve_cmd(
     random_input_len: Annotated[int, typer.Option("--random-input-len")] = 1024,
     random_output_len: Annotated[int, typer.Option("--random-output-len")] = 128,
     random_range_ratio: Annotated[float, typer.Option("--random-range-ratio")] = 0.0,
+    sharegpt_output_len: Annotated[
+        int | None,
+        typer.Option("--sharegpt-output-len", help="every ShareGPT request's output length"),
+    ] = None,
     random_prefix_len: Annotated[
         int, typer.Option("--random-prefix-len", min=0, help="tokens every prompt shares, first")
     ] = 0,
@@ -243,6 +254,21 @@ def bench_serve_cmd(
     seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
     goodput: Annotated[
         list[str] | None, typer.Option("--goodput", help="ttft:MS tpot:MS e2el:MS")
+    ] = None,
+    percentile_metrics: Annotated[
+        str | None,
+        typer.Option(
+            "--percentile-metrics",
+            help="latencies the printed summary shows, of ttft,tpot,itl,e2el (default: all; "
+            "the JSON has all)",
+        ),
+    ] = None,
+    metric_percentiles: Annotated[
+        str | None,
+        typer.Option(
+            "--metric-percentiles",
+            help="percentiles to report besides 50, 90 and 99, e.g. 95,99.9",
+        ),
     ] = None,
     router: Annotated[str, typer.Option("--router")] = "round_robin",
     tensor_parallel_size: TpOpt = 1,
@@ -276,6 +302,7 @@ def bench_serve_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Online serving: requests arrive at --request-rate (simulated), vLLM's metrics out."""
+    ignored_flags(ctx)
     dataset: dict[str, Any] = {"name": dataset_name.value}
     if dataset_name is DatasetName.random:
         dataset |= {
@@ -283,6 +310,10 @@ def bench_serve_cmd(
             "output_len": random_output_len,
             "range_ratio": random_range_ratio,
         }
+    if sharegpt_output_len is not None:
+        if dataset_name is not DatasetName.sharegpt:
+            raise SpecError("applies to --dataset-name sharegpt", field="sharegpt_output_len")
+        dataset["output_len"] = sharegpt_output_len
     if dataset_name is DatasetName.trace:
         if not dataset_path:
             raise SpecError("--dataset-name trace needs --dataset-path", field="dataset_path")
@@ -319,7 +350,8 @@ def bench_serve_cmd(
         router=router,
         seed=seed,
     )
-    result = runner.run(scenario)
+    shown = parse_percentile_metrics(percentile_metrics)
+    result = runner.run(scenario, percentiles=parse_metric_percentiles(metric_percentiles))
     write_json(output_json, result.summary)
     if save:
         setup = {
@@ -336,4 +368,10 @@ def bench_serve_cmd(
     if as_json:
         print_json(result.summary)
     else:
-        sys.stdout.write(format_serve_summary(result.summary) + "\n")
+        text = format_serve_summary(
+            result.summary,
+            metrics=shown,
+            max_concurrency=max_concurrency,
+            request_rate=request_rate,
+        )
+        sys.stdout.write(text + "\n")

@@ -9,6 +9,7 @@ an `EngineArgs` field must carry the field's name.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
@@ -18,6 +19,7 @@ import typer
 
 from simulator.cli.common import write_json
 from simulator.engine_args import EngineArgs
+from simulator.errors import SpecError
 from simulator.specs.offload import OffloadSpec, parse_offload
 
 ModelOpt = Annotated[str, typer.Option("--model", help="model id or path to config.json")]
@@ -193,3 +195,48 @@ def save_result(
 def parse_offload_flag(text: str | None) -> OffloadSpec | None:
     """--offload-config as an OffloadSpec (None when not given); bad JSON is a SpecError."""
     return parse_offload(text, source="--offload-config") if text else None
+
+
+# vLLM benchmark flags about the client, the tokenizer or warm-up, not the engine: accepted so
+# that a `vllm bench` command line runs as it is, with no effect on the prediction (llmsim
+# always generates each request's full output length, as --ignore-eos asks). True: the flag
+# takes a value.
+NOOP_FLAGS = {
+    "--backend": True,
+    "--endpoint": True,
+    "--endpoint-type": True,
+    "--base-url": True,
+    "--host": True,
+    "--port": True,
+    "--tokenizer": True,
+    "--tokenizer-mode": True,
+    "--label": True,
+    "--num-warmups": True,
+    "--num-iters-warmup": True,
+    "--ignore-eos": False,
+    "--disable-tqdm": False,
+    "--trust-remote-code": False,
+    "--disable-detokenize": False,
+    "--save-detailed": False,
+}
+# A bench command's context: arguments it has no parameter for reach `ignored_flags`.
+PASS_EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def ignored_flags(ctx: typer.Context) -> None:
+    """Accept vLLM's client-side flags among the command's extra arguments (NOOP_FLAGS) with
+    one note on stderr naming them; anything else is a SpecError."""
+    args, names, i = list(ctx.args), [], 0
+    while i < len(args):
+        name, eq, _ = args[i].partition("=")
+        if name not in NOOP_FLAGS:
+            raise SpecError(f"no such option: {args[i]}", field=ctx.info_name or "")
+        takes_value = NOOP_FLAGS[name] and not eq
+        if takes_value and (i + 1 >= len(args) or args[i + 1].startswith("--")):
+            raise SpecError(f"{name} needs a value", field=ctx.info_name or "")
+        names.append(name)
+        i += 2 if takes_value else 1
+    if names:
+        sys.stderr.write(
+            f"llmsim: note: no effect on the prediction: {', '.join(names)} (vLLM client flags)\n"
+        )

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from simulator.cli.common import out, print_json
+from simulator.errors import SpecError
 from simulator.specs import (
     hardware_provenance,
     list_engines,
@@ -160,10 +161,27 @@ def engines_list() -> None:
 @engines_app.command("show")
 def engines_show(
     engine_id: Annotated[str, typer.Argument(metavar="ID")],
+    hardware: Annotated[
+        str | None,
+        typer.Option("--hardware", help="as it runs on this device (its batch defaults resolved)"),
+    ] = None,
+    offline: Annotated[
+        bool,
+        typer.Option("--offline", help="with --hardware: run offline (vLLM's LLM class)"),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Show one engine profile."""
     spec = load_engine(engine_id)
+    if hardware is not None:
+        hw = load_hardware(hardware)
+        spec = spec.on_device(
+            hardware_id=hw.id,
+            memory_bytes=hw.memory.capacity_bytes,
+            entrypoint="offline" if offline else "server",
+        )
+    elif offline:
+        raise SpecError("needs --hardware", field="offline")
     if as_json:
         print_json(spec.model_dump())
         return

@@ -54,6 +54,7 @@ REQUEST_COLUMNS = (
     "cached_tokens",
 )
 WIDTH = 50
+PERCENTILES = (50.0, 90.0, 99.0)  # the summary's percentiles unless more are asked for
 
 
 def serve_summary(
@@ -63,7 +64,7 @@ def serve_summary(
     itl_weight: npt.ArrayLike,
     duration_s: float | None = None,
     goodput: Mapping[str, float] | None = None,
-    percentiles: Sequence[float] = (50, 90, 99),
+    percentiles: Sequence[float] = PERCENTILES,
     prefix_caching: bool = False,
     start_s: float | None = None,
 ) -> Summary:
@@ -190,13 +191,27 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
     return _check_slos(slos)
 
 
-def format_serve_summary(summary: Mapping[str, float | int | None]) -> str:
-    """The text block `vllm bench serve` prints, then the simulator's extras."""
+def format_serve_summary(
+    summary: Mapping[str, float | int | None],
+    *,
+    metrics: Sequence[str] | None = None,
+    max_concurrency: int | None = None,
+    request_rate: float | None = None,
+) -> str:
+    """The text block `vllm bench serve` prints, then the simulator's extras. `metrics`: the
+    latency sections to show (vLLM's --percentile-metrics; None: all four);
+    `max_concurrency` and a finite `request_rate` are printed as vLLM prints the flags."""
     s = summary
     lines = [
         "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=WIDTH, c="="),
         _row("Successful requests:", s["completed"]),
         _row("Failed requests:", s.get("failed", 0)),
+    ]
+    if max_concurrency is not None:
+        lines.append(_row("Maximum request concurrency:", max_concurrency))
+    if request_rate is not None and math.isfinite(request_rate):
+        lines.append(_row("Request rate configured (RPS):", request_rate, ".2f"))
+    lines += [
         _row("Benchmark duration (s):", s["duration"], ".2f"),
         _row("Total input tokens:", s["total_input_tokens"]),
         _row("Total generated tokens:", s["total_output_tokens"]),
@@ -209,7 +224,8 @@ def format_serve_summary(summary: Mapping[str, float | int | None]) -> str:
         lines.append(_row("Peak concurrent requests:", s["max_concurrent_requests"], ".2f"))
     lines.append(_row("Total Token throughput (tok/s):", s["total_token_throughput"], ".2f"))
     for key, label, heading in LATENCY_SECTIONS:
-        lines += _latency_section(s, key, label, heading)
+        if metrics is None or key in metrics:
+            lines += _latency_section(s, key, label, heading)
     if "mean_queueing_ms" in s:
         lines += _latency_section(s, "queueing", "Queueing", "Queueing (arrival to 1st step)")
     if "preemptions" in s:
@@ -225,12 +241,49 @@ def format_serve_summary(summary: Mapping[str, float | int | None]) -> str:
 
 
 def format_throughput_summary(summary: Mapping[str, float | int | None]) -> str:
-    """The line `vllm bench throughput` prints."""
+    """The lines `vllm bench throughput` prints."""
+    output = round(_num(summary["output_tokens_per_second"]) * _num(summary["elapsed_time"]))
+    prompt = int(_num(summary["total_num_tokens"])) - output
     return (
         f"Throughput: {_num(summary['requests_per_second']):.2f} requests/s, "
         f"{_num(summary['tokens_per_second']):.2f} total tokens/s, "
-        f"{_num(summary['output_tokens_per_second']):.2f} output tokens/s"
+        f"{_num(summary['output_tokens_per_second']):.2f} output tokens/s\n"
+        f"Total num prompt tokens:  {prompt}\n"
+        f"Total num output tokens:  {output}"
     )
+
+
+def parse_metric_percentiles(text: str | None) -> tuple[float, ...]:
+    """vLLM's --metric-percentiles ("95,99.9") as numbers in [0, 100]; () when None."""
+    if text is None:
+        return ()
+    try:
+        values = tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise SpecError(
+            f"expected comma-separated numbers, got {text!r}", field="metric_percentiles"
+        ) from None
+    bad = [p for p in values if not 0 <= p <= 100]
+    if bad or not values:
+        raise SpecError(
+            f"percentiles must lie in [0, 100], got {text!r}", field="metric_percentiles"
+        )
+    return values
+
+
+def parse_percentile_metrics(text: str | None) -> tuple[str, ...] | None:
+    """vLLM's --percentile-metrics ("ttft,tpot,itl") as latency names; None when None."""
+    if text is None:
+        return None
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    known = [key for key, _, _ in LATENCY_SECTIONS]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise SpecError(
+            f"unknown metric(s) {', '.join(unknown) or text!r}; use {','.join(known)}",
+            field="percentile_metrics",
+        )
+    return names
 
 
 def completed_requests(requests: pd.DataFrame) -> pd.DataFrame:

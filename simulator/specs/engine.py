@@ -43,6 +43,9 @@ class DeviceBatchDefaults(Frozen):
     )
     max_num_seqs: int | None = Field(default=None, gt=0)
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    cuda_graph_max_tokens: int | None = Field(
+        default=None, ge=0, description="largest captured decode batch on such a device"
+    )
     offline: BatchLimits = Field(
         default_factory=BatchLimits,
         description="what differs when the engine runs offline (vLLM's LLM class: `bench "
@@ -164,13 +167,17 @@ class EngineSpec(Frozen):
     def on_device(
         self, *, hardware_id: str, memory_bytes: float, entrypoint: Entrypoint = "server"
     ) -> EngineSpec:
-        """The profile as it runs on a device: the batch limits of its first `by_device` entry
-        that matches the device, for `entrypoint` (an API server, or offline)."""
+        """The profile as it runs on a device: the batch limits (and largest captured batch)
+        of its first `by_device` entry that matches the device, for `entrypoint` (an API
+        server, or offline)."""
         sched = self.scheduler
         for rule in sched.by_device:
             if rule.matches(hardware_id=hardware_id, memory_bytes=memory_bytes):
                 limits = rule.limits(entrypoint)
-                return self.model_copy(update={"scheduler": sched.model_copy(update=limits)})
+                update: dict[str, object] = {"scheduler": sched.model_copy(update=limits)}
+                if rule.cuda_graph_max_tokens is not None:
+                    update["cuda_graph_max_tokens"] = rule.cuda_graph_max_tokens
+                return self.model_copy(update=update)
         return self
 
     def step_tokens(self, *, chunked: bool, max_model_len: int | None) -> int:

@@ -97,7 +97,7 @@ def test_the_cases_set_every_field_away_from_its_default() -> None:
 def test_bench_serve_passes_every_engine_flag_on(
     monkeypatch: pytest.MonkeyPatch, flags: list[str], expected: EngineArgs
 ) -> None:
-    def capture(scenario: Scenario) -> None:
+    def capture(scenario: Scenario, **_: Any) -> None:
         raise Captured(scenario)
 
     monkeypatch.setattr(runner, "run", capture)

@@ -332,7 +332,11 @@ def test_format_serve_summary_mirrors_vllm() -> None:
 
 def test_format_throughput_summary_mirrors_vllm() -> None:
     text = format_throughput_summary(throughput_summary(make_requests(HAND_ROWS)))
-    assert text == "Throughput: 1.30 requests/s, 268.70 total tokens/s, 7.83 output tokens/s"
+    assert text.splitlines() == [
+        "Throughput: 1.30 requests/s, 268.70 total tokens/s, 7.83 output tokens/s",
+        "Total num prompt tokens:  600",
+        "Total num output tokens:  18",
+    ]
 
 
 def test_parse_goodput() -> None:

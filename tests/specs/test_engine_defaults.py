@@ -44,8 +44,29 @@ def test_vllm_picks_its_batch_limits_by_device_and_entrypoint(
     assert limits(hardware, "offline") == offline
 
 
+@pytest.mark.parametrize(
+    ("hardware", "chunk", "graphs"),
+    [
+        ("rtx_4090", 2048, 8),  # < 35 GB
+        ("l40s", 4096, 32),  # < 60 GB
+        ("h100_sxm", 8192, 256),
+        ("h200_sxm", 8192, 256),  # < 160 GB
+        ("b200", 16384, 512),
+        ("mi300x", 16384, 512),
+    ],
+)
+def test_sglang_sizes_chunks_and_graphs_by_gpu_memory(
+    hardware: str, chunk: int, graphs: int
+) -> None:
+    engine = deployment(model="llama-3.1-8b", hardware=hardware, engine="sglang").engine
+    assert (engine.scheduler.max_num_batched_tokens, engine.cuda_graph_max_tokens) == (
+        chunk,
+        graphs,
+    )
+
+
 def test_other_engines_keep_their_limits_everywhere() -> None:
-    for engine in ("sglang", "trtllm", "vllm-0.6"):
+    for engine in ("sglang-0.3", "trtllm", "vllm-0.6"):
         profile = load_engine(engine).scheduler
         for hardware in ("h100_sxm", "a100_sxm_80gb"):
             dep = deployment(model="llama-3.1-8b", hardware=hardware, engine=engine)
@@ -54,6 +75,7 @@ def test_other_engines_keep_their_limits_everywhere() -> None:
                 profile.max_num_seqs,
                 profile.max_num_batched_tokens,
             )
+            assert dep.engine.cuda_graph_max_tokens == load_engine(engine).cuda_graph_max_tokens
 
 
 def test_the_bench_commands_run_as_vllm_runs_them() -> None:
@@ -142,3 +164,20 @@ def test_serve_duration_counts_from_the_start_and_inf_is_saved_as_vllm_does(
     (saved,) = tmp_path.glob("*.json")
     data = json.loads(saved.read_text(), parse_constant=pytest.fail)  # strict JSON
     assert data["request_rate"] == "inf"
+
+
+def test_engines_show_resolves_the_defaults_on_a_device(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    show = ("engines", "show", "vllm", "--json")
+    for flags, expected in (
+        ((), (256, 8192)),  # the profile's own values
+        (("--hardware", "h100_sxm"), (1024, 8192)),
+        (("--hardware", "h100_sxm", "--offline"), (1024, 16384)),
+        (("--hardware", "a100_sxm_80gb"), (256, 2048)),
+    ):
+        code, out, _ = run_cli(capsys, *show, *flags)
+        sched = json.loads(out)["scheduler"]
+        assert code == 0 and (sched["max_num_seqs"], sched["max_num_batched_tokens"]) == expected
+    code, _, err = run_cli(capsys, *show, "--offline")
+    assert code == 2 and "needs --hardware" in err

@@ -1,0 +1,79 @@
+"""`llmsim bench` takes a `vllm bench` command line as it is: the percentile flags, ShareGPT's
+output length, the client's flags (accepted, no effect), and prints vLLM's lines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.clitools import run_cli
+
+SERVE = ("bench", "serve", "--hardware", "h100_sxm", "--model", "llama-3.1-8b")
+
+
+def test_metric_percentiles_add_keys_and_percentile_metrics_pick_sections(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = (*SERVE, "--num-prompts", "40", "--request-rate", "4")
+    code, out, _ = run_cli(capsys, *args, "--metric-percentiles", "95,99.9", "--json")
+    assert code == 0
+    summary = json.loads(out)
+    for metric in ("ttft", "tpot", "itl", "e2el"):  # vLLM's names, beside p90 and p99
+        assert {f"p{q}_{metric}_ms" for q in ("90", "95", "99", "99.9")} <= summary.keys()
+    assert summary["p90_ttft_ms"] <= summary["p95_ttft_ms"] <= summary["p99_ttft_ms"]
+    code, out, _ = run_cli(capsys, *args, "--percentile-metrics", "ttft,e2el")
+    assert code == 0
+    assert "Mean TTFT (ms):" in out and "Mean E2EL (ms):" in out
+    assert "Mean TPOT (ms):" not in out and "Mean ITL (ms):" not in out
+    for bad in (("--metric-percentiles", "101"), ("--percentile-metrics", "ttft,foo")):
+        code, _, err = run_cli(capsys, *args, *bad)
+        assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_the_rate_and_concurrency_lines_and_sharegpt_output_len(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run_cli(
+        capsys, *SERVE, "--num-prompts", "20", "--request-rate", "4", "--max-concurrency", "8"
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[3].startswith("Maximum request concurrency:") and lines[3].split()[-1] == "8"
+    assert lines[4].startswith("Request rate configured (RPS):") and "4.00" in lines[4]
+    code, out, _ = run_cli(capsys, *SERVE, "--num-prompts", "20")  # rate inf: neither line
+    assert "Request rate configured" not in out and "Maximum request concurrency" not in out
+    sharegpt = ("--dataset-name", "sharegpt", "--num-prompts", "20", "--json")
+    code, out, _ = run_cli(capsys, *SERVE, *sharegpt, "--sharegpt-output-len", "100")
+    assert code == 0 and json.loads(out)["total_output_tokens"] == 20 * 100
+    code, _, err = run_cli(capsys, *SERVE, "--sharegpt-output-len", "100")
+    assert code == 2 and "sharegpt_output_len" in err
+
+
+def test_vllm_client_flags_are_accepted_with_a_note_and_typos_are_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = (*SERVE, "--num-prompts", "10", "--json")
+    _, plain, _ = run_cli(capsys, *base)
+    client = ("--backend", "vllm", "--endpoint=/v1/completions", "--ignore-eos", "--port", "8000")
+    code, out, err = run_cli(capsys, *base, *client)
+    assert code == 0 and json.loads(out) == json.loads(plain)
+    assert err.count("\n") == 1 and "--backend, --endpoint, --ignore-eos, --port" in err
+    for bad in (("--num-promts", "10"), ("--backend",), ("stray",)):
+        code, _, err = run_cli(capsys, *base, *bad)
+        assert code == 2 and len(err.strip().splitlines()) == 1
+    latency = ("bench", "latency", "--hardware", "h100_sxm", "--model", "llama-3.1-8b")
+    code, _, err = run_cli(capsys, *latency, "--num-iters-warmup", "5", "--num-iters", "3")
+    assert code == 0 and "--num-iters-warmup" in err
+
+
+def test_throughput_prints_the_token_totals(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("bench", "throughput", "--hardware", "h100_sxm", "--model", "llama-3.1-8b")
+    code, out, _ = run_cli(
+        capsys, *args, "--num-prompts", "20", "--input-len", "300", "--output-len", "40"
+    )
+    assert code == 0
+    assert out.splitlines()[1:] == [
+        "Total num prompt tokens:  6000",
+        "Total num output tokens:  800",
+    ]
