@@ -126,7 +126,7 @@ def run(
 ) -> RunResult:
     """Simulate a scenario (a Scenario, or a path to its YAML: bad input then names the file
     and, for a replica group's impossible layout, the group). `percentiles`: those the
-    summary reports for each latency (vLLM's --metric-percentiles; p90 and p99 always)."""
+    summary reports for each latency (vLLM's --metric-percentiles; p50, p90, p99 always)."""
     percentiles = tuple(sorted({*PERCENTILES, *percentiles}))
     if isinstance(scenario, Scenario):
         return _simulate(scenario, percentiles=percentiles)
