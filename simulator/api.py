@@ -132,7 +132,11 @@ def deployment(
     hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
     eng = engine if isinstance(engine, EngineSpec) else load_engine(engine)
     eng = eng.on_device(
-        hardware_id=hw.id, memory_bytes=hw.memory.capacity_bytes, entrypoint=entrypoint
+        hardware_id=hw.id,
+        memory_bytes=hw.memory.capacity_bytes,
+        entrypoint=entrypoint,
+        tensor_parallel=tensor_parallel_size,
+        pipeline_parallel=pipeline_parallel_size,
     )
     for name, value in (
         ("tensor_parallel_size", tensor_parallel_size),

@@ -169,6 +169,9 @@ def engines_show(
         bool,
         typer.Option("--offline", help="with --hardware: run offline (vLLM's LLM class)"),
     ] = False,
+    tensor_parallel_size: Annotated[
+        int, typer.Option("--tensor-parallel-size", "-tp", min=1, help="with --hardware")
+    ] = 1,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Show one engine profile."""
@@ -179,6 +182,7 @@ def engines_show(
             hardware_id=hw.id,
             memory_bytes=hw.memory.capacity_bytes,
             entrypoint="offline" if offline else "server",
+            tensor_parallel=tensor_parallel_size,
         )
     elif offline:
         raise SpecError("needs --hardware", field="offline")

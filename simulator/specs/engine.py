@@ -41,6 +41,9 @@ class DeviceBatchDefaults(Frozen):
     excluding: tuple[str, ...] = Field(
         default=(), description="not on a device whose id contains one of these (vLLM: a100)"
     )
+    min_tensor_parallel: int = Field(
+        default=1, ge=1, description="only at this tensor parallelism or more (SGLang's graphs)"
+    )
     max_num_seqs: int | None = Field(default=None, gt=0)
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
     cuda_graph_max_tokens: int | None = Field(
@@ -52,9 +55,11 @@ class DeviceBatchDefaults(Frozen):
         "latency|throughput`) rather than as an API server (`bench serve`, scenarios)",
     )
 
-    def matches(self, *, hardware_id: str, memory_bytes: float) -> bool:
-        return memory_bytes >= self.min_memory and not any(
-            name in hardware_id for name in self.excluding
+    def matches(self, *, hardware_id: str, memory_bytes: float, tensor_parallel: int) -> bool:
+        return (
+            memory_bytes >= self.min_memory
+            and tensor_parallel >= self.min_tensor_parallel
+            and not any(name in hardware_id for name in self.excluding)
         )
 
     def limits(self, entrypoint: Entrypoint) -> dict[str, int]:
@@ -65,6 +70,34 @@ class DeviceBatchDefaults(Frozen):
         if entrypoint == "offline":
             given |= self.offline.model_dump(exclude_none=True)
         return {k: v for k, v in given.items() if v is not None}
+
+
+class StaticReserve(Frozen):
+    """SGLang's default --mem-fraction-static (server_args): the memory left outside weights
+    and the KV pool for activations and graphs, in MiB of a device of M MiB,
+    base + per_chunk_token x max(chunk, min_chunk_tokens) + per_graph_seq x largest graph
+    batch + per_gpu x tp x pp, at least `floor_mib` on a device above `floor_above`; the
+    fraction is round((M - reserve) / M, 3)."""
+
+    base_mib: float = Field(ge=0)
+    per_chunk_token_mib: float = Field(ge=0)
+    min_chunk_tokens: int = Field(ge=0)
+    per_graph_seq_mib: float = Field(ge=0)
+    per_gpu_mib: float = Field(ge=0)
+    floor_mib: float = Field(ge=0)
+    floor_above: Bytes = Field(ge=0)
+
+    def fraction(self, *, memory_bytes: float, chunk: int, graph_batch: int, gpus: int) -> float:
+        mib = memory_bytes / 2**20
+        reserve = (
+            self.base_mib
+            + self.per_chunk_token_mib * max(chunk, self.min_chunk_tokens)
+            + self.per_graph_seq_mib * graph_batch
+            + self.per_gpu_mib * gpus
+        )
+        if memory_bytes > self.floor_above:
+            reserve = max(reserve, self.floor_mib)
+        return round((mib - reserve) / mib, 3)
 
 
 class SchedulerDefaults(Frozen):
@@ -101,6 +134,11 @@ class SchedulerDefaults(Frozen):
     )
     prefix_caching: bool = Field(
         default=False, description="automatic prefix caching on unless turned off"
+    )
+    static_reserve: StaticReserve | None = Field(
+        default=None,
+        description="gpu_memory_utilization from the device's memory, the step budget, the "
+        "graph batch and the GPUs (SGLang's mem_fraction_static); None: the value given",
     )
     watermark: float = Field(
         default=0.01,
@@ -165,20 +203,38 @@ class EngineSpec(Frozen):
     quantized_kernels: tuple[Quantization, ...] = ("fp8", "int8", "int4")
 
     def on_device(
-        self, *, hardware_id: str, memory_bytes: float, entrypoint: Entrypoint = "server"
+        self,
+        *,
+        hardware_id: str,
+        memory_bytes: float,
+        entrypoint: Entrypoint = "server",
+        tensor_parallel: int = 1,
+        pipeline_parallel: int = 1,
     ) -> EngineSpec:
         """The profile as it runs on a device: the batch limits (and largest captured batch)
-        of its first `by_device` entry that matches the device, for `entrypoint` (an API
-        server, or offline)."""
-        sched = self.scheduler
+        of its first `by_device` entry that matches the device and tensor parallelism, for
+        `entrypoint` (an API server, or offline); then the memory fraction its
+        `static_reserve` gives."""
+        sched, graphs = self.scheduler, self.cuda_graph_max_tokens
         for rule in sched.by_device:
-            if rule.matches(hardware_id=hardware_id, memory_bytes=memory_bytes):
-                limits = rule.limits(entrypoint)
-                update: dict[str, object] = {"scheduler": sched.model_copy(update=limits)}
+            if rule.matches(
+                hardware_id=hardware_id, memory_bytes=memory_bytes, tensor_parallel=tensor_parallel
+            ):
+                sched = sched.model_copy(update=rule.limits(entrypoint))
                 if rule.cuda_graph_max_tokens is not None:
-                    update["cuda_graph_max_tokens"] = rule.cuda_graph_max_tokens
-                return self.model_copy(update=update)
-        return self
+                    graphs = rule.cuda_graph_max_tokens
+                break
+        if sched.static_reserve is not None:
+            fraction = sched.static_reserve.fraction(
+                memory_bytes=memory_bytes,
+                chunk=sched.max_num_batched_tokens,
+                graph_batch=graphs,
+                gpus=tensor_parallel * pipeline_parallel,
+            )
+            sched = sched.model_copy(update={"gpu_memory_utilization": fraction})
+        if sched is self.scheduler and graphs == self.cuda_graph_max_tokens:
+            return self
+        return self.model_copy(update={"scheduler": sched, "cuda_graph_max_tokens": graphs})
 
     def step_tokens(self, *, chunked: bool, max_model_len: int | None) -> int:
         """The default max_num_batched_tokens: the profile's, raised to the model's context

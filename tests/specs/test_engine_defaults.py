@@ -45,29 +45,34 @@ def test_vllm_picks_its_batch_limits_by_device_and_entrypoint(
 
 
 @pytest.mark.parametrize(
-    ("hardware", "chunk", "graphs"),
+    ("hardware", "tp", "chunk", "graphs", "fraction"),
     [
-        ("rtx_4090", 2048, 8),  # < 35 GB
-        ("l40s", 4096, 32),  # < 60 GB
-        ("h100_sxm", 8192, 256),
-        ("h200_sxm", 8192, 256),  # < 160 GB
-        ("b200", 16384, 512),
-        ("mi300x", 16384, 512),
+        ("rtx_4090", 1, 2048, 24, 0.847),  # 20-35 GiB
+        ("rtx_4090", 4, 2048, 80, 0.827),  # tp >= 4 raises the graph batch
+        ("l40s", 1, 4096, 32, 0.851),  # < 60 GiB: no 10 GiB floor
+        ("l40s", 4, 4096, 160, 0.837),
+        ("h100_sxm", 1, 8192, 256, 0.835),  # 13,440 MiB of 81,559 (the profile's own value)
+        ("h100_sxm", 8, 8192, 512, 0.818),
+        ("h200_sxm", 1, 8192, 256, 0.907),  # < 160 GiB
+        ("b200", 1, 16384, 512, 0.857),
+        ("mi300x", 8, 16384, 512, 0.862),
     ],
 )
-def test_sglang_sizes_chunks_and_graphs_by_gpu_memory(
-    hardware: str, chunk: int, graphs: int
+def test_sglang_sizes_chunks_graphs_and_static_memory_by_gpu(
+    hardware: str, tp: int, chunk: int, graphs: int, fraction: float
 ) -> None:
-    engine = deployment(model="llama-3.1-8b", hardware=hardware, engine="sglang").engine
-    assert (engine.scheduler.max_num_batched_tokens, engine.cuda_graph_max_tokens) == (
-        chunk,
-        graphs,
-    )
+    model = "llama-3.1-70b" if tp > 1 else "llama-3.1-8b"
+    engine = deployment(
+        model=model, hardware=hardware, engine="sglang", tensor_parallel_size=tp
+    ).engine
+    sched = engine.scheduler
+    assert (sched.max_num_batched_tokens, engine.cuda_graph_max_tokens) == (chunk, graphs)
+    assert sched.gpu_memory_utilization == fraction
 
 
 def test_other_engines_keep_their_limits_everywhere() -> None:
     for engine in ("sglang-0.3", "trtllm", "vllm-0.6"):
-        profile = load_engine(engine).scheduler
+        profile = load_engine(engine).scheduler  # memory fraction included
         for hardware in ("h100_sxm", "a100_sxm_80gb"):
             dep = deployment(model="llama-3.1-8b", hardware=hardware, engine=engine)
             got = dep.engine.scheduler
@@ -75,6 +80,7 @@ def test_other_engines_keep_their_limits_everywhere() -> None:
                 profile.max_num_seqs,
                 profile.max_num_batched_tokens,
             )
+            assert got.gpu_memory_utilization == profile.gpu_memory_utilization
             assert dep.engine.cuda_graph_max_tokens == load_engine(engine).cuda_graph_max_tokens
 
 
