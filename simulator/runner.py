@@ -156,6 +156,11 @@ def _simulate(
             seed=scenario.seed,
         )
     goodput = scenario.slo.goodput() if scenario.slo else None
+    # tokens after the first: one per decode at its step's end (a speculative step's decodes
+    # emit 1 + accepted tokens each, which the step rows do not keep: no peak then)
+    speculating = any(g.speculative is not None for g in scenario.replicas)
+    steps = sim.steps
+    later = None if speculating else (steps["end_s"], steps["decode_tokens"])
     summary = serve_summary(
         sim.requests,
         itl_s=sim.itl_s,
@@ -164,6 +169,7 @@ def _simulate(
         prefix_caching=any(g.prefix_caching for g in scenario.replicas),
         start_s=0.0,  # the simulation starts with the benchmark
         percentiles=percentiles,
+        later_tokens=later,
     )
     if scenario.disaggregated:
         summary.update(pool_summary(scenario, sim))

@@ -67,6 +67,7 @@ def serve_summary(
     percentiles: Sequence[float] = PERCENTILES,
     prefix_caching: bool = False,
     start_s: float | None = None,
+    later_tokens: tuple[npt.ArrayLike, npt.ArrayLike] | None = None,
 ) -> Summary:
     """`vllm bench serve --output-json` metrics, then the simulator's extras.
 
@@ -83,7 +84,10 @@ def serve_summary(
     `prefix_cache_saved_tokens` (those cached tokens). Rates are 0 when the duration is 0
     (nothing completed). The duration runs from `start_s` (the benchmark's start: vLLM sends
     its first request one inter-arrival gap after it, and times the gap) or, when None, from
-    the first arrival, to the last finish.
+    the first arrival, to the last finish. `later_tokens`: the times of the output tokens
+    after each request's first and how many at each (a decode step's end, its decodes); with
+    it, vLLM's `max_output_tokens_per_s` (absent without). `max_concurrent_requests` is
+    vLLM's per-second count (`per_second_peaks`).
     """
     _require_columns(requests)
     pcts = _check_percentiles(percentiles)
@@ -107,8 +111,16 @@ def serve_summary(
         "request_goodput": _rate(_good_count(done, slos), duration) if slos else None,
         "output_throughput": _rate(total_out, duration),
         "total_token_throughput": _rate(total_in + total_out, duration),
-        "max_concurrent_requests": max_concurrency(done["arrival_s"], done["finish_s"]),
     }
+    times, counts = later_tokens if later_tokens is not None else ((), ())
+    token_s = np.concatenate([done["first_token_s"].to_numpy(float), np.asarray(times, float)])
+    token_n = np.concatenate([np.ones(len(done)), np.asarray(counts, float)])
+    peak_tokens, peak_requests = per_second_peaks(
+        done["arrival_s"], done["finish_s"], token_s, token_n
+    )
+    if later_tokens is not None:
+        out["max_output_tokens_per_s"] = peak_tokens
+    out["max_concurrent_requests"] = peak_requests
     out.update(describe_ms("ttft", ttft, percentiles=pcts))
     out.update(describe_ms("tpot", tpot, percentiles=pcts))
     itl_values, itl_weights = _itl_sample(itl_s, itl_weight)
@@ -220,6 +232,10 @@ def format_serve_summary(
     if s.get("request_goodput") is not None:
         lines.append(_row("Request goodput (req/s):", s["request_goodput"], ".2f"))
     lines.append(_row("Output token throughput (tok/s):", s["output_throughput"], ".2f"))
+    if s.get("max_output_tokens_per_s") is not None:
+        lines.append(
+            _row("Peak output token throughput (tok/s):", s["max_output_tokens_per_s"], ".2f")
+        )
     if "max_concurrent_requests" in s:
         lines.append(_row("Peak concurrent requests:", s["max_concurrent_requests"], ".2f"))
     lines.append(_row("Total Token throughput (tok/s):", s["total_token_throughput"], ".2f"))
@@ -292,7 +308,8 @@ def completed_requests(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def max_concurrency(start_s: npt.ArrayLike, end_s: npt.ArrayLike) -> int:
-    """Most intervals [start, end) open at once (vLLM's "Peak concurrent requests")."""
+    """Most intervals [start, end) open at once (instantaneous; the summary reports vLLM's
+    per-second figure, `per_second_peaks`)."""
     start = np.asarray(start_s, dtype=float)
     end = np.asarray(end_s, dtype=float)
     if start.size == 0:
@@ -302,6 +319,35 @@ def max_concurrency(start_s: npt.ArrayLike, end_s: npt.ArrayLike) -> int:
     # an end at time t closes before a start at t opens: half-open intervals
     order = np.lexsort((deltas, times))
     return int(np.cumsum(deltas[order]).max())
+
+
+def per_second_peaks(
+    start_s: npt.ArrayLike,
+    end_s: npt.ArrayLike,
+    token_s: npt.ArrayLike = (),
+    token_count: npt.ArrayLike = (),
+) -> tuple[float, int]:
+    """vLLM bench serve's peaks over one-second buckets from the first request's start: the
+    most output tokens stamped in one bucket (`max_output_tokens_per_s`; tokens at `token_s`,
+    `token_count` at each) and the most requests active in any part of one bucket, each from
+    its start's bucket to its end's, both counted (`max_concurrent_requests`)."""
+    start = np.asarray(start_s, dtype=float)
+    end = np.asarray(end_s, dtype=float)
+    if start.size == 0:
+        return 0.0, 0
+    origin = float(start.min())
+    span = int(np.ceil(float(end.max()) - origin)) + 1
+    first = (start - origin).astype(np.int64)
+    last = np.minimum((end - origin).astype(np.int64), span - 1)
+    active = np.zeros(span + 1)
+    np.add.at(active, first, 1.0)
+    np.add.at(active, last + 1, -1.0)
+    concurrent = int(np.cumsum(active)[:span].max())
+    bucket = np.floor(np.asarray(token_s, dtype=float) - origin).astype(np.int64)
+    weight = np.asarray(token_count, dtype=float)
+    inside = (bucket >= 0) & (bucket < span)
+    tokens = np.bincount(bucket[inside], weights=weight[inside], minlength=span)
+    return float(tokens.max()), concurrent
 
 
 def _good_count(done: pd.DataFrame, slos: Mapping[str, float]) -> int:

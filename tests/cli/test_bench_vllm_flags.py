@@ -77,3 +77,19 @@ def test_throughput_prints_the_token_totals(capsys: pytest.CaptureFixture[str]) 
         "Total num prompt tokens:  6000",
         "Total num output tokens:  800",
     ]
+
+
+def test_serve_reports_vllms_peak_output_token_throughput(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = (*SERVE, "--num-prompts", "60", "--request-rate", "6")
+    code, out, _ = run_cli(capsys, *args, "--json")
+    summary = json.loads(out)
+    # at least the mean rate over the run, at most every token of the run in one second
+    assert summary["output_throughput"] <= summary["max_output_tokens_per_s"]
+    assert summary["max_output_tokens_per_s"] <= summary["total_output_tokens"]
+    _, text, _ = run_cli(capsys, *args)
+    assert "Peak output token throughput (tok/s):" in text
+    spec = '{"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.7}'
+    code, out, _ = run_cli(capsys, *args, "--speculative-config", spec, "--json")
+    assert code == 0 and "max_output_tokens_per_s" not in json.loads(out)  # steps lack it

@@ -35,6 +35,7 @@ from simulator.metrics import (
     throughput_summary,
     weighted_percentile,
 )
+from simulator.metrics.summary import max_concurrency, per_second_peaks
 
 NAN = math.nan
 COLUMNS = (
@@ -158,6 +159,19 @@ def test_hand_computed_serve_summary() -> None:
     for key, value in expected.items():
         assert s[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
     assert set(s) == set(expected) | {"request_goodput"}
+
+
+def test_per_second_peaks_count_as_vllm_buckets_them() -> None:
+    # first tokens at 0.1, 0.8, 2.0 (buckets 0, 0, 2) and later ones: 2 at 0.5, 3 at 1.2, 1 at
+    # 1.4, 4 at 2.2 -> buckets 4, 4, 5 tokens; requests [0, 1.1], [0.5, 2.3], [1.0, 2.0] are
+    # active in buckets 0-1, 0-2, 1-2 -> 2, 3, 2
+    later = (np.array([0.5, 1.2, 1.4, 2.2]), np.array([2, 3, 1, 4]))
+    s = hand_summary(later_tokens=later)
+    assert s["max_output_tokens_per_s"] == 5.0 and s["max_concurrent_requests"] == 3
+    assert "max_output_tokens_per_s" not in hand_summary()  # no token times: no peak
+    # two requests that never overlap but share a second count twice, as vLLM's buckets do
+    assert per_second_peaks([0.1, 0.6], [0.4, 0.9]) == (0.0, 2)
+    assert max_concurrency([0.1, 0.6], [0.4, 0.9]) == 1
 
 
 def test_key_order_follows_vllm_then_extras() -> None:
