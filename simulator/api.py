@@ -120,10 +120,12 @@ def deployment(
     offload: OffloadLike = None,
     expert_offload: ExpertOffloadSpec | None = None,
     entrypoint: Entrypoint = "server",
+    async_scheduling: bool = False,
 ) -> Deployment:
     """Resolve ids into a checked Deployment; raises SpecError for anything impossible.
     `entrypoint`: the engine runs as an API server or offline (vLLM's LLM class), which with
-    the device picks its batch defaults (`EngineSpec.on_device`).
+    the device picks its batch defaults (`EngineSpec.on_device`). `async_scheduling`: vLLM's
+    --async-scheduling (`EngineSpec.with_async_scheduling`; SpecError on an engine without).
     `cpu_offload_gb` (vLLM's flag), `offload` (an OffloadSpec, mapping or JSON text) and
     `expert_offload` keep weights off the GPU (`simulator.specs.offload`).
     `expert_parallel_size` = tp x dp > tp is DP attention (`Parallelism`);
@@ -138,6 +140,8 @@ def deployment(
         tensor_parallel=tensor_parallel_size,
         pipeline_parallel=pipeline_parallel_size,
     )
+    if async_scheduling:
+        eng = eng.with_async_scheduling()
     for name, value in (
         ("tensor_parallel_size", tensor_parallel_size),
         ("pipeline_parallel_size", pipeline_parallel_size),
@@ -193,6 +197,7 @@ def estimate(
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
     enforce_eager: bool = False,
+    async_scheduling: bool = False,
     gpu_memory_utilization: float | None = None,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
@@ -206,7 +211,7 @@ def estimate(
     per-operator breakdown. `speculative_config`: vLLM's --speculative-config (JSON text, a
     mapping or a SpeculativeSpec) with the acceptance added (serving/speculative.py). A model
     too large for the GPU runs with weights streamed from host memory when `cpu_offload_gb`
-    or `offload` allows it (see `deployment`)."""
+    or `offload` allows it (see `deployment`). `async_scheduling`: vLLM's --async-scheduling."""
     speculative = parse_speculative_config(speculative_config)
     dep = deployment(
         model=model,
@@ -220,6 +225,7 @@ def estimate(
         cpu_offload_gb=cpu_offload_gb,
         offload=offload,
         entrypoint="offline",  # vllm bench latency runs the LLM class
+        async_scheduling=async_scheduling,
     )
     return bench_latency(
         dep.model,

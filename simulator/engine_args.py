@@ -32,6 +32,7 @@ class EngineArgs:
     `kv_offloading_size` (GiB of host memory per replica) and `kv_offloading_backend`: vLLM's
     KV offloading flags, a CPU tier below HBM (`serving.kv_tiers`; needs prefix caching).
     None: the engine profile's default (prefix caching: on in vLLM V1, SGLang, TensorRT-LLM).
+    `async_scheduling`: vLLM's --async-scheduling (the next step's CPU work overlaps the GPU).
     Values are checked when the scenario is validated.
     """
 
@@ -43,6 +44,7 @@ class EngineArgs:
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
+    async_scheduling: bool = False
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -85,6 +87,7 @@ class EngineArgs:
             "quantization": self.quantization,
             "kv_cache_dtype": self.kv_cache_dtype,
             "enforce_eager": self.enforce_eager,
+            "async_scheduling": self.async_scheduling,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "swap_space_gib": self.swap_space,
             "enable_prefix_caching": self.enable_prefix_caching,

@@ -89,6 +89,7 @@ def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
         offload=spec.offload,
         expert_offload=spec.expert_offload,
         entrypoint=spec.entrypoint,
+        async_scheduling=spec.async_scheduling,
     )
 
 

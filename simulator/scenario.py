@@ -84,6 +84,11 @@ class ReplicaGroupSpec(Frozen):
     quantization: Quantization | None = None
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
+    async_scheduling: bool = Field(
+        default=False,
+        description="vLLM's --async-scheduling: the next step's scheduling, input preparation "
+        "and launches run while the GPU computes this one (engines with async scheduling)",
+    )
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     swap_space_gib: float = Field(
         default=4.0, ge=0, allow_inf_nan=False, description="host swap space per GPU"

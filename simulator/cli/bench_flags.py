@@ -38,6 +38,13 @@ QuantOpt = Annotated[str | None, typer.Option("--quantization", "-q")]
 KvDtypeOpt = Annotated[str, typer.Option("--kv-cache-dtype")]
 EngineOpt = Annotated[str, typer.Option("--engine")]
 EagerOpt = Annotated[bool, typer.Option("--enforce-eager")]
+AsyncOpt = Annotated[
+    bool,
+    typer.Option(
+        "--async-scheduling/--no-async-scheduling",
+        help="schedule and prepare the next step while the GPU runs this one (vLLM V1)",
+    ),
+]
 GmuOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
 SeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs")]
 TokensOpt = Annotated[int | None, typer.Option("--max-num-batched-tokens")]

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 
 def check_plain_steps(group: ReplicaGroup, *, what: str) -> None:
-    """SpecError unless `group`'s replicas step without speculative decoding, KV tiers or
-    multi-step scheduling (which only the plain Replica's loop models)."""
+    """SpecError unless `group`'s replicas step without speculative decoding, KV tiers,
+    multi-step or async scheduling (which only the plain Replica's loop models)."""
     if group.speculative is not None:
         raise SpecError(f"{what} with speculative decoding is not modelled", field="speculative")
     if group.scheduler.num_scheduler_steps > 1:
@@ -35,6 +35,8 @@ def check_plain_steps(group: ReplicaGroup, *, what: str) -> None:
         )
     if group.kv_tiers is not None:
         raise SpecError(f"{what} with KV offload tiers is not modelled", field="kv_offload")
+    if group.timer.async_scheduling:
+        raise SpecError(f"{what} with async scheduling is not modelled", field="async_scheduling")
 
 
 class SteppedReplica(Replica):

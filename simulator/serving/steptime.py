@@ -171,6 +171,8 @@ class StepTimer:
         self._graph_max = engine.cuda_graph_max_tokens
         self._graph_s, self._eager_s = ov.graph_launch_s, ov.launch_eager_s
         self._step_s, self._per_seq_s = ov.step_s, ov.per_seq_s
+        # async scheduling: the CPU work overlaps the GPU, this much stays exposed (None: off)
+        self._async_s = (ov.async_residual_s or 0.0) if engine.async_scheduling else None
 
         max_tokens = max(max_num_batched_tokens, max_num_seqs * verify_tokens)
         tok_gpu, tok_k = self._table(
@@ -327,6 +329,11 @@ class StepTimer:
             gpu_s += _interp(*self._stream, gpu_s - self._smp_gpu[sampled])
         return gpu_s, launches, tokens
 
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether steps overlap the next step's CPU work with the GPU (`engine_time`)."""
+        return self._async_s is not None
+
     def cpu_s(self, num_seqs: int) -> float:
         """The engine's scheduling CPU time of one step of `num_seqs` sequences (part of every
         step's duration; a multi-step block pays it once)."""
@@ -339,4 +346,6 @@ class StepTimer:
 
     def _engine_time(self, gpu_s: float, launches: float, tokens: int, seqs: int) -> float:
         """`costmodel.step.engine_time` for one step, in plain floats."""
+        if self._async_s is not None:
+            return max(gpu_s + self._async_s, self._launch_s(launches, tokens) + self.cpu_s(seqs))
         return max(gpu_s, self._launch_s(launches, tokens)) + self.cpu_s(seqs)

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from simulator.errors import SpecError
 from simulator.specs._base import Bytes, Frozen, Seconds
 from simulator.specs.deployment import Quantization
 from simulator.specs.hardware import DecodeSplit, RowKernel
@@ -21,6 +22,13 @@ class EngineOverhead(Frozen):
     per_seq_s: Seconds = Field(ge=0, description="extra CPU time per running sequence per step")
     launch_eager_s: Seconds = Field(ge=0, description="CPU cost of launching one kernel eagerly")
     graph_launch_s: Seconds = Field(ge=0, description="CPU cost of replaying one captured graph")
+    async_residual_s: Seconds | None = Field(
+        default=None,
+        ge=0,
+        description="with async scheduling (vLLM's --async-scheduling), the CPU time a step "
+        "still exposes while the next step's scheduling, input preparation and launches run "
+        "behind the GPU; None: the engine has no async scheduling",
+    )
 
 
 KvBudget = Literal["total", "static", "free"]
@@ -201,6 +209,11 @@ class EngineSpec(Frozen):
     )
     scheduler: SchedulerDefaults
     quantized_kernels: tuple[Quantization, ...] = ("fp8", "int8", "int4")
+    async_scheduling: bool = Field(
+        default=False,
+        description="steps overlap the next step's CPU work with the GPU (vLLM's "
+        "--async-scheduling; set by `with_async_scheduling`, not in a profile)",
+    )
 
     def on_device(
         self,
@@ -235,6 +248,18 @@ class EngineSpec(Frozen):
         if sched is self.scheduler and graphs == self.cuda_graph_max_tokens:
             return self
         return self.model_copy(update={"scheduler": sched, "cuda_graph_max_tokens": graphs})
+
+    def with_async_scheduling(self) -> EngineSpec:
+        """The profile with async scheduling on (vLLM's --async-scheduling): a step takes
+        max(GPU + `overhead.async_residual_s`, launches + CPU) instead of max(GPU, launches) +
+        CPU (`costmodel.step.engine_time`); SpecError if the engine has none."""
+        if self.overhead.async_residual_s is None:
+            raise SpecError(
+                f"engine {self.id or self.name} has no async scheduling (vLLM V1's "
+                "--async-scheduling; try --engine vllm)",
+                field="async_scheduling",
+            )
+        return self.model_copy(update={"async_scheduling": True})
 
     def step_tokens(self, *, chunked: bool, max_model_len: int | None) -> int:
         """The default max_num_batched_tokens: the profile's, raised to the model's context
