@@ -123,23 +123,35 @@ def build_group(
 
 
 def run(
-    scenario: Scenario | str | Path, *, percentiles: Sequence[float] = PERCENTILES
+    scenario: Scenario | str | Path,
+    *,
+    percentiles: Sequence[float] = PERCENTILES,
+    requests: RequestTable | None = None,
 ) -> RunResult:
     """Simulate a scenario (a Scenario, or a path to its YAML: bad input then names the file
     and, for a replica group's impossible layout, the group). `percentiles`: those the
-    summary reports for each latency (vLLM's --metric-percentiles; p50, p90, p99 always)."""
+    summary reports for each latency (vLLM's --metric-percentiles; p50, p90, p99 always).
+    `requests`: serve these instead of the ones the scenario's workload generates (lengths
+    and arrivals from elsewhere, e.g. a published run's histogram)."""
     percentiles = tuple(sorted({*PERCENTILES, *percentiles}))
     if isinstance(scenario, Scenario):
-        return _simulate(scenario, percentiles=percentiles)
+        return _simulate(scenario, percentiles=percentiles, requests=requests)
     with naming(str(scenario)):
-        return _simulate(load_scenario(scenario), name_groups=True, percentiles=percentiles)
+        return _simulate(
+            load_scenario(scenario), name_groups=True, percentiles=percentiles, requests=requests
+        )
 
 
 def _simulate(
-    scenario: Scenario, *, name_groups: bool = False, percentiles: Sequence[float] = PERCENTILES
+    scenario: Scenario,
+    *,
+    name_groups: bool = False,
+    percentiles: Sequence[float] = PERCENTILES,
+    requests: RequestTable | None = None,
 ) -> RunResult:
     model = load_model(scenario.model)
-    requests = generate_requests(scenario.workload, rng=np.random.default_rng(scenario.seed))
+    if requests is None:
+        requests = generate_requests(scenario.workload, rng=np.random.default_rng(scenario.seed))
     held = {"prefill": prefill_view(requests)}  # a prefill replica keeps prompt + 1 token
     built = []
     for i, spec in enumerate(scenario.replicas):

@@ -28,6 +28,8 @@ from simulator.validate.e2e import (
 from simulator.validate.elementwise import FIT as ELEMENTWISE_FIT
 from simulator.validate.elementwise import SUITE as ELEMENTWISE
 from simulator.validate.elementwise import elementwise_suite
+from simulator.validate.energy import SUITE as ENERGY
+from simulator.validate.energy import e2e_energy_suite
 from simulator.validate.frame import COLUMNS
 from simulator.validate.gemm_library import SUITE as GEMM_LIBRARY_FIT
 from simulator.validate.gemm_library import gemm_library_suite
@@ -45,7 +47,7 @@ SUITE_NAMES = (
     LAYERS, LAYERS_FIT,  # a layer's GEMMs (held out / fitted)
     ELEMENTWISE, ELEMENTWISE_FIT,  # a layer's memory-bound kernels (held out / fitted)
     "iteration", PREFILL, DECODE, ENGINE_FIT,  # engine steps (held out / fitted)
-    THROUGHPUT, SERVING, LATENCY,  # whole benchmarks against published results (held out)
+    THROUGHPUT, SERVING, LATENCY, ENERGY,  # whole benchmarks, published results (held out)
     POWER, POWER_FIT,  # board power (fractions of TDP, not time)
 )  # fmt: skip
 STAT_KEYS = ("mape_pct", "median_ape_pct", "p90_ape_pct", "worst_ape_pct")
@@ -136,6 +138,8 @@ def run_suites(names: list[str]) -> pd.DataFrame:
         lat = e2e_latency_suite()
         skipped += list(lat.attrs.get("skipped", []))
         frames.append(lat)
+    if ENERGY in needed:
+        frames.append(e2e_energy_suite())
     if needed & {POWER, POWER_FIT}:
         pw = power_suite()
         skipped += list(pw.attrs.get("skipped", []))

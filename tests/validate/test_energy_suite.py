@@ -1,0 +1,110 @@
+"""The `e2e_energy` suite: ML.ENERGY v3.0's vLLM runs, their requests, the benchmark's steady
+window and the three figures per run, and a guard on the held-out error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.specs import load_hardware, load_model
+from simulator.validate import data, run_validation
+from simulator.validate.energy import (
+    COLUMNS,
+    PROMPT_MEAN_TOKENS,
+    SIMULATED_BATCHES,
+    SUITE,
+    e2e_energy_suite,
+    output_lengths,
+    prompt_lengths,
+    run_requests,
+    steady_window,
+)
+from simulator.validate.frame import COLUMNS as FRAME_COLUMNS
+from simulator.validate.summary import SUITE_NAMES
+
+
+def runs() -> pd.DataFrame:
+    return data.read_measured("e2e/energy.csv", COLUMNS)
+
+
+def test_bundled_runs_name_known_ids_and_hold_their_histograms() -> None:
+    df = runs()
+    assert len(df) == 130 and set(df["source"]) == {"M1"}
+    assert set(df["hardware"]) == {"h100_sxm", "b200"}
+    for model in df["model"].unique():
+        load_model(model)
+    assert (df["engine"] == "vllm").all() and df["async_scheduling"].astype(bool).all()
+    for _, row in df.iterrows():
+        lengths = output_lengths(row)
+        assert len(lengths) == row["num_prompts"]  # one length per published request
+        assert lengths.min() >= 1 and lengths.max() <= row["output_len_max"]
+        # the run's mean output stays within the bins' resolution of the histogram's
+        assert row["avg_batch_size"] <= row["max_num_seqs"]
+    # a run's own figures are consistent: 7 GPU-rows of ~1 kW at most
+    per_gpu = df["avg_power_w"] / df["tensor_parallel"]
+    tdp = df["hardware"].map(lambda h: load_hardware(h).power.tdp_w)
+    assert (per_gpu < tdp).all() and (per_gpu > 0.3 * tdp).all()
+
+
+def test_output_lengths_spread_each_bin_evenly() -> None:
+    row = pd.Series({"output_len_min": 2.0, "output_len_max": 12.0, "output_len_counts": "2 0 1"})
+    # bins [2, 5.33), [5.33, 8.67), [8.67, 12]: two at 1/4 and 3/4 of the first, one mid-third
+    assert output_lengths(row).tolist() == [3, 4, 10]
+
+
+def test_prompt_lengths_have_the_stated_mean() -> None:
+    drawn = prompt_lengths(200_000, np.random.default_rng(1))
+    assert drawn.mean() == pytest.approx(PROMPT_MEAN_TOKENS, rel=0.02)
+    assert drawn.min() >= 1
+
+
+def test_run_requests_arrive_at_once_with_the_published_outputs() -> None:
+    row = runs().iloc[0]
+    reqs = run_requests(row)
+    assert len(reqs) == row["num_prompts"] and (reqs.arrival_s == 0).all()
+    assert sorted(reqs.output_len.tolist()) == sorted(output_lengths(row).tolist())
+
+
+def test_steady_window_is_the_benchmarks() -> None:
+    # 6 requests, batch 2: starts once 2 have a first token (t = 2), ends once all but
+    # 2 + 1 = 3 have finished (the 3rd finish, t = 30)
+    requests = pd.DataFrame(
+        {"first_token_s": [1, 2, 5, 6, 8, 9], "finish_s": [10, 20, 30, 40, 50, 60]}
+    )
+    assert steady_window(requests, 2) == (2.0, 30.0)
+    with pytest.raises(ValueError, match="no steady state"):
+        steady_window(requests.iloc[:3], 2)
+
+
+@pytest.mark.slow
+def test_suite_rows_are_three_figures_per_simulated_run() -> None:
+    df = e2e_energy_suite()
+    assert list(df.columns[: len(FRAME_COLUMNS)]) == FRAME_COLUMNS
+    assert set(df["suite"]) == {SUITE} and not df["fitted"].any()
+    simulated = runs()[runs()["max_num_seqs"].isin(SIMULATED_BATCHES)]
+    assert len(df) == 3 * len(simulated)
+    assert (df.groupby("kind").size() == len(simulated)).all()
+    for col in ("predicted_s", "measured_s", "ape_pct", "window_s"):
+        assert np.isfinite(df[col].to_numpy(dtype=float)).all(), col
+    # power rows are fractions of the TDP, per GPU
+    power = df[df["kind"] == "power"]
+    assert ((power["predicted_s"] > 0.05) & (power["predicted_s"] <= 1.0 + 1e-9)).all()
+    itl = df[df["kind"] == "itl"]
+    assert ((itl["measured_s"] > 1e-3) & (itl["measured_s"] < 0.5)).all()
+
+
+def test_registered_as_a_suite() -> None:
+    assert SUITE in SUITE_NAMES
+
+
+# MAPE per device as committed (README's validation table); a change that doubles it fails.
+COMMITTED_MAPE_PCT = {"h100_sxm": 20.2, "b200": 30.6}
+
+
+@pytest.mark.slow
+def test_no_device_doubles_its_committed_error() -> None:
+    summary, _ = run_validation([SUITE])
+    for device, committed in COMMITTED_MAPE_PCT.items():
+        got = summary["suites"][SUITE]["by_device"][device]["mape_pct"]
+        assert got < 2 * committed, (device, got, committed)
