@@ -94,10 +94,11 @@ def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
 
 
 def build_group(
-    model: ModelSpec, spec: ReplicaGroupSpec, requests: RequestTable
+    model: ModelSpec, spec: ReplicaGroupSpec, requests: RequestTable, *, sample_filter: bool = False
 ) -> tuple[ReplicaGroup, MemoryPlan, Deployment]:
     """The replicas a scenario's group describes, sized for `requests`: their group (with its
-    engine loop), memory plan and deployment."""
+    engine loop), memory plan and deployment. `sample_filter`: the requests sample with top-p
+    or top-k (`serving.workload.SamplingSpec.filters`)."""
     dep = group_deployment(model, spec)
     overrides = spec.scheduler.model_dump()
     scheduler = default_scheduler(
@@ -118,6 +119,7 @@ def build_group(
         speculative=spec.speculative,
         offload=dep.offload,
         kv_offload=spec.kv_offload,
+        sample_filter=sample_filter,
     )
     return engine_loop(group, spec=spec, dep=dep), plan, dep
 
@@ -156,7 +158,14 @@ def _simulate(
     built = []
     for i, spec in enumerate(scenario.replicas):
         with naming(field=f"replicas.{i}") if name_groups else nullcontext():
-            built.append(build_group(model, spec, held.get(spec.role, requests)))
+            built.append(
+                build_group(
+                    model,
+                    spec,
+                    held.get(spec.role, requests),
+                    sample_filter=scenario.workload.sampling.filters,
+                )
+            )
     if scenario.disaggregated:
         groups, deps = [g for g, _, _ in built], [dep for _, _, dep in built]
         sim = serve_scenario(scenario, requests, groups=groups, deployments=deps)

@@ -275,6 +275,11 @@ def bench_serve_cmd(
         ),
     ] = None,
     router: Annotated[str, typer.Option("--router")] = "round_robin",
+    temperature: Annotated[
+        float, typer.Option("--temperature", min=0.0, help="sampling temperature (0: greedy)")
+    ] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0)] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", min=-1, help="-1 or 0: off")] = -1,
     tensor_parallel_size: TpOpt = 1,
     pipeline_parallel_size: PpOpt = 1,
     data_parallel_size: DpOpt = 1,
@@ -342,6 +347,7 @@ def bench_serve_cmd(
             "request_rate": request_rate,
             "burstiness": burstiness,
             "prefix": {"tokens": random_prefix_len} if random_prefix_len else None,
+            "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k},
         },
         source="bench serve",
     )

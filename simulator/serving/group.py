@@ -135,12 +135,15 @@ def replica_group(
     enable_prefix_caching: bool = False,
     offload: OffloadSpec | None = None,
     kv_offload: KVOffloadSpec | None = None,
+    sample_filter: bool = False,
 ) -> tuple[ReplicaGroup, MemoryPlan]:
     """`layout.dp` replicas of a deployment, sized for `requests`: the memory plan (must fit),
     the KV cache in blocks, and the step timer. Requests the replicas could never serve are a
     SpecError. `speculative`: speculative decoding (its drafter's memory and passes);
     `offload`: weights streamed from host memory (`costmodel.offload`), every step pays it;
-    `kv_offload`: KV-cache tiers below HBM behind prefix caching (`serving.kv_tiers`)."""
+    `kv_offload`: KV-cache tiers below HBM behind prefix caching (`serving.kv_tiers`);
+    `sample_filter`: the requests sample with top-p or top-k (the engine's `sampler_filter`
+    prices it; not with speculative decoding)."""
     layout.check(model, hw)
     spec = scheduler or default_scheduler(engine, max_model_len=model.max_position_embeddings)
     _check_multi_step(spec, engine, speculative=speculative is not None)
@@ -195,6 +198,7 @@ def replica_group(
             max_context=longest,
             enforce_eager=enforce_eager,
             offload=plan.offload,
+            sample_filter=sample_filter,
         )
     # vLLM's --swap-space is per GPU; a replica's devices each hold their share of a block.
     block_bytes = plan.kv_bytes_per_token * plan.block_size

@@ -145,6 +145,7 @@ class StepTimer:
         ops: OpList = step_ops,
         draft: DraftCost | None = None,
         offload: OffloadPlan | None = None,
+        sample_filter: bool = False,
     ) -> None:
         self._args = (model, hw, layout, prec)
         self._ops = ops
@@ -181,6 +182,10 @@ class StepTimer:
         smp_gpu, smp_k = self._table(
             BatchShape(sampled=np.arange(max_num_seqs * self._logits + 1, dtype=float)), "sampled"
         )
+        if sample_filter and engine.sampler_filter is not None:  # top-p / top-k sorts logits
+            logits = np.arange(len(smp_gpu), dtype=float) * model.vocab_size
+            bandwidth = hw.memory.bandwidth_bytes_per_s
+            smp_gpu = smp_gpu + engine.sampler_filter.time_s(logits, bandwidth=bandwidth)
         self._tok_gpu, self._tok_k = tok_gpu.tolist(), tok_k.tolist()
         self._smp_gpu, self._smp_k = smp_gpu.tolist(), smp_k.tolist()
         # The decode part of a step's shape-dependent ops: row = sequences (0 = none).

@@ -68,6 +68,21 @@ DatasetSpec = Annotated[
 ]
 
 
+class SamplingSpec(Frozen):
+    """How the requests sample (`vllm bench serve --temperature --top-p --top-k`): greedy at
+    temperature 0, the benchmark's default. A top-p below 1 or a top-k above 0 with a positive
+    temperature makes the engine filter each sequence's logits every step (`filters`), which
+    its `sampler_filter` prices."""
+
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1, description="-1 or 0: off")
+
+    @property
+    def filters(self) -> bool:
+        return self.temperature > 0 and (self.top_p < 1 or self.top_k > 0)
+
+
 class WorkloadSpec(Frozen):
     """What arrives: a dataset for the lengths and an arrival process (see the module doc)."""
 
@@ -83,6 +98,7 @@ class WorkloadSpec(Frozen):
     priority_mix: list[float] | None = Field(None, min_length=1)
     prefix: SharedPrefix | None = None  # a shared system prompt
     sessions: Sessions | None = None  # multi-turn conversations
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)  # greedy unless set
 
     @property
     def shares_content(self) -> bool:

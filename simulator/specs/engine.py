@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 from pydantic import Field
 
 from simulator.errors import SpecError
@@ -106,6 +107,24 @@ class StaticReserve(Frozen):
         if memory_bytes > self.floor_above:
             reserve = max(reserve, self.floor_mib)
         return round((mib - reserve) / mib, 3)
+
+
+class SamplerFilter(Frozen):
+    """GPU time of an engine's top-p / top-k filter, where it sorts every sampling sequence's
+    logits: `reference_s` for `reference_elements` logits (sequences x vocabulary) on a device
+    of `reference_bandwidth` DRAM bandwidth, growing as elements ** `exponent`; on another
+    device scaled by the bandwidths (the sort is memory-bound)."""
+
+    reference_s: Seconds = Field(gt=0)
+    reference_elements: float = Field(gt=0)
+    exponent: float = Field(gt=0, le=1)
+    reference_bandwidth: float = Field(gt=0, description="bytes/s of the measured device")
+
+    def time_s(self, elements: np.ndarray, *, bandwidth: float) -> np.ndarray:
+        """Seconds to filter `elements` logits on a device of `bandwidth` bytes/s (0 for 0)."""
+        e = np.asarray(elements, dtype=float)
+        scaled = self.reference_s * (e / self.reference_elements) ** self.exponent
+        return np.where(e > 0, scaled * self.reference_bandwidth / bandwidth, 0.0)
 
 
 class SchedulerDefaults(Frozen):
@@ -209,6 +228,11 @@ class EngineSpec(Frozen):
     )
     scheduler: SchedulerDefaults
     quantized_kernels: tuple[Quantization, ...] = ("fp8", "int8", "int4")
+    sampler_filter: SamplerFilter | None = Field(
+        default=None,
+        description="cost of the top-p / top-k filter of sampled requests (vLLM's PyTorch "
+        "sort); None: not priced (a kernel whose cost the `sampler` op's bytes cover)",
+    )
     async_scheduling: bool = Field(
         default=False,
         description="steps overlap the next step's CPU work with the GPU (vLLM's "

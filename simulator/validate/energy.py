@@ -70,6 +70,9 @@ PROMPT_SIGMA = SHAREGPT_PROMPT_LOGNORMAL[1]
 # --max-model-len 20480 with outputs up to 4096 tokens: prompts are at most the difference.
 MAX_PROMPT_TOKENS = 20480 - 4096
 SEED = 0
+# The benchmark's sampling parameters (its driver's defaults; repetition penalty 1.1 is not
+# priced).
+SAMPLING = {"temperature": 0.8, "top_p": 0.95}
 # The runs simulated: every published run whose max_num_seqs is one of these (a sweep of each
 # model and GPU by factors of 4, ~60 of the 130 rows, ~30 s); the CSV keeps them all.
 SIMULATED_BATCHES = (8, 32, 128, 512, 2048)
@@ -147,8 +150,12 @@ def window_figures(result: runner.RunResult, batch: int) -> dict[str, float]:
 def simulate(row: pd.Series) -> dict[str, float]:
     """Median ITL (ms), steady output tokens/s and power per GPU (W) of one published run."""
     batch = int(row["max_num_seqs"])
-    placeholder = WorkloadSpec.model_validate(  # the run's own requests replace it
-        {"dataset": {"name": "random", "input_len": 1, "output_len": 1}, "num_prompts": 1}
+    placeholder = WorkloadSpec.model_validate(  # the run's own requests replace its lengths
+        {
+            "dataset": {"name": "random", "input_len": 1, "output_len": 1},
+            "num_prompts": 1,
+            "sampling": SAMPLING,
+        }
     )
     scenario = runner.bench_scenario(
         model=str(row["model"]),
