@@ -21,8 +21,8 @@ FIELDS = [field.name for field in dataclasses.fields(EngineArgs)]
 SPEC = '{"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.6}'
 BENCH = ["--hardware", "h100_sxm", "--model", "llama-3.1-8b"]
 # Every engine flag away from its default, in three sets: the simulator does not model KV
-# offloading with DP attention or pipeline micro-batching, and multi-step scheduling is vLLM
-# V0's. (The workload is too small to matter.)
+# offloading or async scheduling with DP attention or pipeline micro-batching, and multi-step
+# scheduling is vLLM V0's. (The workload is too small to matter.)
 FLAGS = [
     *("--engine", "vllm", "-tp", "2", "-pp", "2", "-dp", "3", "--dtype", "bfloat16"),
     *("--quantization", "fp8", "--kv-cache-dtype", "fp8", "--enforce-eager"),
@@ -56,10 +56,14 @@ EXPECTED = EngineArgs(
     pipeline_micro_batching=True,
 )
 KV_FLAGS = [
-    *("--enable-prefix-caching", "--kv-offloading-size", "2", "--kv-offloading-backend", "lmcache")
+    *("--enable-prefix-caching", "--kv-offloading-size", "2", "--kv-offloading-backend", "lmcache"),
+    "--async-scheduling",  # not with DP attention or micro-batching, which time their own steps
 ]
 KV_EXPECTED = EngineArgs(
-    enable_prefix_caching=True, kv_offloading_size=2.0, kv_offloading_backend="lmcache"
+    enable_prefix_caching=True,
+    kv_offloading_size=2.0,
+    kv_offloading_backend="lmcache",
+    async_scheduling=True,
 )
 MULTI_STEP_FLAGS = ["--engine", "vllm-0.6", "--num-scheduler-steps", "4"]  # V0 only
 MULTI_STEP_EXPECTED = EngineArgs(engine="vllm-0.6", num_scheduler_steps=4)
