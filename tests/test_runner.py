@@ -12,7 +12,7 @@ from simulator import runner
 from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
 from simulator.scenario import Scenario, load_scenario
-from simulator.serving.workload import RandomDataset, WorkloadSpec
+from simulator.serving.workload import RandomDataset, RequestTable, WorkloadSpec
 
 # scenarios/ also holds sweep files (sweep_*.yaml) and plan files (plan_*.yaml).
 SCENARIOS = sorted(
@@ -123,6 +123,16 @@ def test_a_scenario_trace_path_is_relative_to_the_file(tmp_path: Path) -> None:
     result = runner.run(tmp_path / "s.yaml")
     assert result.sim.requests["prompt_tokens"].tolist() == [100, 200]
     assert result.sim.requests["arrival_s"].tolist() == [0.0, 0.5]
+
+
+def test_run_serves_the_requests_it_is_given() -> None:
+    own = RequestTable(arrival_s=[0.0, 0.0, 2.0], prompt_len=[100, 3000, 50], output_len=[7, 3, 11])
+    quickstart = Path(__file__).parents[1] / "scenarios" / "quickstart.yaml"
+    result = runner.run(quickstart, requests=own)
+    df = result.sim.requests.sort_values("request_id")
+    assert df["prompt_tokens"].tolist() == [100, 3000, 50]
+    assert df["output_tokens"].tolist() == [7, 3, 11]
+    assert df["arrival_s"].tolist() == [0.0, 0.0, 2.0]
 
 
 def test_requests_longer_than_the_context_are_rejected() -> None:
