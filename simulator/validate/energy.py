@@ -17,29 +17,42 @@ their first token to the moment all but B + 1 have finished. Output lengths are 
 run's own histogram (`output_lengths`); prompt lengths are not published per run, so they
 are drawn from a lognormal with the mean the benchmark's post gives for the task and the
 spread of ShareGPT's prompts (`prompt_lengths`), an assumption the README states.
-No parameter was fitted to these rows (`fitted` is False).
+The power rows of Llama 3.1 8B and 70B on H100 are what H100's power shape (hardware_specs/
+h100_sxm.yaml `power`) was fitted to (`fit_power`; `python -m simulator.validate.energy --fit`
+prints it): suite `e2e_energy_fit`. Everything else is held out: no other parameter was
+fitted to these rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import sys
 from functools import cache
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import least_squares
 
 from simulator import runner
 from simulator.engine_args import EngineArgs
-from simulator.power import GroupAccount, step_power_w
+from simulator.power import PowerModel, step_work_s, steps_batch
 from simulator.serving.datasets import SHAREGPT_PROMPT_LOGNORMAL
 from simulator.serving.workload import RequestTable, WorkloadSpec
 from simulator.validate import data
 from simulator.validate.e2e import _optional
 from simulator.validate.frame import finish
 
-SUITE = "e2e_energy"
+SUITE, FIT_SUITE = "e2e_energy", "e2e_energy_fit"
+# (hardware, checkpoint) of the power rows a device's power shape is fitted to
+POWER_FIT = {
+    ("h100_sxm", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("h100_sxm", "meta-llama/Llama-3.1-70B-Instruct"),
+}
+SHAPE = ("active_fraction", "compute_fraction", "memory_fraction")
 COLUMNS = [
     "source",
+    "checkpoint",
     "harness",
     "engine",
     "engine_version",
@@ -125,30 +138,64 @@ def steady_window(requests: pd.DataFrame, batch: int) -> tuple[float, float]:
     return float(first[batch - 1]), float(done[last])
 
 
-def window_figures(result: runner.RunResult, batch: int) -> dict[str, float]:
-    """Output tokens per second and average power per GPU (W) in the steady window, and the
-    window's length (s)."""
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One GPU's steps in the steady window: seconds of each inside it (`busy`), compute and
+    memory utilisation of each (`power.step_work_s` over its duration), the window's length
+    and the output tokens stamped in it."""
+
+    busy: np.ndarray
+    u_compute: np.ndarray
+    u_memory: np.ndarray
+    span: float
+    tokens: float
+
+    def power_w(self, model: PowerModel) -> float:
+        """Average draw over the window: the steps at `model`'s power, the rest at idle."""
+        watts = model.power_w(u_compute=self.u_compute, u_memory=self.u_memory)
+        busy = float(self.busy.sum())
+        return (float(np.sum(self.busy * watts)) + model.idle_w * (self.span - busy)) / self.span
+
+
+def steady_steps(result: runner.RunResult, batch: int) -> Window:
+    """The run's steady window (`steady_window`) as one GPU sees it (every GPU of the replica
+    runs the same steps)."""
     start, end = steady_window(result.sim.requests, batch)
     steps, requests = result.sim.steps, result.sim.requests
     stamps = steps["end_s"].to_numpy(dtype=float)
     tokens = steps["decode_tokens"].to_numpy(dtype=float)[(stamps >= start) & (stamps <= end)].sum()
     first = requests["first_token_s"].to_numpy(dtype=float)
     tokens += float(np.count_nonzero((first >= start) & (first <= end)))
-    # energy of one GPU (every GPU of the replica runs the same steps): steps clipped to the
-    # window at their modelled power, the rest of it at idle
     dep, plan = result.deployments[0], result.memory[0]
-    group = GroupAccount(deployment=dep, count=1, block_size=plan.block_size, usd_per_gpu_hour=0.0)
-    watts = step_power_w(steps, group)
-    lo = np.clip(steps["start_s"].to_numpy(dtype=float), start, end)
-    hi = np.clip(stamps, start, end)
-    busy = hi - lo
-    span = end - start
-    energy = float(np.sum(busy * watts)) + dep.hardware.power.idle_w * (span - float(busy.sum()))
-    return {"output_tokens_per_s": tokens / span, "power_w": energy / span, "window_s": span}
+    shape = steps_batch(
+        steps, block_size=plan.block_size, window=dep.model.attention.sliding_window
+    )
+    compute_s, memory_s = step_work_s(dep.model, dep.hardware, dep.layout, dep.precision, shape)
+    starts = steps["start_s"].to_numpy(dtype=float)
+    duration = stamps - starts
+    safe = np.where(duration > 0, duration, np.inf)
+    busy = np.clip(stamps, start, end) - np.clip(starts, start, end)
+    return Window(
+        busy=busy,
+        u_compute=np.broadcast_to(compute_s / safe, busy.shape),
+        u_memory=np.broadcast_to(memory_s / safe, busy.shape),
+        span=end - start,
+        tokens=float(tokens),
+    )
 
 
-def simulate(row: pd.Series) -> dict[str, float]:
-    """Median ITL (ms), steady output tokens/s and power per GPU (W) of one published run."""
+@dataclasses.dataclass(frozen=True)
+class Simulated:
+    """One published run as simulated: its median ITL (ms), steady window and deployment's
+    power model."""
+
+    median_itl_ms: float
+    window: Window
+    power: PowerModel
+
+
+def simulate(row: pd.Series) -> Simulated:
+    """One published run, simulated with its setup, requests and sampling."""
     batch = int(row["max_num_seqs"])
     placeholder = WorkloadSpec.model_validate(  # the run's own requests replace its lengths
         {
@@ -175,10 +222,11 @@ def simulate(row: pd.Series) -> dict[str, float]:
         seed=SEED,
     )
     result = runner.run(scenario, requests=run_requests(row))
-    return {
-        "median_itl_ms": float(result.summary["median_itl_ms"]),
-        **window_figures(result, batch),
-    }
+    return Simulated(
+        median_itl_ms=float(result.summary["median_itl_ms"]),
+        window=steady_steps(result, batch),
+        power=PowerModel.from_hardware(result.deployments[0].hardware),
+    )
 
 
 def _case(row: pd.Series) -> str:
@@ -186,47 +234,102 @@ def _case(row: pd.Series) -> str:
     return f"{row['model']} tp{row['tensor_parallel']}{quant} b{row['max_num_seqs']}"
 
 
-def energy_cases(measured: pd.DataFrame) -> pd.DataFrame:
-    """Three rows per published run (`kind` itl, throughput, power): see the module doc."""
-    from simulator.specs import load_hardware
+def _fits_power(row: pd.Series) -> bool:
+    return (str(row["hardware"]), str(row["checkpoint"])) in POWER_FIT
 
+
+def _measured_power(row: pd.Series, tdp_w: float) -> float:
+    """The run's average power per GPU, a fraction of the TDP."""
+    return float(row["avg_power_w"]) / int(row["tensor_parallel"]) / tdp_w
+
+
+def energy_cases(measured: pd.DataFrame) -> pd.DataFrame:
+    """Three rows per published run (`kind` itl, throughput, power): see the module doc. The
+    power rows POWER_FIT names are suite `e2e_energy_fit`, the rest `e2e_energy`."""
     rows = []
     for _, row in measured.iterrows():
         got = simulate(row)
-        gpus = int(row["tensor_parallel"])
-        tdp = load_hardware(str(row["hardware"])).power.tdp_w
+        w, tdp = got.window, got.power.tdp_w
         pairs = {
-            "itl": (got["median_itl_ms"] / 1e3, float(row["median_itl_ms"]) / 1e3),
-            "throughput": (
-                1.0 / got["output_tokens_per_s"],
-                1.0 / float(row["output_tokens_per_s"]),
-            ),
-            "power": (got["power_w"] / tdp, float(row["avg_power_w"]) / gpus / tdp),
+            "itl": (got.median_itl_ms / 1e3, float(row["median_itl_ms"]) / 1e3),
+            "throughput": (w.span / w.tokens, 1.0 / float(row["output_tokens_per_s"])),
+            "power": (w.power_w(got.power) / tdp, _measured_power(row, tdp)),
         }
         for kind, (predicted, measured_value) in pairs.items():
             rows.append(
                 {
+                    "suite": FIT_SUITE if kind == "power" and _fits_power(row) else SUITE,
                     "device": row["hardware"],
                     "kind": kind,
                     "case": f"{_case(row)} {kind}",
                     "predicted_s": predicted,
                     "measured_s": measured_value,
                     "simulated_prompts": int(row["num_prompts"]),
-                    "window_s": got["window_s"],
+                    "window_s": w.span,
                     **{c: row[c] for c in ("source", "engine", "engine_version", "model")},
-                    **{c: row[c] for c in ("tensor_parallel", "max_num_seqs")},
+                    **{c: row[c] for c in ("checkpoint", "tensor_parallel", "max_num_seqs")},
                 }
             )
-    return finish(pd.DataFrame(rows), suite=SUITE, fitted=False)
+    df = pd.DataFrame(rows)
+    parts = [finish(df[df["suite"] == name], suite=name, fitted=name == FIT_SUITE)
+             for name in (SUITE, FIT_SUITE)]  # fmt: skip
+    return pd.concat(parts, ignore_index=True)
+
+
+def simulated_runs() -> pd.DataFrame:
+    """The bundled runs the suite simulates (max_num_seqs in SIMULATED_BATCHES)."""
+    runs = data.read_measured("e2e/energy.csv", COLUMNS)
+    return runs[runs["max_num_seqs"].isin(SIMULATED_BATCHES)].reset_index(drop=True)
 
 
 @cache
 def _suite() -> pd.DataFrame:
-    runs = data.read_measured("e2e/energy.csv", COLUMNS)
-    return energy_cases(runs[runs["max_num_seqs"].isin(SIMULATED_BATCHES)])
+    return energy_cases(simulated_runs())
 
 
 def e2e_energy_suite() -> pd.DataFrame:
-    """The `e2e_energy` suite on the bundled ML.ENERGY runs (simulated once per process; a
-    fresh copy each call)."""
+    """The `e2e_energy` and `e2e_energy_fit` rows on the bundled ML.ENERGY runs (simulated
+    once per process; a fresh copy each call)."""
     return _suite().copy()
+
+
+# -- the power shape a device's rows fit ------------------------------------------------------
+def fit_power(hardware: str) -> dict[str, float]:
+    """The power shape (SHAPE: active, compute and memory fractions) that best predicts the
+    steady power of `hardware`'s POWER_FIT runs, least squares on the relative error, each
+    fraction bounded to [0, 5] (active to [0, 1])."""
+    runs = simulated_runs()
+    fit = runs[[_fits_power(r) and r["hardware"] == hardware for _, r in runs.iterrows()]]
+    if fit.empty:
+        raise ValueError(f"no power rows to fit on {hardware}")
+    sims = [simulate(row) for _, row in fit.iterrows()]
+    measured = np.array(
+        [_measured_power(r, s.power.tdp_w) for (_, r), s in zip(fit.iterrows(), sims, strict=True)]
+    )
+
+    def residuals(shape: np.ndarray) -> np.ndarray:
+        got = [
+            s.window.power_w(dataclasses.replace(s.power, **dict(zip(SHAPE, shape, strict=True))))
+            / s.power.tdp_w
+            for s in sims
+        ]
+        return np.asarray(got) / measured - 1.0
+
+    start = np.array([getattr(sims[0].power, name) for name in SHAPE])
+    sol = least_squares(residuals, start, bounds=([0.0, 0.0, 0.0], [1.0, 5.0, 5.0]))
+    return dict(zip(SHAPE, (float(v) for v in sol.x), strict=True))
+
+
+def main(argv: list[str]) -> int:
+    """`python -m simulator.validate.energy --fit [HARDWARE]`: print the fitted power shape."""
+    if not argv or argv[0] != "--fit":
+        print("usage: python -m simulator.validate.energy --fit [HARDWARE]", file=sys.stderr)
+        return 2
+    hardware = argv[1] if len(argv) > 1 else "h100_sxm"
+    for name, value in fit_power(hardware).items():
+        print(f"{name}: {value:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -6,7 +6,8 @@ and the same statistics per device. `iteration` is the union of its two held-out
 `iteration_engine_fit` holds the rows the engine's overheads were fitted to, `gemm_library_fit`
 the GEMMs this project timed (the `cublas-13.1` library was fitted to them), `layers_fit` the
 rows the GEMM library of Vidur's profiles was fitted to (`layers` holds the rest out), and
-`elementwise_fit` the rows the one-block-per-token kernels' launch factors were fitted to.
+`elementwise_fit` the rows the one-block-per-token kernels' launch factors were fitted to,
+`e2e_energy_fit` the ML.ENERGY power rows H100's power shape was fitted to.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from simulator.validate.e2e import (
 from simulator.validate.elementwise import FIT as ELEMENTWISE_FIT
 from simulator.validate.elementwise import SUITE as ELEMENTWISE
 from simulator.validate.elementwise import elementwise_suite
+from simulator.validate.energy import FIT_SUITE as ENERGY_FIT
 from simulator.validate.energy import SUITE as ENERGY
 from simulator.validate.energy import e2e_energy_suite
 from simulator.validate.frame import COLUMNS
@@ -48,7 +50,7 @@ SUITE_NAMES = (
     ELEMENTWISE, ELEMENTWISE_FIT,  # a layer's memory-bound kernels (held out / fitted)
     "iteration", PREFILL, DECODE, ENGINE_FIT,  # engine steps (held out / fitted)
     THROUGHPUT, SERVING, LATENCY, ENERGY,  # whole benchmarks, published results (held out)
-    POWER, POWER_FIT,  # board power (fractions of TDP, not time)
+    POWER, POWER_FIT, ENERGY_FIT,  # board power (fractions of TDP, not time; fitted or not)
 )  # fmt: skip
 STAT_KEYS = ("mape_pct", "median_ape_pct", "p90_ape_pct", "worst_ape_pct")
 
@@ -138,8 +140,9 @@ def run_suites(names: list[str]) -> pd.DataFrame:
         lat = e2e_latency_suite()
         skipped += list(lat.attrs.get("skipped", []))
         frames.append(lat)
-    if ENERGY in needed:
-        frames.append(e2e_energy_suite())
+    if needed & {ENERGY, ENERGY_FIT}:
+        energy = e2e_energy_suite()
+        frames.append(energy[energy["suite"].isin(needed)])
     if needed & {POWER, POWER_FIT}:
         pw = power_suite()
         skipped += list(pw.attrs.get("skipped", []))
