@@ -149,6 +149,19 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def row_engine_args(row: pd.Series, **flags: Any) -> EngineArgs:
+    """The engine flags every published row states (engine profile, TP, precision), and
+    `flags`."""
+    return EngineArgs(
+        engine=str(row["engine"]),
+        tensor_parallel_size=int(row["tensor_parallel"]),
+        dtype=str(row["dtype"]),
+        quantization=_optional(row["quantization"]),
+        kv_cache_dtype=str(row["kv_cache_dtype"]),
+        **flags,
+    )
+
+
 def _scenario(row: pd.Series, *, num_prompts: int, rate: float) -> Scenario:
     """The scenario of one published run (its setup columns), with `num_prompts` prompts."""
     workload = validate(
@@ -160,12 +173,8 @@ def _scenario(row: pd.Series, *, num_prompts: int, rate: float) -> Scenario:
         model=str(row["model"]),
         hardware=str(row["hardware"]),
         workload=workload,
-        engine_args=EngineArgs(
-            engine=str(row["engine"]),
-            tensor_parallel_size=int(row["tensor_parallel"]),
-            dtype=str(row["dtype"]),
-            quantization=_optional(row["quantization"]),
-            kv_cache_dtype=str(row["kv_cache_dtype"]),
+        engine_args=row_engine_args(
+            row,
             gpu_memory_utilization=_optional(row["gpu_memory_utilization"]),
             max_num_seqs=_int(row.get("max_num_seqs")),
             max_num_batched_tokens=_int(row["max_num_batched_tokens"]),

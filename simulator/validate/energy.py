@@ -35,12 +35,11 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from simulator import runner
-from simulator.engine_args import EngineArgs
 from simulator.power import PowerModel, step_work_s, steps_batch
 from simulator.serving.datasets import SHAREGPT_PROMPT_LOGNORMAL
 from simulator.serving.workload import RequestTable, WorkloadSpec
 from simulator.validate import data
-from simulator.validate.e2e import _optional
+from simulator.validate.e2e import row_engine_args
 from simulator.validate.frame import finish
 
 SUITE, FIT_SUITE = "e2e_energy", "e2e_energy_fit"
@@ -208,12 +207,8 @@ def simulate(row: pd.Series) -> Simulated:
         model=str(row["model"]),
         hardware=str(row["hardware"]),
         workload=placeholder,
-        engine_args=EngineArgs(
-            engine=str(row["engine"]),
-            tensor_parallel_size=int(row["tensor_parallel"]),
-            dtype=str(row["dtype"]),
-            quantization=_optional(row["quantization"]),
-            kv_cache_dtype=str(row["kv_cache_dtype"]),
+        engine_args=row_engine_args(
+            row,
             enable_expert_parallel=str(row["enable_expert_parallel"]).lower() == "true",
             async_scheduling=str(row["async_scheduling"]).lower() == "true",
             max_num_seqs=batch,
