@@ -109,7 +109,7 @@ class Recorder:
         *,
         replica: int,
         start_s: float,
-        end_s: np.ndarray,
+        end_s: Sequence[float],
         num_seqs: int,
         kv_before: int,
         kv_after: int,
@@ -120,7 +120,7 @@ class Recorder:
         which depend on each sequence's previous token)."""
         runs, ends = self._buffers(replica)
         runs.extend((start_s, num_seqs, 0, num_seqs, kv_before, kv_after, len(end_s)))
-        ends.extend(end_s.tolist())
+        ends.extend(end_s)
 
     def kv_tiers(self, *, replica: int, time_s: float, row: Sequence[float]) -> None:
         """A sample of a replica's KV tiers: `row` is TIER_COLUMNS after replica and time."""

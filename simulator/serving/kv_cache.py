@@ -274,26 +274,33 @@ class PrefixCachingBlockManager(BlockManager):
             req.blocks += need
         # only tokens already known (not speculative slots) are cached, as vLLM's cache_blocks
         known = req.prompt_len + req.num_output
-        full = self._shareable(req, (tokens if tokens < known else known) // size)
-        if full > len(req.cache_keys):
-            self._register(req, full)
+        full, keyed = (tokens if tokens < known else known) // size, len(req.cache_keys)
+        # (`_shareable` > keyed, inlined: a request's own stream is keyed within its prefix only)
+        if full > keyed and (req.stream >= -1 or req.prefix_len // size > keyed):
+            self._register(req, self._shareable(req, full))
         return True
 
     def extend(self, reqs: list[Request], num_new_tokens: int) -> None:
+        """As `BlockManager.extend`, then key the blocks that filled (one pass over `reqs`:
+        those with blocks to key are noted, and keyed once the new blocks are taken)."""
         size, need = self.block_size, 0
+        filled: list[tuple[Request, int]] = []
         for req in reqs:
-            more = -(-(req.num_computed + num_new_tokens) // size) - req.blocks
+            tokens = req.num_computed + num_new_tokens
+            more = -(-tokens // size) - req.blocks
             if more > 0:
                 req.blocks += more
                 need += more
+            # decode steps: each token is sampled by the step before its own, so all are known
+            full, keyed = tokens // size, len(req.cache_keys)
+            if full > keyed and (req.stream >= -1 or req.prefix_len // size > keyed):
+                filled.append((req, self._shareable(req, full)))  # (as in `allocate`)
         if need > self.free:
             raise RuntimeError("KV blocks over-allocated: the caller's fit check was wrong")
         if need:
             self._take(need)
-        for req in reqs:  # decode steps: each token is sampled by the step before its own
-            full = self._shareable(req, (req.num_computed + num_new_tokens) // size)
-            if full > len(req.cache_keys):
-                self._register(req, full)
+        for req, full in filled:
+            self._register(req, full)
 
     def release(self, req: Request) -> None:
         """Free `req`'s blocks: its keyed ones to the LRU queue unless others hold them, its

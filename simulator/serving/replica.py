@@ -23,6 +23,7 @@ end, which is not modelled.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
@@ -149,7 +150,10 @@ class Replica:
                 yield from self._decode_segment(reqs, self._segment_steps(reqs))
             else:
                 yield from self._step(plan)
-                self._decoding = self._segments and all(r.is_decoding for r in self.running)
+                self._decoding = self._segments and all(  # r.is_decoding, inlined
+                    r.num_output and r.prompt_len + r.num_output - r.num_computed == 1
+                    for r in self.running
+                )
 
     def _admissible(self) -> bool:
         """Could the next step admit a waiting request (so the batch may change)? Never inside
@@ -282,7 +286,7 @@ class Replica:
     def _segment_steps(self, reqs: list[Request]) -> int:
         """How many decode steps `reqs` can run as they are: until the first finishes, at most
         MAX_SEGMENT_STEPS, and as far as the KV cache holds (0 if not even one step)."""
-        steps = min(MAX_SEGMENT_STEPS, min(r.output_len - r.num_output for r in reqs))
+        steps = min(MAX_SEGMENT_STEPS, min([r.output_len - r.num_output for r in reqs]))
         return self._steps_kv_allows(reqs, steps)
 
     def _decode_segment(self, reqs: list[Request], steps: int) -> Generator[simpy.Event, Any, None]:
@@ -291,15 +295,15 @@ class Replica:
         left = self._block_left or block  # steps to the end of the block in progress
         if block > 1 and self.waiting:  # the block's end is the next chance to admit
             steps = min(steps, left)
-        total = sum(r.num_computed for r in reqs)
+        total = sum([r.num_computed for r in reqs])
         durations = self.timer.decode_run(num_seqs=n, total_context=float(total + n), steps=steps)
         if block > 1:  # the scheduler's CPU time only where a block starts
             starts = np.zeros(steps, dtype=bool)
             starts[left % block :: block] = True  # index 0 when a block starts with it
             durations = durations - np.where(starts, 0.0, self.timer.cpu_s(n))
         start = self.env.now
-        ends = start + np.cumsum(durations)
-        last = float(ends[-1])
+        ends = (start + np.cumsum(durations)).tolist()  # floats: the rest of the loop is Python
+        last = ends[-1]
         if self.waiting and not self._loading:  # head blocked: arrivals cannot change it
             yield self.env.timeout(last - start)
             done = steps
@@ -308,7 +312,7 @@ class Replica:
             yield self.env.timeout(last - start) | self._wakeup
             done = steps
             if self.env.now < last:  # cut short: finish the step (or block) in progress
-                done = min(int(np.searchsorted(ends, self.env.now, side="left")) + 1, steps)
+                done = min(bisect_left(ends, self.env.now) + 1, steps)
                 done = min(done + (left - done) % block, steps)
                 if self.env.now < ends[done - 1]:
                     yield self.env.timeout(ends[done - 1] - self.env.now)
@@ -339,16 +343,16 @@ class Replica:
         return lo
 
     def _apply_segment(
-        self, reqs: list[Request], done: int, ends: np.ndarray, start: float
+        self, reqs: list[Request], done: int, ends: list[float], start: float
     ) -> None:
         n = len(reqs)
-        first, last = float(ends[0]), float(ends[-1])
+        first, last = ends[0], ends[-1]
         kv = self.kv
         used_before = kv.used
         kv.extend(reqs, done)  # the blocks these tokens filled (fits by construction)
-        gaps, finished = [], []
+        gaps = [req.last_token_s for req in reqs]
+        finished = []
         for req in reqs:
-            gaps.append(req.last_token_s)
             req.num_computed += done
             req.num_output += done
             req.last_token_s = last

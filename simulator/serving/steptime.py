@@ -43,6 +43,9 @@ from simulator.specs.model import MLAttention, ModelSpec
 
 CONTEXT_GRID_POINTS = 48
 CHUNK_GRID_POINTS = 64
+# Decode runs up to this many steps are timed in plain Python (`decode_run`): most runs are a
+# few steps (an arrival or a finish ends them), where numpy's cost per call dominates.
+SHORT_RUN_STEPS = 32
 
 
 Chunks = Sequence[tuple[int, int, bool]]
@@ -226,6 +229,7 @@ class StepTimer:
             ),
             dtype=float,
         )
+        self._decode_rows: dict[int, list[float]] = {}  # rows of `_decode` as floats, when used
         # The prefill part for one chunk, over log grids of its tokens and cached offset.
         chunk_grid = _log_grid(max_tokens, CHUNK_GRID_POINTS)
         offset_grid = np.concatenate(([0.0], ctx_grid))
@@ -265,9 +269,35 @@ class StepTimer:
         per sequence per step: not for a timer whose decodes verify proposals."""
         if self._q > 1:
             raise RuntimeError("decode runs assume one token per step: no speculation")
+        k = min(num_seqs, len(self._decode)) - 1
+        if steps <= SHORT_RUN_STEPS:
+            return np.array(self._short_run(k, num_seqs, total_context, steps))
         mean = (total_context + num_seqs * np.arange(steps, dtype=float)) / num_seqs
-        row = self._decode[min(num_seqs, len(self._decode)) - 1]
-        return np.interp(mean, self._ctx_grid, row)
+        return np.interp(mean, self._ctx_grid, self._decode[k])
+
+    def _short_run(self, k: int, num_seqs: int, total_context: float, steps: int) -> list[float]:
+        """`decode_run`'s durations (row `k` of the table) in plain Python, with np.interp's
+        own operations (the slope between grid points times the distance from the lower one,
+        plus its value): the same floats where numpy's build does not fuse that multiply-add,
+        as x86-64 builds do not (else they differ by a rounding)."""
+        row = self._decode_rows.get(k)
+        if row is None:
+            row = self._decode_rows[k] = self._decode[k].tolist()
+        grid, top = self._ctx_list, len(self._ctx_list) - 1
+        durations: list[float] = []
+        for i in range(steps):
+            mean = (total_context + num_seqs * i) / num_seqs
+            j = bisect_right(grid, mean) - 1
+            if j < 0:
+                durations.append(row[0])
+            elif j >= top:
+                durations.append(row[top])
+            elif grid[j] == mean:
+                durations.append(row[j])
+            else:
+                slope = (row[j + 1] - row[j]) / (grid[j + 1] - grid[j])
+                durations.append(slope * (mean - grid[j]) + row[j])
+        return durations
 
     def _prefill_part(self, tokens: int, offset: int) -> float:
         """GPU seconds of the shape-dependent ops of one prefill chunk (bilinear in logs)."""

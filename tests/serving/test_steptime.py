@@ -3,6 +3,8 @@ rows against what a run must contain."""
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 from factories import cost_model_step_s
@@ -12,7 +14,7 @@ from simulator.api import Deployment, deployment
 from simulator.costmodel.batch import BatchShape
 from simulator.engine_args import EngineArgs
 from simulator.serving.replica import Chunk
-from simulator.serving.steptime import StepTimer
+from simulator.serving.steptime import SHORT_RUN_STEPS, StepTimer
 from simulator.serving.workload import RandomDataset, WorkloadSpec
 
 
@@ -67,6 +69,27 @@ def test_decode_runs_match_single_steps(model: str, context: int) -> None:
         assert timer.mixed(chunks=[], decode_contexts=[context + i] * 8) == pytest.approx(
             step, rel=0.01
         )
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "mistral-7b"])
+def test_short_decode_runs_give_numpys_floats(model: str) -> None:
+    """Short decode runs are timed in plain Python: bit for bit np.interp on the timer's table,
+    at grid points, between them, beyond both ends, and past the table's batch sizes (to a
+    rounding where numpy's build fuses interp's multiply-add, as ARM compilers may)."""
+    exact = platform.machine().lower() in ("x86_64", "amd64")
+    dep = deployment(model=model, hardware="h100_sxm")
+    timer = StepTimer(**dep.parts, max_num_seqs=64, max_num_batched_tokens=2048, max_context=16384)
+    grid = timer._ctx_list
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        n = int(rng.integers(1, 80))
+        steps = int(rng.integers(1, SHORT_RUN_STEPS + 1))
+        mean = grid[int(rng.integers(len(grid)))] if rng.random() < 0.3 else rng.uniform(0, 2e4)
+        context = float(max(n, round(mean * n)))
+        means = (context + n * np.arange(steps, dtype=float)) / n
+        want = np.interp(means, timer._ctx_grid, timer._decode[min(n, 64) - 1])
+        run = timer.decode_run(num_seqs=n, total_context=context, steps=steps)
+        assert run.tolist() == (want.tolist() if exact else pytest.approx(want, rel=1e-12))
 
 
 def test_recorded_rows_account_for_every_token() -> None:
