@@ -17,6 +17,8 @@ indirection.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.elementwise_kernels import rms_norm, rotary
 from simulator.costmodel.ffn_ops import (
@@ -44,12 +46,15 @@ from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.model import DTYPE_BYTES, GQAttention, MLAttention, ModelSpec
 
 __all__ = [
+    "BATCH_PARTS",
     "INT4_GROUP_SIZE",
+    "BatchPart",
     "Collective",
     "Op",
     "OpKind",
     "ScalesWith",
     "attention_ops",
+    "batch_ops",
     "collective",
     "dispatch_ops",
     "dispatch_tokens",
@@ -63,70 +68,111 @@ __all__ = [
     "weight_bytes_per_param",
 ]
 
+BatchPart = Literal["prefill", "decode"]
+BATCH_PARTS: tuple[BatchPart, ...] = ("prefill", "decode")
+
 
 # -- attention ----------------------------------------------------------------------------------
 def attention_ops(
-    *, heads: int, kv_heads: int, head_dim: int, prec: Precision, batch: BatchShape, count: float
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    prec: Precision,
+    batch: BatchShape,
+    count: float,
+    parts: tuple[BatchPart, ...] = BATCH_PARTS,
 ) -> list[Op]:
     """Flash-style attention of a mixed batch, per device: one varlen prefill kernel over all
-    chunks (causal, each chunk reading its cached prefix) and one paged decode kernel."""
+    chunks (causal, each chunk reading its cached prefix) and one paged decode kernel (those of
+    `parts`: the prefill kernel reads only the batch's prefill fields, the decode kernel only
+    its decode fields)."""
     a, kvb = DTYPE_BYTES[prec.activations], DTYPE_BYTES[prec.kv_cache]
     kv_elems = 2 * kv_heads * head_dim  # K and V per token
     b = batch
-    return [
-        Op(
-            "attention_prefill",
-            "attention_prefill",
-            count,
-            flops=4.0 * heads * head_dim * b.prefill_pairs,
-            bytes=b.prefill_tokens * (2 * heads * head_dim * a + kv_elems * kvb)
-            + b.prefill_kv_tokens * kv_elems * kvb,
-            dtype=prec.activations,
-            seq_len=safe_div(b.prefill_tokens, b.prefill_seqs),
-            batch=b.prefill_seqs,
-            heads=heads,
-            kv_heads=kv_heads,
-            kv_dtype=prec.kv_cache,
-            kv_row_elems=kv_heads * head_dim,
-            scales_with="batch",
-        ),
-        Op(
-            "attention_decode",
-            "attention_decode",
-            count,
-            flops=4.0 * heads * head_dim * b.decode_kv_tokens,
-            bytes=b.decode_kv_tokens * kv_elems * kvb
-            + b.decode_seqs * (2 * heads * head_dim * a + kv_elems * kvb),
-            dtype=prec.activations,
-            seq_len=safe_div(b.decode_kv_tokens, b.decode_seqs),
-            batch=b.decode_seqs,
-            heads=heads,
-            kv_heads=kv_heads,
-            kv_dtype=prec.kv_cache,
-            kv_bytes=b.decode_kv_tokens * kv_elems * kvb,
-            kv_row_elems=kv_heads * head_dim,
-            scales_with="batch",
-        ),
-    ]
+    ops: list[Op] = []
+    if "prefill" in parts:
+        ops.append(
+            Op(
+                "attention_prefill",
+                "attention_prefill",
+                count,
+                flops=4.0 * heads * head_dim * b.prefill_pairs,
+                bytes=b.prefill_tokens * (2 * heads * head_dim * a + kv_elems * kvb)
+                + b.prefill_kv_tokens * kv_elems * kvb,
+                dtype=prec.activations,
+                seq_len=safe_div(b.prefill_tokens, b.prefill_seqs),
+                batch=b.prefill_seqs,
+                heads=heads,
+                kv_heads=kv_heads,
+                kv_dtype=prec.kv_cache,
+                kv_row_elems=kv_heads * head_dim,
+                scales_with="batch",
+            )
+        )
+    if "decode" in parts:
+        ops.append(
+            Op(
+                "attention_decode",
+                "attention_decode",
+                count,
+                flops=4.0 * heads * head_dim * b.decode_kv_tokens,
+                bytes=b.decode_kv_tokens * kv_elems * kvb
+                + b.decode_seqs * (2 * heads * head_dim * a + kv_elems * kvb),
+                dtype=prec.activations,
+                seq_len=safe_div(b.decode_kv_tokens, b.decode_seqs),
+                batch=b.decode_seqs,
+                heads=heads,
+                kv_heads=kv_heads,
+                kv_dtype=prec.kv_cache,
+                kv_bytes=b.decode_kv_tokens * kv_elems * kvb,
+                kv_row_elems=kv_heads * head_dim,
+                scales_with="batch",
+            )
+        )
+    return ops
 
 
 def _gqa_ops(
     attn: GQAttention, model: ModelSpec, tp: int, prec: Precision, b: BatchShape
 ) -> list[Op]:
     h, d, n_layers = model.hidden_size, attn.head_dim, model.num_layers
-    heads = attn.num_heads // tp
-    kv_heads = max(1, attn.num_kv_heads // tp)  # replicated when fewer KV heads than ranks
+    heads, kv_heads = _gqa_heads(attn, tp)
     a = DTYPE_BYTES[prec.activations]
     t = b.num_tokens
     rope = rotary(t, heads, kv_heads, d, act_bytes=a, count=n_layers)
     return [
         gemm("qkv_proj", m=t, n=(heads + 2 * kv_heads) * d, k=h, count=n_layers, prec=prec),
         *([rope] if model.position == "rope" else []),
-        *attention_ops(
-            heads=heads, kv_heads=kv_heads, head_dim=d, prec=prec, batch=b, count=n_layers
-        ),
+        *_gqa_batch_ops(attn, model, tp, prec, b),
         gemm("o_proj", m=t, n=h, k=heads * d, count=n_layers, prec=prec),
     ]
+
+
+def _gqa_heads(attn: GQAttention, tp: int) -> tuple[int, int]:
+    """(query heads, KV heads) per device; KV heads are replicated when fewer than ranks."""
+    return attn.num_heads // tp, max(1, attn.num_kv_heads // tp)
+
+
+def _gqa_batch_ops(
+    attn: GQAttention,
+    model: ModelSpec,
+    tp: int,
+    prec: Precision,
+    b: BatchShape,
+    parts: tuple[BatchPart, ...] = BATCH_PARTS,
+) -> list[Op]:
+    """The GQA ops whose cost depends on the batch's shape (`scales_with="batch"`)."""
+    heads, kv_heads = _gqa_heads(attn, tp)
+    return attention_ops(
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=attn.head_dim,
+        prec=prec,
+        batch=b,
+        count=model.num_layers,
+        parts=parts,
+    )
 
 
 def _mla_ops(
@@ -138,7 +184,6 @@ def _mla_ops(
     h, n_layers = model.hidden_size, model.num_layers
     heads = attn.num_heads // tp
     qk, v, lat = attn.head_dim, attn.v_head_dim, attn.kv_elems_per_token
-    a, kvb = DTYPE_BYTES[prec.activations], DTYPE_BYTES[prec.kv_cache]
     t = b.num_tokens
     ops: list[Op] = []
     if attn.q_lora_rank:
@@ -149,76 +194,123 @@ def _mla_ops(
     else:
         ops.append(gemm("q_proj", m=t, n=heads * qk, k=h, count=n_layers, prec=prec))
     ops.append(gemm("kv_a_proj", m=t, n=lat, k=h, count=n_layers, prec=prec))
+    ops += _mla_batch_ops(attn, model, tp, prec, b)
+    ops.append(gemm("o_proj", m=t, n=h, k=heads * v, count=n_layers, prec=prec))
+    return ops
+
+
+def _mla_batch_ops(
+    attn: MLAttention,
+    model: ModelSpec,
+    tp: int,
+    prec: Precision,
+    b: BatchShape,
+    parts: tuple[BatchPart, ...] = BATCH_PARTS,
+) -> list[Op]:
+    """The MLA ops whose cost depends on the batch's shape (`scales_with="batch"`) of `parts`:
+    prefill's latent up-projection and attention (the batch's prefill fields), decode's
+    absorbed projections and attention (its decode fields)."""
+    n_layers = model.num_layers
+    heads = attn.num_heads // tp
+    qk, v, lat = attn.head_dim, attn.v_head_dim, attn.kv_elems_per_token
+    a, kvb = DTYPE_BYTES[prec.activations], DTYPE_BYTES[prec.kv_cache]
     nope = attn.qk_nope_head_dim
-    ops += [
-        gemm(
-            "kv_b_proj",
-            m=b.prefill_kv_tokens,
-            n=heads * (nope + v),
-            k=attn.kv_lora_rank,
-            count=n_layers,
-            prec=prec,
-            scales_with="batch",
-        ),
-        Op(
-            "attention_prefill",
-            "attention_prefill",
-            n_layers,
-            flops=2.0 * heads * (qk + v) * b.prefill_pairs,
-            bytes=b.prefill_tokens * (heads * (qk + v) * a + lat * kvb)
-            + b.prefill_kv_tokens * heads * (qk + v) * a,
-            dtype=prec.activations,
-            seq_len=safe_div(b.prefill_tokens, b.prefill_seqs),
-            batch=b.prefill_seqs,
-            heads=heads,
-            kv_heads=heads,  # K/V up-projected per head: MHA
-            kv_dtype=prec.kv_cache,
-            kv_row_elems=attn.kv_lora_rank,  # the cache holds the latent
-            scales_with="batch",
-        ),
-        gemm(
-            "w_uk_absorb",
-            m=b.decode_seqs,
-            n=attn.kv_lora_rank,
-            k=nope,
-            groups=heads,
-            count=n_layers,
-            prec=prec,
-            scales_with="batch",
-        ),
-        Op(
-            "attention_decode",
-            "attention_decode",
-            n_layers,
-            flops=2.0 * heads * (lat + attn.kv_lora_rank) * b.decode_kv_tokens,
-            bytes=b.decode_kv_tokens * lat * kvb
-            + b.decode_seqs * heads * (lat + attn.kv_lora_rank) * a,
-            dtype=prec.activations,
-            seq_len=safe_div(b.decode_kv_tokens, b.decode_seqs),
-            batch=b.decode_seqs,
-            heads=heads,
-            kv_bytes=b.decode_kv_tokens * lat * kvb,
-            kv_heads=1.0,  # one latent shared by all query heads
-            kv_dtype=prec.kv_cache,
-            kv_row_elems=attn.kv_lora_rank,
-            scales_with="batch",
-        ),
-        gemm(
-            "w_uv_absorb",
-            m=b.decode_seqs,
-            n=v,
-            k=attn.kv_lora_rank,
-            groups=heads,
-            count=n_layers,
-            prec=prec,
-            scales_with="batch",
-        ),
-        gemm("o_proj", m=t, n=h, k=heads * v, count=n_layers, prec=prec),
-    ]
+    ops: list[Op] = []
+    if "prefill" in parts:
+        ops += [
+            gemm(
+                "kv_b_proj",
+                m=b.prefill_kv_tokens,
+                n=heads * (nope + v),
+                k=attn.kv_lora_rank,
+                count=n_layers,
+                prec=prec,
+                scales_with="batch",
+            ),
+            Op(
+                "attention_prefill",
+                "attention_prefill",
+                n_layers,
+                flops=2.0 * heads * (qk + v) * b.prefill_pairs,
+                bytes=b.prefill_tokens * (heads * (qk + v) * a + lat * kvb)
+                + b.prefill_kv_tokens * heads * (qk + v) * a,
+                dtype=prec.activations,
+                seq_len=safe_div(b.prefill_tokens, b.prefill_seqs),
+                batch=b.prefill_seqs,
+                heads=heads,
+                kv_heads=heads,  # K/V up-projected per head: MHA
+                kv_dtype=prec.kv_cache,
+                kv_row_elems=attn.kv_lora_rank,  # the cache holds the latent
+                scales_with="batch",
+            ),
+        ]
+    if "decode" in parts:
+        ops += [
+            gemm(
+                "w_uk_absorb",
+                m=b.decode_seqs,
+                n=attn.kv_lora_rank,
+                k=nope,
+                groups=heads,
+                count=n_layers,
+                prec=prec,
+                scales_with="batch",
+            ),
+            Op(
+                "attention_decode",
+                "attention_decode",
+                n_layers,
+                flops=2.0 * heads * (lat + attn.kv_lora_rank) * b.decode_kv_tokens,
+                bytes=b.decode_kv_tokens * lat * kvb
+                + b.decode_seqs * heads * (lat + attn.kv_lora_rank) * a,
+                dtype=prec.activations,
+                seq_len=safe_div(b.decode_kv_tokens, b.decode_seqs),
+                batch=b.decode_seqs,
+                heads=heads,
+                kv_bytes=b.decode_kv_tokens * lat * kvb,
+                kv_heads=1.0,  # one latent shared by all query heads
+                kv_dtype=prec.kv_cache,
+                kv_row_elems=attn.kv_lora_rank,
+                scales_with="batch",
+            ),
+            gemm(
+                "w_uv_absorb",
+                m=b.decode_seqs,
+                n=v,
+                k=attn.kv_lora_rank,
+                groups=heads,
+                count=n_layers,
+                prec=prec,
+                scales_with="batch",
+            ),
+        ]
     return ops
 
 
 # -- the step -----------------------------------------------------------------------------------
+def batch_ops(
+    model: ModelSpec,
+    layout: Parallelism,
+    prec: Precision,
+    batch: BatchShape,
+    *,
+    parts: tuple[BatchPart, ...] = BATCH_PARTS,
+) -> list[Op]:
+    """The ops of `step_ops` whose cost depends on the batch's shape (`scales_with="batch"`:
+    attention, and MLA's per-step projections), the same ops in the same order, built without
+    the rest of the step (a serving timer prices a step's shape-dependent part thousands of
+    times). With `parts`, only those that read the batch's prefill fields ("prefill") or its
+    decode fields ("decode"); the prefill ones come first, so `parts=("prefill",)` then
+    `parts=("decode",)` is the whole list, in order."""
+    attn = model.attention
+    ops = (
+        _gqa_batch_ops(attn, model, layout.tp, prec, batch, parts)
+        if isinstance(attn, GQAttention)
+        else _mla_batch_ops(attn, model, layout.tp, prec, batch, parts)
+    )
+    return [op for op in ops if op.count > 0]
+
+
 def stage_boundaries(layout: Parallelism, *, gpus_per_node: int) -> list[bool]:
     """For each pipeline boundary (after stage 0 .. pp - 2): does it cross a node? Stages of
     `tp` devices fill nodes of `gpus_per_node` in order."""

@@ -33,8 +33,8 @@ import numpy as np
 
 from simulator.costmodel.batch import BatchShape, Num, attended_pairs
 from simulator.costmodel.offload import OffloadPlan
-from simulator.costmodel.ops import Op, step_ops
-from simulator.costmodel.roofline import evaluate, total_launches, total_time
+from simulator.costmodel.ops import Op, batch_ops, step_ops
+from simulator.costmodel.roofline import OpCost, evaluate, total_launches, total_time
 from simulator.costmodel.step import engine_time
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
@@ -238,6 +238,13 @@ class StepTimer:
             batch_size=1.0, prompt_len=q.ravel(), offset=off.ravel(), window=self._window
         )
         gpu, kernels = self._table(prefill, "batch")
+        # Steps of several chunks and no decodes (`_chunks_part`): the decode ops' costs at no
+        # decodes, once; the chunks' ops are costed per step (with `step_ops` only: a drafter's
+        # op list is filtered whole, as in `_table`).
+        self._no_decode: list[OpCost] | None = None
+        if ops is step_ops:
+            no_decode = batch_ops(model, layout, prec, BatchShape(), parts=("decode",))
+            self._no_decode = evaluate(no_decode, hw, engine)
         self._pre_q = np.log(chunk_grid).tolist()
         self._pre_off = np.log1p(offset_grid).tolist()
         self._pre_log_gpu = np.log(np.maximum(gpu, 1e-12)).reshape(q.shape).tolist()
@@ -248,19 +255,36 @@ class StepTimer:
         """(GPU seconds, kernel launches) of the ops that scale with `scales_with`, per element
         of the vectorised `batch`."""
         model, hw, layout, prec = self._args
-        ops = [
-            op
-            for op in self._ops(
-                model, layout, prec, batch, gpus_per_node=hw.interconnect.gpus_per_node
-            )
-            if op.scales_with == scales_with
-        ]
+        if scales_with == "batch" and self._ops is step_ops:  # those alone: the same ops
+            ops = batch_ops(model, layout, prec, batch)
+        else:
+            ops = [
+                op
+                for op in self._ops(
+                    model, layout, prec, batch, gpus_per_node=hw.interconnect.gpus_per_node
+                )
+                if op.scales_with == scales_with
+            ]
         costs = evaluate(ops, hw, self._engine)
         size = np.broadcast_shapes(*(np.shape(getattr(batch, f)) for f in BatchShape.__slots__))
         gpu, kernels = np.zeros(size) + total_time(costs), np.zeros(size) + total_launches(costs)
         if self._offload is not None and scales_with == "tokens":
             gpu = gpu + self._offload.expert_extra_s(model, costs, batch.num_tokens)
         return gpu, kernels
+
+    def _chunks_part(self, chunks: Chunks) -> tuple[float, float]:
+        """`_table(BatchShape.mixed(chunks=chunks), "batch")` as floats, for several chunks: the
+        same costs summed in the same order (the chunks' ops first, then the decode ops, whose
+        cost at no decodes `__init__` kept), without building or evaluating the rest."""
+        batch = BatchShape.mixed(chunks=chunks, window=self._window)
+        if self._no_decode is None:
+            gpu, kernels = self._table(batch, "batch")
+        else:
+            model, hw, layout, prec = self._args
+            ops = batch_ops(model, layout, prec, batch, parts=("prefill",))
+            costs = evaluate(ops, hw, self._engine) + self._no_decode
+            gpu, kernels = total_time(costs), total_launches(costs)
+        return float(np.ravel(gpu)[0]), float(np.ravel(kernels)[0])
 
     # -- lookups --------------------------------------------------------------------------------
     def decode_run(self, *, num_seqs: int, total_context: float, steps: int) -> np.ndarray:
@@ -356,10 +380,9 @@ class StepTimer:
             gpu_s += self._prefill_part(chunks[0][0], chunks[0][1])
             launches += self._pre_k
         elif chunks:  # several chunks in one varlen kernel: cost that shape exactly
-            batch = BatchShape.mixed(chunks=chunks, window=window)
-            gpu, kernels = self._table(batch, "batch")
-            gpu_s += float(np.ravel(gpu)[0])
-            launches += float(np.ravel(kernels)[0])
+            chunks_gpu, chunks_k = self._chunks_part(chunks)
+            gpu_s += chunks_gpu
+            launches += chunks_k
         if self._stream is not None:  # the sampled ops run outside the decoder layers
             gpu_s += _interp(*self._stream, gpu_s - self._smp_gpu[sampled])
         return gpu_s, launches, tokens
