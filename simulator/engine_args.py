@@ -33,6 +33,7 @@ class EngineArgs:
     KV offloading flags, a CPU tier below HBM (`serving.kv_tiers`; needs prefix caching).
     None: the engine profile's default (prefix caching: on in vLLM V1, SGLang, TensorRT-LLM).
     `async_scheduling`: vLLM's --async-scheduling (the next step's CPU work overlaps the GPU).
+    `max_model_len`: vLLM's --max-model-len (None: the model's context length).
     Values are checked when the scenario is validated.
     """
 
@@ -44,6 +45,7 @@ class EngineArgs:
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
+    max_model_len: int | None = None
     async_scheduling: bool = False
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
@@ -87,6 +89,7 @@ class EngineArgs:
             "quantization": self.quantization,
             "kv_cache_dtype": self.kv_cache_dtype,
             "enforce_eager": self.enforce_eager,
+            "max_model_len": self.max_model_len,
             "async_scheduling": self.async_scheduling,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "swap_space_gib": self.swap_space,

@@ -18,7 +18,7 @@ import pandas as pd
 from simulator.api import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.engine_args import EngineArgs
-from simulator.errors import naming
+from simulator.errors import SpecError, naming
 from simulator.metrics.summary import (
     PERCENTILES,
     kv_tier_summary,
@@ -101,9 +101,14 @@ def build_group(
     or top-k (`serving.workload.SamplingSpec.filters`)."""
     dep = group_deployment(model, spec)
     overrides = spec.scheduler.model_dump()
-    scheduler = default_scheduler(
-        dep.engine, max_model_len=dep.model.max_position_embeddings, **overrides
-    )
+    context = dep.model.max_position_embeddings
+    if spec.max_model_len is not None and spec.max_model_len > context:
+        raise SpecError(
+            f"{spec.max_model_len} is longer than {dep.model.id}'s context length {context}",
+            field="max_model_len",
+        )
+    max_model_len = spec.max_model_len or context
+    scheduler = default_scheduler(dep.engine, max_model_len=max_model_len, **overrides)
     group, plan = replica_group(
         model=dep.model,
         hw=dep.hardware,
@@ -120,6 +125,7 @@ def build_group(
         offload=dep.offload,
         kv_offload=spec.kv_offload,
         sample_filter=sample_filter,
+        max_model_len=spec.max_model_len,
     )
     return engine_loop(group, spec=spec, dep=dep), plan, dep
 

@@ -84,6 +84,12 @@ class ReplicaGroupSpec(Frozen):
     quantization: Quantization | None = None
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
+    max_model_len: int | None = Field(
+        default=None,
+        gt=0,
+        description="vLLM's --max-model-len: the longest request (prompt + output) served, and "
+        "without chunked prefill the default step budget; None: the model's context length",
+    )
     async_scheduling: bool = Field(
         default=False,
         description="vLLM's --async-scheduling: the next step's scheduling, input preparation "

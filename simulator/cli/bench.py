@@ -24,6 +24,7 @@ from simulator.cli.bench_flags import (
     KvDtypeOpt,
     KvOffloadBackendOpt,
     KvOffloadSizeOpt,
+    MaxModelLenOpt,
     MicroBatchOpt,
     ModelOpt,
     OffloadConfigOpt,
@@ -80,6 +81,7 @@ def bench_latency_cmd(
     engine: EngineOpt = "vllm",
     enforce_eager: EagerOpt = False,
     async_scheduling: AsyncOpt = False,
+    max_model_len: MaxModelLenOpt = None,
     gpu_memory_utilization: GmuOpt = None,
     max_num_seqs: SeqsOpt = None,
     max_num_batched_tokens: TokensOpt = None,
@@ -96,6 +98,11 @@ def bench_latency_cmd(
     if data_parallel_size != 1:
         raise SpecError(
             "bench latency runs one replica; drop --data-parallel-size", field="data_parallel_size"
+        )
+    if max_model_len is not None and input_len + output_len > max_model_len:
+        raise SpecError(
+            f"input + output length {input_len + output_len} exceeds {max_model_len}",
+            field="max_model_len",
         )
     result = api.estimate(
         model=model,
@@ -187,6 +194,7 @@ def bench_throughput_cmd(
     engine: EngineOpt = "vllm",
     enforce_eager: EagerOpt = False,
     async_scheduling: AsyncOpt = False,
+    max_model_len: MaxModelLenOpt = None,
     gpu_memory_utilization: GmuOpt = None,
     max_num_seqs: SeqsOpt = None,
     max_num_batched_tokens: TokensOpt = None,
@@ -289,6 +297,7 @@ def bench_serve_cmd(
     engine: EngineOpt = "vllm",
     enforce_eager: EagerOpt = False,
     async_scheduling: AsyncOpt = False,
+    max_model_len: MaxModelLenOpt = None,
     gpu_memory_utilization: GmuOpt = None,
     max_num_seqs: SeqsOpt = None,
     max_num_batched_tokens: TokensOpt = None,

@@ -38,6 +38,14 @@ QuantOpt = Annotated[str | None, typer.Option("--quantization", "-q")]
 KvDtypeOpt = Annotated[str, typer.Option("--kv-cache-dtype")]
 EngineOpt = Annotated[str, typer.Option("--engine")]
 EagerOpt = Annotated[bool, typer.Option("--enforce-eager")]
+MaxModelLenOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-model-len",
+        min=1,
+        help="longest request served (prompt + output); default: the model's context length",
+    ),
+]
 AsyncOpt = Annotated[
     bool,
     typer.Option(

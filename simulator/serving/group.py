@@ -97,16 +97,21 @@ def _check_multi_step(spec: SchedulerSpec, engine: EngineSpec, *, speculative: b
 
 
 def _check_requests(
-    requests: RequestTable, model: ModelSpec, plan: MemoryPlan, spec: SchedulerSpec
+    requests: RequestTable,
+    model: ModelSpec,
+    plan: MemoryPlan,
+    spec: SchedulerSpec,
+    max_model_len: int | None = None,
 ) -> None:
     total = requests.prompt_len + requests.output_len
-    too_long = np.flatnonzero(total > model.max_position_embeddings)
+    limit = max_model_len or model.max_position_embeddings
+    too_long = np.flatnonzero(total > limit)
     if too_long.size:
         i = int(too_long[0])
+        what = "max_model_len" if max_model_len else "the model's context length"
         raise SpecError(
-            f"{too_long.size} requests exceed the model's context length "
-            f"{model.max_position_embeddings} (first: request {i}, {int(total[i])} "
-            "tokens)",
+            f"{too_long.size} requests exceed {what} {limit} (first: request {i}, "
+            f"{int(total[i])} tokens)",
             field="workload",
         )
     blocks = -(-(total + spec.num_speculative_tokens) // plan.block_size)  # + lookahead slots
@@ -136,6 +141,7 @@ def replica_group(
     offload: OffloadSpec | None = None,
     kv_offload: KVOffloadSpec | None = None,
     sample_filter: bool = False,
+    max_model_len: int | None = None,
 ) -> tuple[ReplicaGroup, MemoryPlan]:
     """`layout.dp` replicas of a deployment, sized for `requests`: the memory plan (must fit),
     the KV cache in blocks, and the step timer. Requests the replicas could never serve are a
@@ -143,9 +149,12 @@ def replica_group(
     `offload`: weights streamed from host memory (`costmodel.offload`), every step pays it;
     `kv_offload`: KV-cache tiers below HBM behind prefix caching (`serving.kv_tiers`);
     `sample_filter`: the requests sample with top-p or top-k (the engine's `sampler_filter`
-    prices it; not with speculative decoding)."""
+    prices it; not with speculative decoding); `max_model_len`: vLLM's --max-model-len, the
+    longest request served (default: the model's context length)."""
     layout.check(model, hw)
-    spec = scheduler or default_scheduler(engine, max_model_len=model.max_position_embeddings)
+    spec = scheduler or default_scheduler(
+        engine, max_model_len=max_model_len or model.max_position_embeddings
+    )
     _check_multi_step(spec, engine, speculative=speculative is not None)
     drafter = None
     if speculative is not None:
@@ -177,7 +186,7 @@ def replica_group(
         plan, what=f"{model.id} on {hw.id} (tp={layout.tp}, pp={layout.pp}, {prec.weights})"
     )
     if len(requests):
-        _check_requests(requests, model, plan, spec)
+        _check_requests(requests, model, plan, spec, max_model_len)
     longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 1
     if drafter is not None:  # decodes verify 1 + k tokens; the drafter's passes are added
         timer = drafter.step_timer(

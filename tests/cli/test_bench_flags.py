@@ -26,6 +26,7 @@ BENCH = ["--hardware", "h100_sxm", "--model", "llama-3.1-8b"]
 FLAGS = [
     *("--engine", "vllm", "-tp", "2", "-pp", "2", "-dp", "3", "--dtype", "bfloat16"),
     *("--quantization", "fp8", "--kv-cache-dtype", "fp8", "--enforce-eager"),
+    *("--max-model-len", "4096"),
     *("--gpu-memory-utilization", "0.8", "--max-num-seqs", "16"),
     *("--max-num-batched-tokens", "1024", "--no-enable-chunked-prefill"),
     *("--scheduling-policy", "priority", "--preemption-mode", "swap", "--swap-space", "8"),
@@ -42,6 +43,7 @@ EXPECTED = EngineArgs(
     quantization="fp8",
     kv_cache_dtype="fp8",
     enforce_eager=True,
+    max_model_len=4096,
     gpu_memory_utilization=0.8,
     max_num_seqs=16,
     max_num_batched_tokens=1024,
