@@ -184,21 +184,28 @@ class GroupAccount:
         return self.deployment.layout.tp * self.deployment.layout.pp
 
 
+def step_utilisation(
+    steps: pd.DataFrame, dep: Deployment, *, block_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(compute, memory) utilisation of one busy GPU of `dep` during each of `steps`: the
+    step's work at peak (`step_work_s`) over its duration (0 for a step of no duration)."""
+    duration = (steps["end_s"] - steps["start_s"]).to_numpy(dtype=float)
+    if not len(steps):
+        return np.zeros(0), np.zeros(0)
+    batch = steps_batch(steps, block_size=block_size, window=dep.model.attention.sliding_window)
+    compute_s, memory_s = step_work_s(dep.model, dep.hardware, dep.layout, dep.precision, batch)
+    safe = np.where(duration > 0, duration, np.inf)
+    shape = duration.shape
+    return np.broadcast_to(compute_s / safe, shape), np.broadcast_to(memory_s / safe, shape)
+
+
 def step_power_w(steps: pd.DataFrame, group: GroupAccount) -> np.ndarray:
     """Watts of one busy GPU (one device of a busy stage) during each of `steps`, all of
     which ran on replicas of `group`."""
     dep = group.deployment
-    duration = (steps["end_s"] - steps["start_s"]).to_numpy(dtype=float)
-    if not len(steps):
-        return np.zeros(0)
-    batch = steps_batch(
-        steps, block_size=group.block_size, window=dep.model.attention.sliding_window
-    )
-    compute_s, memory_s = step_work_s(dep.model, dep.hardware, dep.layout, dep.precision, batch)
-    safe = np.where(duration > 0, duration, np.inf)
-    model = PowerModel.from_hardware(dep.hardware)
-    watts = model.power_w(u_compute=compute_s / safe, u_memory=memory_s / safe)
-    return np.broadcast_to(watts, duration.shape)
+    u_compute, u_memory = step_utilisation(steps, dep, block_size=group.block_size)
+    watts = PowerModel.from_hardware(dep.hardware).power_w(u_compute=u_compute, u_memory=u_memory)
+    return np.broadcast_to(watts, u_compute.shape)
 
 
 CHUNK_STEPS = 100_000  # steps costed at once: the cost model's arrays stay small

@@ -35,7 +35,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from simulator import runner
-from simulator.power import PowerModel, step_work_s, steps_batch
+from simulator.power import PowerModel, step_utilisation
 from simulator.serving.datasets import SHAREGPT_PROMPT_LOGNORMAL
 from simulator.serving.workload import RequestTable, WorkloadSpec
 from simulator.validate import data
@@ -165,21 +165,13 @@ def steady_steps(result: runner.RunResult, batch: int) -> Window:
     tokens = steps["decode_tokens"].to_numpy(dtype=float)[(stamps >= start) & (stamps <= end)].sum()
     first = requests["first_token_s"].to_numpy(dtype=float)
     tokens += float(np.count_nonzero((first >= start) & (first <= end)))
-    dep, plan = result.deployments[0], result.memory[0]
-    shape = steps_batch(
-        steps, block_size=plan.block_size, window=dep.model.attention.sliding_window
+    u_compute, u_memory = step_utilisation(
+        steps, result.deployments[0], block_size=result.memory[0].block_size
     )
-    compute_s, memory_s = step_work_s(dep.model, dep.hardware, dep.layout, dep.precision, shape)
     starts = steps["start_s"].to_numpy(dtype=float)
-    duration = stamps - starts
-    safe = np.where(duration > 0, duration, np.inf)
     busy = np.clip(stamps, start, end) - np.clip(starts, start, end)
     return Window(
-        busy=busy,
-        u_compute=np.broadcast_to(compute_s / safe, busy.shape),
-        u_memory=np.broadcast_to(memory_s / safe, busy.shape),
-        span=end - start,
-        tokens=float(tokens),
+        busy=busy, u_compute=u_compute, u_memory=u_memory, span=end - start, tokens=float(tokens)
     )
 
 
