@@ -38,6 +38,7 @@ from simulator.serving.disagg import pool_summary, prefill_view, serve_scenario
 from simulator.serving.loops import engine_loop, expert_layout
 from simulator.serving.workload import (
     RequestTable,
+    SamplingSpec,
     WorkloadSpec,
     generate_requests,
 )
@@ -94,11 +95,15 @@ def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
 
 
 def build_group(
-    model: ModelSpec, spec: ReplicaGroupSpec, requests: RequestTable, *, sample_filter: bool = False
+    model: ModelSpec,
+    spec: ReplicaGroupSpec,
+    requests: RequestTable,
+    *,
+    sampling: SamplingSpec | None = None,
 ) -> tuple[ReplicaGroup, MemoryPlan, Deployment]:
     """The replicas a scenario's group describes, sized for `requests`: their group (with its
-    engine loop), memory plan and deployment. `sample_filter`: the requests sample with top-p
-    or top-k (`serving.workload.SamplingSpec.filters`)."""
+    engine loop), memory plan and deployment. `sampling`: how the requests sample (greedy,
+    no penalties by default): a top-p / top-k filter and penalties cost the engine."""
     dep = group_deployment(model, spec)
     overrides = spec.scheduler.model_dump()
     context = dep.model.max_position_embeddings
@@ -124,7 +129,8 @@ def build_group(
         speculative=spec.speculative,
         offload=dep.offload,
         kv_offload=spec.kv_offload,
-        sample_filter=sample_filter,
+        sample_filter=sampling is not None and sampling.filters,
+        penalties=sampling is not None and sampling.penalises,
         max_model_len=spec.max_model_len,
     )
     return engine_loop(group, spec=spec, dep=dep), plan, dep
@@ -169,7 +175,7 @@ def _simulate(
                     model,
                     spec,
                     held.get(spec.role, requests),
-                    sample_filter=scenario.workload.sampling.filters,
+                    sampling=scenario.workload.sampling,
                 )
             )
     if scenario.disaggregated:

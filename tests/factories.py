@@ -30,6 +30,8 @@ class FixedTimer:
     chunks, 5 ms for a decode-only step; remembers every chunk (tokens, cached offset, last) it
     priced."""
 
+    penalises = False  # no sampling penalties (`StepTimer.penalises`)
+
     def __init__(self) -> None:
         self.chunks: list[tuple[int, int, bool]] = []
 

@@ -288,6 +288,15 @@ def bench_serve_cmd(
     ] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0)] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=-1, help="-1 or 0: off")] = -1,
+    repetition_penalty: Annotated[
+        float, typer.Option("--repetition-penalty", help="1: off (priced where the engine has it)")
+    ] = 1.0,
+    frequency_penalty: Annotated[
+        float, typer.Option("--frequency-penalty", min=-2.0, max=2.0, help="0: off")
+    ] = 0.0,
+    presence_penalty: Annotated[
+        float, typer.Option("--presence-penalty", min=-2.0, max=2.0, help="0: off")
+    ] = 0.0,
     tensor_parallel_size: TpOpt = 1,
     pipeline_parallel_size: PpOpt = 1,
     data_parallel_size: DpOpt = 1,
@@ -356,7 +365,14 @@ def bench_serve_cmd(
             "request_rate": request_rate,
             "burstiness": burstiness,
             "prefix": {"tokens": random_prefix_len} if random_prefix_len else None,
-            "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k},
+            "sampling": {
+                "temperature": temperature,
+                "top_p": top_p,
+                "top_k": top_k,
+                "repetition_penalty": repetition_penalty,
+                "frequency_penalty": frequency_penalty,
+                "presence_penalty": presence_penalty,
+            },
         },
         source="bench serve",
     )

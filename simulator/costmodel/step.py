@@ -137,15 +137,19 @@ def engine_time(
     num_tokens: np.ndarray | float,
     num_seqs: np.ndarray | float,
     enforce_eager: bool = False,
+    host_s: np.ndarray | float = 0.0,
 ) -> np.ndarray:
     """Wall time of a step of `gpu_s` GPU time and `kernels` kernel launches (`launch_time`):
     the CPU launches kernels asynchronously, so GPU time and launch time overlap and the longer
     one counts; the scheduler's per-step and per-sequence CPU work does not overlap (vLLM runs
     it between steps). With async scheduling (`EngineSpec.async_scheduling`) the next step's
     scheduling, input preparation and launches all run while the GPU computes this one: the
-    longer of the two counts, the GPU's with the residual the engine still exposes per step."""
+    longer of the two counts, the GPU's with the residual the engine still exposes per step.
+    `host_s`: CPU work after the launches that the GPU waits for only where it outlasts the
+    GPU time (the sampler's penalty bookkeeping), counted with the launches."""
     ov = engine.overhead
     launch = launch_time(kernels, engine, num_tokens=num_tokens, enforce_eager=enforce_eager)
+    launch = launch + host_s
     cpu = ov.step_s + ov.per_seq_s * np.asarray(num_seqs)
     if engine.async_scheduling:
         return np.maximum(np.asarray(gpu_s) + (ov.async_residual_s or 0.0), launch + cpu)

@@ -141,6 +141,7 @@ def replica_group(
     offload: OffloadSpec | None = None,
     kv_offload: KVOffloadSpec | None = None,
     sample_filter: bool = False,
+    penalties: bool = False,
     max_model_len: int | None = None,
 ) -> tuple[ReplicaGroup, MemoryPlan]:
     """`layout.dp` replicas of a deployment, sized for `requests`: the memory plan (must fit),
@@ -149,8 +150,9 @@ def replica_group(
     `offload`: weights streamed from host memory (`costmodel.offload`), every step pays it;
     `kv_offload`: KV-cache tiers below HBM behind prefix caching (`serving.kv_tiers`);
     `sample_filter`: the requests sample with top-p or top-k (the engine's `sampler_filter`
-    prices it; not with speculative decoding); `max_model_len`: vLLM's --max-model-len, the
-    longest request served (default: the model's context length)."""
+    prices it; not with speculative decoding); `penalties`: they carry sampling penalties (the
+    engine's `penalties` prices them; not with speculative decoding); `max_model_len`: vLLM's
+    --max-model-len, the longest request served (default: the model's context length)."""
     layout.check(model, hw)
     spec = scheduler or default_scheduler(
         engine, max_model_len=max_model_len or model.max_position_embeddings
@@ -208,6 +210,7 @@ def replica_group(
             enforce_eager=enforce_eager,
             offload=plan.offload,
             sample_filter=sample_filter,
+            penalties=penalties,
         )
     # vLLM's --swap-space is per GPU; a replica's devices each hold their share of a block.
     block_bytes = plan.kv_bytes_per_token * plan.block_size

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 import numpy as np
@@ -172,7 +172,12 @@ class Replica:
         start = self.env.now
         chunks, decodes = self.batch_of(plan)
         swaps = (plan.swapped_out + plan.swapped_in) * self.swap_s_per_block + plan.load_s
-        yield self.env.timeout(swaps + self.timer.mixed(chunks=chunks, decode_contexts=decodes))
+        if self.timer.penalises:  # the sampler's host work grows with the output tokens
+            outputs = _outputs(r for r, _ in plan.entries)
+            step_s = self.timer.mixed(chunks=chunks, decode_contexts=decodes, outputs=outputs)
+        else:
+            step_s = self.timer.mixed(chunks=chunks, decode_contexts=decodes)
+        yield self.env.timeout(swaps + step_s)
         self.apply(plan, chunks=chunks, decodes=decodes, start=start, end=self.env.now)
 
     def batch_of(self, plan: StepPlan) -> tuple[list[Chunk], list[int]]:
@@ -296,7 +301,14 @@ class Replica:
         if block > 1 and self.waiting:  # the block's end is the next chance to admit
             steps = min(steps, left)
         total = sum([r.num_computed for r in reqs])
-        durations = self.timer.decode_run(num_seqs=n, total_context=float(total + n), steps=steps)
+        if self.timer.penalises:
+            durations = self.timer.decode_run(
+                num_seqs=n, total_context=float(total + n), steps=steps, outputs=_outputs(reqs)
+            )
+        else:
+            durations = self.timer.decode_run(
+                num_seqs=n, total_context=float(total + n), steps=steps
+            )
         if block > 1:  # the scheduler's CPU time only where a block starts
             starts = np.zeros(steps, dtype=bool)
             starts[left % block :: block] = True  # index 0 when a block starts with it
@@ -370,3 +382,9 @@ class Replica:
         )
         for req in finished:
             self._finish(req, last)
+
+
+def _outputs(reqs: Iterable[Request]) -> tuple[int, int]:
+    """The output tokens of `reqs` so far, summed, and the most any has (penalties' host work)."""
+    counts = [r.num_output for r in reqs]
+    return sum(counts), max(counts, default=0)

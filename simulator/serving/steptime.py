@@ -19,6 +19,11 @@ all of them; the decode part's table is over that shape instead, and `draft` add
 drafter's passes to every step. `kernel_s` and `pass_s` price a step or a one-token pass
 without the engine's per-step CPU work (a drafter's passes inside a target step).
 
+Requests with sampling penalties (`penalties`) add the engine's penalty kernels to the sampled
+ops' table and, on the host, work that grows with the sampling sequences' output tokens
+(`outputs` of `mixed` and `decode_run`: their sum and the longest), which runs once the
+forward pass is launched: it counts where it outlasts the GPU, as the launches do.
+
 The interpolation is the only approximation; `tests/serving` bounds it against the exact cost.
 """
 
@@ -33,6 +38,7 @@ import numpy as np
 
 from simulator.costmodel.batch import BatchShape, Num, attended_pairs
 from simulator.costmodel.offload import OffloadPlan
+from simulator.costmodel.op import elementwise
 from simulator.costmodel.ops import Op, batch_ops, step_ops
 from simulator.costmodel.roofline import OpCost, evaluate, total_launches, total_time
 from simulator.costmodel.step import engine_time
@@ -149,6 +155,7 @@ class StepTimer:
         draft: DraftCost | None = None,
         offload: OffloadPlan | None = None,
         sample_filter: bool = False,
+        penalties: bool = False,
     ) -> None:
         self._args = (model, hw, layout, prec)
         self._ops = ops
@@ -189,6 +196,20 @@ class StepTimer:
             logits = np.arange(len(smp_gpu), dtype=float) * model.vocab_size
             bandwidth = hw.memory.bandwidth_bytes_per_s
             smp_gpu = smp_gpu + engine.sampler_filter.time_s(logits, bandwidth=bandwidth)
+        pen = engine.penalties if penalties else None
+        # host seconds per output token and per padded element (None: no penalties priced)
+        self._pen = None if pen is None else (pen.host_s_per_token, pen.host_s_per_padded)
+        if pen is not None:
+            rows = np.arange(len(smp_gpu), dtype=float)
+            op = elementwise(
+                "penalties",
+                bytes_=rows * model.vocab_size * pen.bytes_per_logit / pen.kernels,
+                count=pen.kernels,
+                scales_with="sampled",
+            )
+            costs = evaluate([op], hw, engine)
+            smp_gpu = smp_gpu + np.where(rows > 0, total_time(costs), 0.0)
+            smp_k = smp_k + np.where(rows > 0, total_launches(costs), 0.0)
         self._tok_gpu, self._tok_k = tok_gpu.tolist(), tok_k.tolist()
         self._smp_gpu, self._smp_k = smp_gpu.tolist(), smp_k.tolist()
         # The decode part of a step's shape-dependent ops: row = sequences (0 = none).
@@ -218,17 +239,16 @@ class StepTimer:
         rows = n.astype(int)
         if self._stream is not None:
             gpu = gpu + np.interp(gpu + tok_gpu[rows][:, None], *self._stream)
+        dec_gpu = gpu + (tok_gpu[rows] + smp_gpu[rows])[:, None]
+        dec_k = kernels + (tok_k[rows] + smp_k[rows])[:, None]
         self._decode = np.asarray(
             engine_time(
-                gpu + (tok_gpu[rows] + smp_gpu[rows])[:, None],
-                kernels + (tok_k[rows] + smp_k[rows])[:, None],
-                engine,
-                num_tokens=seqs,
-                num_seqs=seqs,
-                enforce_eager=enforce_eager,
+                dec_gpu, dec_k, engine, num_tokens=seqs, num_seqs=seqs, enforce_eager=enforce_eager
             ),
             dtype=float,
         )
+        # with penalties a run's steps add host work: their GPU time and launches, kept
+        self._decode_parts = None if pen is None else (dec_gpu, dec_k[:, 0])
         self._decode_rows: dict[int, list[float]] = {}  # rows of `_decode` as floats, when used
         # The prefill part for one chunk, over log grids of its tokens and cached offset.
         chunk_grid = _log_grid(max_tokens, CHUNK_GRID_POINTS)
@@ -287,17 +307,63 @@ class StepTimer:
         return float(np.ravel(gpu)[0]), float(np.ravel(kernels)[0])
 
     # -- lookups --------------------------------------------------------------------------------
-    def decode_run(self, *, num_seqs: int, total_context: float, steps: int) -> np.ndarray:
+    @property
+    def penalises(self) -> bool:
+        """Whether steps price sampling penalties (`mixed` and `decode_run` take `outputs`)."""
+        return self._pen is not None
+
+    def decode_run(
+        self,
+        *,
+        num_seqs: int,
+        total_context: float,
+        steps: int,
+        outputs: tuple[int, int] = (0, 0),
+    ) -> np.ndarray:
         """Durations of `steps` consecutive decode steps of `num_seqs` sequences whose KV
-        lengths sum to `total_context` in the first step (each step adds num_seqs). One token
-        per sequence per step: not for a timer whose decodes verify proposals."""
+        lengths sum to `total_context` in the first step (each step adds num_seqs); `outputs`
+        (their output tokens, summed and the longest, in the first step) prices penalties.
+        One token per sequence per step: not for a timer whose decodes verify proposals."""
         if self._q > 1:
             raise RuntimeError("decode runs assume one token per step: no speculation")
         k = min(num_seqs, len(self._decode)) - 1
+        if self._decode_parts is not None:
+            return self._penalised_run(k, num_seqs, total_context, steps, outputs)
         if steps <= SHORT_RUN_STEPS:
             return np.array(self._short_run(k, num_seqs, total_context, steps))
         mean = (total_context + num_seqs * np.arange(steps, dtype=float)) / num_seqs
         return np.interp(mean, self._ctx_grid, self._decode[k])
+
+    def _penalised_run(
+        self, k: int, num_seqs: int, total_context: float, steps: int, outputs: tuple[int, int]
+    ) -> np.ndarray:
+        """`decode_run` with the penalties' host work, which grows by a token per sequence and
+        step (`_host_s`)."""
+        assert self._decode_parts is not None
+        gpu, kernels = self._decode_parts
+        i = np.arange(steps, dtype=float)
+        mean = (total_context + num_seqs * i) / num_seqs
+        host = self._host_s(num_seqs, outputs[0] + num_seqs * i, outputs[1] + i)
+        return np.asarray(
+            engine_time(
+                np.interp(mean, self._ctx_grid, gpu[k]),
+                kernels[k],
+                self._engine,
+                num_tokens=num_seqs,
+                num_seqs=num_seqs,
+                enforce_eager=self._eager,
+                host_s=host,
+            ),
+            dtype=float,
+        )
+
+    def _host_s(self, rows: Num, tokens: Num, longest: Num) -> Num:
+        """Host seconds of the penalties of `rows` sampling sequences with `tokens` output
+        tokens, the longest `longest`: each token copied, each element of the padded array."""
+        if self._pen is None:
+            return 0.0
+        per_token, per_padded = self._pen
+        return per_token * tokens + per_padded * rows * longest
 
     def _short_run(self, k: int, num_seqs: int, total_context: float, steps: int) -> list[float]:
         """`decode_run`'s durations (row `k` of the table) in plain Python, with np.interp's
@@ -335,12 +401,21 @@ class StepTimer:
         hi = table[i][j + 1] + (table[i + 1][j + 1] - table[i][j + 1]) * tx
         return math.exp(lo + (hi - lo) * ty)
 
-    def mixed(self, *, chunks: Chunks, decode_contexts: Sequence[int]) -> float:
+    def mixed(
+        self,
+        *,
+        chunks: Chunks,
+        decode_contexts: Sequence[int],
+        outputs: tuple[int, int] = (0, 0),
+    ) -> float:
         """Duration of one step with prefill `chunks` (tokens, offset, last) and decodes (each
         `verify_tokens` tokens; `decode_contexts` are their KV lengths as plain decodes),
-        plus the drafter's passes if any."""
+        plus the drafter's passes if any; `outputs` (the decodes' output tokens, summed and
+        the longest) prices penalties."""
         gpu_s, launches, tokens = self._parts(chunks, decode_contexts)
-        step = self._engine_time(gpu_s, launches, tokens, len(chunks) + len(decode_contexts))
+        seqs = len(chunks) + len(decode_contexts)
+        host = float(self._host_s(seqs, outputs[0], outputs[1])) if self._pen else 0.0
+        step = self._engine_time(gpu_s, launches, tokens, seqs, host)
         if self._draft is not None:
             step += self._draft(chunks, decode_contexts)
         return step
@@ -402,8 +477,11 @@ class StepTimer:
             return self._graph_s
         return launches * self._eager_s
 
-    def _engine_time(self, gpu_s: float, launches: float, tokens: int, seqs: int) -> float:
+    def _engine_time(
+        self, gpu_s: float, launches: float, tokens: int, seqs: int, host_s: float = 0.0
+    ) -> float:
         """`costmodel.step.engine_time` for one step, in plain floats."""
+        launch_s = self._launch_s(launches, tokens) + host_s
         if self._async_s is not None:
-            return max(gpu_s + self._async_s, self._launch_s(launches, tokens) + self.cpu_s(seqs))
-        return max(gpu_s, self._launch_s(launches, tokens)) + self.cpu_s(seqs)
+            return max(gpu_s + self._async_s, launch_s + self.cpu_s(seqs))
+        return max(gpu_s, launch_s) + self.cpu_s(seqs)

@@ -69,18 +69,31 @@ DatasetSpec = Annotated[
 
 
 class SamplingSpec(Frozen):
-    """How the requests sample (`vllm bench serve --temperature --top-p --top-k`): greedy at
-    temperature 0, the benchmark's default. A top-p below 1 or a top-k above 0 with a positive
+    """How the requests sample (`vllm bench serve --temperature --top-p --top-k
+    --repetition-penalty --frequency-penalty --presence-penalty`): greedy at temperature 0, no
+    penalties, the benchmark's default. A top-p below 1 or a top-k above 0 with a positive
     temperature makes the engine filter each sequence's logits every step (`filters`), which
-    its `sampler_filter` prices."""
+    its `sampler_filter` prices; any penalty, greedy or not, makes it count each sequence's
+    tokens over the vocabulary every step (`penalises`), which its `penalties` prices."""
 
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1, description="-1 or 0: off")
+    repetition_penalty: float = Field(1.0, gt=0, description="1: off")
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, description="0: off")
+    presence_penalty: float = Field(0.0, ge=-2, le=2, description="0: off")
 
     @property
     def filters(self) -> bool:
         return self.temperature > 0 and (self.top_p < 1 or self.top_k > 0)
+
+    @property
+    def penalises(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
 
 
 class WorkloadSpec(Frozen):

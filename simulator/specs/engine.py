@@ -127,6 +127,21 @@ class SamplerFilter(Frozen):
         return np.where(e > 0, scaled * self.reference_bandwidth / bandwidth, 0.0)
 
 
+class PenaltyCost(Frozen):
+    """What an engine's repetition, frequency and presence penalties cost in a step where a
+    sampling request carries one. On the GPU: `bytes_per_logit` bytes of DRAM traffic per
+    sampling sequence and vocabulary entry, in `kernels` launches (count tensors of the prompt
+    and output tokens, their masks, the penalised logits). On the host, once the step's forward
+    pass is launched (so hidden under it unless longer): `host_s_per_token` per output token
+    of the sampling sequences and `host_s_per_padded` per element of their padded array
+    (sequences x longest output), the output token ids rebuilt as a tensor every step."""
+
+    bytes_per_logit: float = Field(gt=0)
+    kernels: int = Field(ge=1)
+    host_s_per_token: Seconds = Field(ge=0)
+    host_s_per_padded: Seconds = Field(ge=0)
+
+
 class SchedulerDefaults(Frozen):
     max_num_seqs: int = Field(gt=0)
     max_num_batched_tokens: int = Field(gt=0)
@@ -232,6 +247,11 @@ class EngineSpec(Frozen):
         default=None,
         description="cost of the top-p / top-k filter of sampled requests (vLLM's PyTorch "
         "sort); None: not priced (a kernel whose cost the `sampler` op's bytes cover)",
+    )
+    penalties: PenaltyCost | None = Field(
+        default=None,
+        description="cost of repetition / frequency / presence penalties (vLLM's sampler); "
+        "None: not priced",
     )
     async_scheduling: bool = Field(
         default=False,

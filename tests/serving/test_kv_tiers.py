@@ -205,6 +205,8 @@ def test_a_hit_spans_the_tiers_fastest_first() -> None:
 class FixedTimer:
     """10 ms + 10 us per prefill token for a step with chunks, 5 ms for a decode-only step."""
 
+    penalises = False  # no sampling penalties (`StepTimer.penalises`)
+
     def decode_run(self, *, num_seqs: int, total_context: float, steps: int) -> np.ndarray:
         return np.full(steps, 5 * MS)
 

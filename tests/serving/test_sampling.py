@@ -1,6 +1,7 @@
 """Sampling parameters: greedy by default; top-p / top-k with a temperature make vLLM sort
 every sampling sequence's logits each step (`EngineSpec.sampler_filter`, from vLLM's own
-timings of that path)."""
+timings of that path); penalties make it count every sampling sequence's tokens over the
+vocabulary on the GPU and pad its output tokens on the host (`EngineSpec.penalties`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import pytest
 from clitools import run_cli
 
 from simulator.engine_args import EngineArgs
-from simulator.runner import bench_scenario, run
-from simulator.serving.workload import SamplingSpec, WorkloadSpec
-from simulator.specs import load_engine, load_hardware
+from simulator.runner import bench_scenario, build_group, run
+from simulator.serving.steptime import StepTimer
+from simulator.serving.workload import SamplingSpec, WorkloadSpec, generate_requests
+from simulator.specs import load_engine, load_hardware, load_model
 
 H100_BW = 3.35e12
 
@@ -44,6 +46,20 @@ def test_filter_reproduces_the_timings_it_was_written_from() -> None:
 )
 def test_which_sampling_filters(spec: dict[str, float], filters: bool) -> None:
     assert SamplingSpec.model_validate(spec).filters is filters
+
+
+@pytest.mark.parametrize(
+    "spec, penalises",
+    [
+        ({}, False),
+        ({"repetition_penalty": 1.0, "frequency_penalty": 0.0}, False),  # the neutral values
+        ({"repetition_penalty": 1.1}, True),  # greedy or not: vLLM applies penalties first
+        ({"frequency_penalty": 0.5}, True),
+        ({"presence_penalty": -0.5}, True),
+    ],
+)
+def test_which_sampling_penalises(spec: dict[str, float], penalises: bool) -> None:
+    assert SamplingSpec.model_validate(spec).penalises is penalises
 
 
 def _itl_ms(engine: str, **sampling: float) -> float:
@@ -88,3 +104,85 @@ def test_bench_serve_takes_vllms_sampling_flags(capsys: pytest.CaptureFixture[st
     assert json.loads(out)["median_itl_ms"] > greedy["median_itl_ms"]
     code, _, err = run_cli(capsys, *args, "--top-p", "1.5")
     assert code == 2 and "top-p" in err
+
+
+def test_penalties_add_their_counts_bytes_to_every_step() -> None:
+    # 256 sequences x 128256 vocabulary x 77 B (the vllm profile's count tensors, masks and
+    # penalised logits) = 2.53 GB a step: 0.85 ms at H100's streaming rate (0.89 x 3.35 TB/s),
+    # plus 13 kernels. The outputs (64 tokens) are far too short for the host part to show.
+    pen = load_engine("vllm").penalties
+    assert pen is not None and pen.bytes_per_logit == 77
+    hw = load_hardware("h100_sxm")
+    stream = hw.memory.bandwidth_bytes_per_s * hw.efficiency.memory.stream_fraction
+    counts_ms = 77 * 256 * 128256 / stream * 1e3
+    greedy, penalised = _itl_ms("vllm"), _itl_ms("vllm", repetition_penalty=1.1)
+    assert penalised - greedy == pytest.approx(counts_ms, rel=0.1)
+    assert _itl_ms("sglang", repetition_penalty=1.1) == _itl_ms("sglang")  # not priced there
+
+
+def _penalised_timer(**args: object) -> StepTimer:
+    workload = WorkloadSpec.model_validate(
+        {
+            "dataset": {"name": "random", "input_len": 128, "output_len": 8192},
+            "num_prompts": 8,
+            "sampling": {"repetition_penalty": 1.1},
+        }
+    )
+    scenario = bench_scenario(
+        model="llama-3.1-8b",
+        hardware="h100_sxm",
+        workload=workload,
+        engine_args=EngineArgs(max_num_seqs=64, **args),  # type: ignore[arg-type]
+    )
+    requests = generate_requests(workload, rng=np.random.default_rng(0))
+    group, _, _ = build_group(
+        load_model("llama-3.1-8b"), scenario.replicas[0], requests, sampling=workload.sampling
+    )
+    return group.timer
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_penalties_host_work_counts_where_it_outlasts_the_gpu(async_scheduling: bool) -> None:
+    timer = _penalised_timer(async_scheduling=async_scheduling)
+    assert timer.penalises
+    pen = load_engine("vllm").penalties
+    assert pen is not None
+    contexts = [2048] * 64
+    gpu = timer.mixed(chunks=[], decode_contexts=contexts)  # no output tokens: no host work
+    # 64 sequences with 1000 output tokens each: 64,000 x 22.6 ns + 64 x 1000 x 0.7 ns = 1.5 ms,
+    # under the GPU step (~8 ms): hidden
+    hidden = timer.mixed(chunks=[], decode_contexts=contexts, outputs=(64_000, 1000))
+    assert hidden == pytest.approx(gpu, rel=1e-9)
+    # 1.6 M output tokens: 36 ms of padding, the step waits for it after its launches
+    tokens, longest = 1_600_000, 25_000
+    host = pen.host_s_per_token * tokens + pen.host_s_per_padded * 64 * longest
+    slow = timer.mixed(chunks=[], decode_contexts=contexts, outputs=(tokens, longest))
+    cpu = timer.cpu_s(64)
+    graph = load_engine("vllm").overhead.graph_launch_s
+    assert slow == pytest.approx(graph + host + cpu, rel=1e-9)
+    # a decode run prices each of its steps as `mixed` does, a token more per sequence each
+    run = timer.decode_run(
+        num_seqs=64, total_context=64 * 2048.0, steps=3, outputs=(tokens, longest)
+    )
+    for i in range(3):
+        one = timer.mixed(
+            chunks=[],
+            decode_contexts=[2048 + i] * 64,
+            outputs=(tokens + 64 * i, longest + i),
+        )
+        assert run[i] == pytest.approx(one, rel=1e-6)
+
+
+def test_bench_serve_takes_vllms_penalty_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "serve", "--model", "llama-3.1-8b", "--hardware", "h100_sxm",
+            "--num-prompts", "64", "--max-num-seqs", "64", "--json"]  # fmt: skip
+    plain = json.loads(run_cli(capsys, *args)[1])
+    for flag, value in (("--repetition-penalty", "1.1"), ("--frequency-penalty", "0.3"),
+                        ("--presence-penalty", "0.3")):  # fmt: skip
+        code, out, _ = run_cli(capsys, *args, flag, value)
+        assert code == 0
+        assert json.loads(out)["median_itl_ms"] > plain["median_itl_ms"]
+    code, _, err = run_cli(capsys, *args, "--presence-penalty", "2.5")
+    assert code == 2 and "presence-penalty" in err
+    code, _, err = run_cli(capsys, *args, "--repetition-penalty", "0")
+    assert code == 2 and "repetition_penalty" in err

@@ -182,6 +182,8 @@ def test_a_verification_step_costs_more_than_the_plain_decode() -> None:
 class TokenTimer:
     """5 ms + 10 us per token computed; decodes compute `verify_tokens` each."""
 
+    penalises = False  # no sampling penalties (`StepTimer.penalises`)
+
     def __init__(self, verify_tokens: int) -> None:
         self.q = verify_tokens
 
