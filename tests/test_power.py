@@ -193,16 +193,16 @@ def test_hand_computed_decode_step_and_idle_gap() -> None:
     # arrives at 0 and finishes at 1 s. The step reads the weights but for the embedding table
     # (it gathers one row): 2 B x (8,030,261,248 - 128,256 x 4,096) = 15.01 GB, over 3.35 TB/s =
     # 4.481 ms, u_memory = 0.448; FLOPs 2 x 7.505e9 over 989.4 TFLOP/s = 15.2 us, u_compute =
-    # 0.0015. With H100's fitted shape, P = 70 + 630 x (0 + 1.519 x 0.0015 + 0.950 x 0.448)
-    # = 339.6 W.
+    # 0.0015. With H100's fitted shape, P = 70 + 630 x (0 + 1.596 x 0.0015 + 0.955 x 0.448)
+    # = 341.3 W.
     steps = make_steps([(0, 0.5, 0.51, 1, 0, 1, 1)])
     watts = step_power_w(steps, account(dep))
-    assert watts[0] == pytest.approx(339.6, rel=0.002)
-    # energy: the step at 339.6 W for 10 ms, then 0.99 s at idle 70 W = 3.40 + 69.3 = 72.70 J
+    assert watts[0] == pytest.approx(341.3, rel=0.002)
+    # energy: the step at 341.3 W for 10 ms, then 0.99 s at idle 70 W = 3.41 + 69.3 = 72.71 J
     out = fleet_energy(
         steps=steps, requests=make_requests(arrival_s=0.0, finish_s=1.0), groups=[account(dep)]
     )
-    assert out["energy_j"] == pytest.approx(72.70, rel=0.002)
+    assert out["energy_j"] == pytest.approx(72.71, rel=0.002)
     assert out["avg_power_w_per_gpu"] == pytest.approx(72.70, rel=0.002)
     assert out["energy_per_output_token_j"] == pytest.approx(out["energy_j"] / 100)
 
