@@ -241,6 +241,23 @@ def test_floors_bound_every_simulated_request(hardware: str, q: str | None, tp: 
         assert np.all(tpot >= p.floors.tpot_s * (1 - margin)), rate
 
 
+def test_a_plans_sampling_prices_its_floors_and_simulations() -> None:
+    """A plan's workload may sample (top-p, penalties): its step times, so its floors and
+    the scenarios it simulates, carry the cost."""
+    sampling = {"temperature": 0.8, "top_p": 0.95, "repetition_penalty": 1.1}
+    data = plan_data()
+    data["workload"] = {**data["workload"], "sampling": sampling}
+    greedy, sampled = prepared(plan_data(), "h100_sxm"), prepared(data, "h100_sxm")
+    assert np.all(sampled.floors.tpot_s > greedy.floors.tpot_s)
+    spec = PlanSpec.model_validate(data)
+    assert traffic(spec).at(sampled.num_prompts, 1.0).sampling.model_dump() == {
+        "top_k": -1,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        **sampling,
+    }
+
+
 @pytest.mark.parametrize("hardware", ["h100_sxm", "l40s"])
 def test_the_ceiling_bounds_saturated_throughput(hardware: str) -> None:
     p = prepared(plan_data(), hardware)

@@ -232,7 +232,8 @@ def measure(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) 
     try:
         one = layout.replica_group(spec)
         wide = flow.requests(flow.clamp(search.max_prompts))
-        group, memory, dep = build_group(model, one, wide)
+        sampling = spec.workload.sampling
+        group, memory, dep = build_group(model, one, wide, sampling=sampling)
         sched = group.scheduler
         ceiling = capacity_ceiling(
             dep,
@@ -246,7 +247,8 @@ def measure(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) 
         wanted = math.ceil(search.duration_s * ceiling / 2)
         n = flow.clamp(min(max(wanted, search.min_prompts), search.max_prompts))
         sample = flow.requests(n)
-        group, _, _ = build_group(model, one, sample)  # the timer the simulations will use
+        # the timer the simulations will use
+        group, _, _ = build_group(model, one, sample, sampling=sampling)
     except SpecError as exc:  # not a valid layout here, or it does not fit
         return exc.reason
     floors = latency_floors(

@@ -22,7 +22,7 @@ from simulator.errors import SpecError
 from simulator.scenario import SchedulerOverrides, dataset_beside
 from simulator.serving.kv_transfer import KVTransferSpec
 from simulator.serving.router import RouterSpec
-from simulator.serving.workload import DatasetSpec, WorkloadSpec
+from simulator.serving.workload import DatasetSpec, SamplingSpec, WorkloadSpec
 from simulator.specs import load_engine, load_hardware, load_model
 from simulator.specs._base import Frozen
 from simulator.specs.deployment import Quantization
@@ -191,6 +191,7 @@ class PlanWorkload(Frozen):
     num_prompts: int | None = Field(default=None, ge=1)
     max_input_len: int | None = Field(default=None, ge=1)
     max_output_len: int | None = Field(default=None, ge=1)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)  # greedy unless set
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanWorkload:
@@ -227,6 +228,7 @@ class PlanWorkload(Frozen):
             time_scale=self.time_scale if trace else 1.0,
             max_input_len=self.max_input_len,
             max_output_len=self.max_output_len,
+            sampling=self.sampling,
         )
 
 
