@@ -5,7 +5,8 @@ Sources are cited where each rule is defined."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import get_args
 
 import numpy as np
@@ -169,6 +170,9 @@ class Kernels:
     prefill_speed: Curve | None = None
     # elementwise kernels priced by their one-block-per-token launch (`elementwise_kernels`)
     row_kernels: frozenset[str] = ALL_ROW_KERNELS
+    # the fused MoE kernel's compute efficiency against the GEMM library's, by dtype
+    # (`EngineSpec.fused_moe_fraction`; a dtype not named: 1)
+    moe_fraction: Mapping[str, float] = field(default_factory=dict)
 
 
 def kernels(hw: HardwareSpec, engine: EngineSpec | None) -> Kernels:
@@ -184,6 +188,7 @@ def kernels(hw: HardwareSpec, engine: EngineSpec | None) -> Kernels:
         hw.efficiency.gemm_for(engine.gemm_library),
         hw.efficiency.attention_speed(engine.attention_kernel),
         frozenset(engine.scalar_row_kernels),
+        engine.fused_moe_fraction,
     )
 
 

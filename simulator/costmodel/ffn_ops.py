@@ -25,10 +25,12 @@ def mlp_ops(
     prec: Precision,
     groups: Num = 1.0,
     scales_with: ScalesWith = "tokens",
+    fused_moe: bool = False,
 ) -> list[Op]:
     """An MLP on `tokens` tokens, its intermediate dimension split over `shards` devices: the
     up projection (gate and up fused when gated), the activation and the down projection;
-    `groups` independent MLPs fused in each launch (a MoE layer's experts)."""
+    `groups` independent MLPs fused in each launch (a MoE layer's experts, whose GEMMs are
+    `fused_moe`)."""
     inter = mlp.intermediate_size / shards
     up_n = (2 if mlp.gated else 1) * inter
     a = DTYPE_BYTES[prec.activations]
@@ -43,6 +45,7 @@ def mlp_ops(
             prec=prec,
             groups=groups,
             scales_with=scales_with,
+            fused_moe=fused_moe,
         ),
         gated_act(
             f"{prefix}act", g * tokens, inter, act_bytes=a, count=count, scales_with=scales_with
@@ -63,6 +66,7 @@ def mlp_ops(
             prec=prec,
             groups=groups,
             scales_with=scales_with,
+            fused_moe=fused_moe,
         ),
     ]
 
@@ -113,6 +117,7 @@ def expert_ffn_ops(
         prec=prec,
         groups=hit,
         scales_with="ep_group" if wide else "tokens",
+        fused_moe=True,
     )
 
 

@@ -61,8 +61,9 @@ class Op:
     heads x head dim; MLA: the latent; 0: no write priced). `pre_bytes` is the traffic of a
     memory-bound kernel that must run first (activation quantisation of a W8A8 GEMM).
     `launch` is the thread-block launch of a one-block-per-row elementwise kernel (None:
-    priced by its bytes alone). Collectives move `msg_bytes` among `group_size` devices.
-    `scales_with` says which batch quantities the cost depends on."""
+    priced by its bytes alone). `fused_moe`: a routed experts' GEMM, run by the engine's fused
+    MoE kernel (`EngineSpec.fused_moe_fraction`). Collectives move `msg_bytes` among
+    `group_size` devices. `scales_with` says which batch quantities the cost depends on."""
 
     name: str
     kind: OpKind
@@ -81,6 +82,7 @@ class Op:
     kv_dtype: str = ""
     kv_bytes: Num = 0.0
     pre_bytes: Num = 0.0
+    fused_moe: bool = False
     kv_row_elems: float = 0.0
     launch: RowLaunch | None = None
     collective: Collective = ""
@@ -106,10 +108,12 @@ def gemm(
     weight_dtype: str | None = None,
     groups: Num = 1.0,
     scales_with: ScalesWith = "tokens",
+    fused_moe: bool = False,
 ) -> Op:
     """A (groups x) m-by-k times k-by-n GEMM whose k-by-n operand is a stored weight. A W8A8
     or NVFP4 W4A4 GEMM (8- or 4-bit compute, 16-bit activations) reads activations quantised
-    by a kernel before it (`pre_bytes`: read 16-bit, write 8-bit, or 4-bit with block scales)."""
+    by a kernel before it (`pre_bytes`: read 16-bit, write 8-bit, or 4-bit with block scales).
+    `fused_moe`: routed experts' GEMMs in the engine's fused MoE kernel."""
     a = DTYPE_BYTES[prec.activations]
     wb = weight_bytes_per_param(weight_dtype or prec.weights)
     dtype = prec.compute if (weight_dtype or prec.weights) == prec.weights else prec.activations
@@ -133,6 +137,7 @@ def gemm(
         groups=g,
         pre_bytes=np.where(active, pre, 0.0),
         scales_with=scales_with,
+        fused_moe=fused_moe,
     )
 
 

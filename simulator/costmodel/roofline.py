@@ -132,6 +132,8 @@ def _kernel_cost(
     match op.kind:
         case "gemm":
             comp_eff = gemm_efficiency(hw, op, k.gemm)
+            if op.fused_moe:  # the engine's fused MoE kernel, not the GEMM library
+                comp_eff = comp_eff * k.moe_fraction.get(op.dtype, 1.0)
         case "attention_prefill":
             comp_eff = (
                 at.prefill_fraction

@@ -7,7 +7,7 @@ engine keeps outside the KV cache, default scheduler knobs, and which quantized 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field
@@ -247,6 +247,11 @@ class EngineSpec(Frozen):
         default=None,
         description="cost of the top-p / top-k filter of sampled requests (vLLM's PyTorch "
         "sort); None: not priced (a kernel whose cost the `sampler` op's bytes cover)",
+    )
+    fused_moe_fraction: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="compute efficiency of the engine's fused MoE kernel (routed experts' "
+        "GEMMs) against its GEMM library's, by dtype; a dtype not named: 1",
     )
     penalties: PenaltyCost | None = Field(
         default=None,

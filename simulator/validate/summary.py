@@ -7,7 +7,9 @@ and the same statistics per device. `iteration` is the union of its two held-out
 the GEMMs this project timed (the `cublas-13.1` library was fitted to them), `layers_fit` the
 rows the GEMM library of Vidur's profiles was fitted to (`layers` holds the rest out), and
 `elementwise_fit` the rows the one-block-per-token kernels' launch factors were fitted to,
-`e2e_energy_fit` the ML.ENERGY power rows H100's power shape was fitted to.
+`e2e_energy_fit` the ML.ENERGY power rows H100's power shape was fitted to, `moe_fit` the
+fused-MoE kernel timings the `vllm` profile's fused_moe_fraction was fitted to (`moe` holds the
+rest out).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from simulator.validate.iteration import DECODE, ENGINE_FIT, PREFILL, iteration_
 from simulator.validate.layers import FIT as LAYERS_FIT
 from simulator.validate.layers import SUITE as LAYERS
 from simulator.validate.layers import layers_suite
+from simulator.validate.moe import FIT_SUITE as MOE_FIT
+from simulator.validate.moe import SUITE as MOE
+from simulator.validate.moe import moe_suite
 from simulator.validate.operators import ops_suite
 from simulator.validate.power import POWER, POWER_FIT, power_suite
 
@@ -46,6 +51,7 @@ from simulator.validate.power import POWER, POWER_FIT, power_suite
 UNIONS: dict[str, tuple[str, ...]] = {"iteration": (PREFILL, DECODE)}
 SUITE_NAMES = (
     "ops", GEMM_LIBRARY_FIT,  # kernels (fitted): aiconfigurator's, and this project's GEMMs
+    MOE, MOE_FIT,  # the fused MoE kernel (held out / fitted)
     LAYERS, LAYERS_FIT,  # a layer's GEMMs (held out / fitted)
     ELEMENTWISE, ELEMENTWISE_FIT,  # a layer's memory-bound kernels (held out / fitted)
     "iteration", PREFILL, DECODE, ENGINE_FIT,  # engine steps (held out / fitted)
@@ -122,6 +128,9 @@ def run_suites(names: list[str]) -> pd.DataFrame:
         frames.append(ops_suite())
     if GEMM_LIBRARY_FIT in needed:
         frames.append(gemm_library_suite())
+    if needed & {MOE, MOE_FIT}:
+        moe = moe_suite()
+        frames.append(moe[moe["suite"].isin(needed)])
     if needed & {LAYERS, LAYERS_FIT}:
         layers = layers_suite()
         frames.append(layers[layers["suite"].isin(needed)])
