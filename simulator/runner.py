@@ -129,8 +129,7 @@ def build_group(
         speculative=spec.speculative,
         offload=dep.offload,
         kv_offload=spec.kv_offload,
-        sample_filter=sampling is not None and sampling.filters,
-        penalties=sampling is not None and sampling.penalises,
+        sampling=sampling,
         max_model_len=spec.max_model_len,
     )
     return engine_loop(group, spec=spec, dep=dep), plan, dep

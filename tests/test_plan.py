@@ -252,6 +252,7 @@ def test_a_plans_sampling_prices_its_floors_and_simulations() -> None:
     spec = PlanSpec.model_validate(data)
     assert traffic(spec).at(sampled.num_prompts, 1.0).sampling.model_dump() == {
         "top_k": -1,
+        "min_p": 0.0,
         "frequency_penalty": 0.0,
         "presence_penalty": 0.0,
         **sampling,

@@ -20,7 +20,7 @@ from simulator.serving.pipeline import MicroBatching
 from simulator.serving.scheduler import SchedulerSpec
 from simulator.serving.speculative import SpeculativeSpec
 from simulator.serving.steptime import StepTimer
-from simulator.serving.workload import RequestTable
+from simulator.serving.workload import RequestTable, SamplingSpec
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
@@ -140,8 +140,7 @@ def replica_group(
     enable_prefix_caching: bool = False,
     offload: OffloadSpec | None = None,
     kv_offload: KVOffloadSpec | None = None,
-    sample_filter: bool = False,
-    penalties: bool = False,
+    sampling: SamplingSpec | None = None,
     max_model_len: int | None = None,
 ) -> tuple[ReplicaGroup, MemoryPlan]:
     """`layout.dp` replicas of a deployment, sized for `requests`: the memory plan (must fit),
@@ -149,10 +148,10 @@ def replica_group(
     SpecError. `speculative`: speculative decoding (its drafter's memory and passes);
     `offload`: weights streamed from host memory (`costmodel.offload`), every step pays it;
     `kv_offload`: KV-cache tiers below HBM behind prefix caching (`serving.kv_tiers`);
-    `sample_filter`: the requests sample with top-p or top-k (the engine's `sampler_filter`
-    prices it; not with speculative decoding); `penalties`: they carry sampling penalties (the
-    engine's `penalties` prices them; not with speculative decoding); `max_model_len`: vLLM's
-    --max-model-len, the longest request served (default: the model's context length)."""
+    `sampling`: how the requests sample (greedy by default): the engine's top-p / top-k sort,
+    min-p pass and penalties are priced (not with speculative decoding); `max_model_len`:
+    vLLM's --max-model-len, the longest request served (default: the model's context
+    length)."""
     layout.check(model, hw)
     spec = scheduler or default_scheduler(
         engine, max_model_len=max_model_len or model.max_position_embeddings
@@ -209,8 +208,7 @@ def replica_group(
             max_context=longest,
             enforce_eager=enforce_eager,
             offload=plan.offload,
-            sample_filter=sample_filter,
-            penalties=penalties,
+            sampling=sampling,
         )
     # vLLM's --swap-space is per GPU; a replica's devices each hold their share of a block.
     block_bytes = plan.kv_bytes_per_token * plan.block_size

@@ -19,10 +19,11 @@ all of them; the decode part's table is over that shape instead, and `draft` add
 drafter's passes to every step. `kernel_s` and `pass_s` price a step or a one-token pass
 without the engine's per-step CPU work (a drafter's passes inside a target step).
 
-Requests with sampling penalties (`penalties`) add the engine's penalty kernels to the sampled
-ops' table and, on the host, work that grows with the sampling sequences' output tokens
-(`outputs` of `mixed` and `decode_run`: their sum and the longest), which runs once the
-forward pass is launched: it counts where it outlasts the GPU, as the launches do.
+How the requests sample (`sampling`) adds the engine's sampler work to the sampled ops'
+table: the top-p / top-k sort, the min-p pass and the penalties' kernels. Penalties also add
+host work that grows with the sampling sequences' output tokens (`outputs` of `mixed` and
+`decode_run`: their sum and the longest), which runs once the forward pass is launched: it
+counts where it outlasts the GPU, as the launches do.
 
 The interpolation is the only approximation; `tests/serving` bounds it against the exact cost.
 """
@@ -42,8 +43,9 @@ from simulator.costmodel.op import elementwise
 from simulator.costmodel.ops import Op, batch_ops, step_ops
 from simulator.costmodel.roofline import OpCost, evaluate, total_launches, total_time
 from simulator.costmodel.step import engine_time
+from simulator.serving.workload import SamplingSpec
 from simulator.specs.deployment import Parallelism, Precision
-from simulator.specs.engine import EngineSpec
+from simulator.specs.engine import EngineSpec, LogitsPass
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import MLAttention, ModelSpec
 
@@ -131,6 +133,29 @@ def _interp(grid: list[float], values: list[float], x: float) -> float:
     return values[i - 1] + (values[i] - values[i - 1]) * (x - x0) / (x1 - x0)
 
 
+def _logits_pass(
+    name: str,
+    work: LogitsPass,
+    *,
+    rows: np.ndarray,
+    vocab: int,
+    hw: HardwareSpec,
+    engine: EngineSpec,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU seconds, launches) of a sampler's pass over the logits of each number of sampling
+    sequences in `rows` (0 for none): memory-bound kernels of `work.bytes_per_logit` bytes per
+    sequence and vocabulary entry."""
+    op = elementwise(
+        name,
+        bytes_=rows * vocab * work.bytes_per_logit / work.kernels,
+        count=work.kernels,
+        scales_with="sampled",
+    )
+    costs = evaluate([op], hw, engine)
+    busy = rows > 0
+    return np.where(busy, total_time(costs), 0.0), np.where(busy, total_launches(costs), 0.0)
+
+
 class StepTimer:
     """Step times of one replica. `verify_tokens` (1 + k with speculative decoding) is what each
     decoding sequence computes per step, with logits at all of them (`verify_logits`, the target)
@@ -154,8 +179,7 @@ class StepTimer:
         ops: OpList = step_ops,
         draft: DraftCost | None = None,
         offload: OffloadPlan | None = None,
-        sample_filter: bool = False,
-        penalties: bool = False,
+        sampling: SamplingSpec | None = None,
     ) -> None:
         self._args = (model, hw, layout, prec)
         self._ops = ops
@@ -192,24 +216,22 @@ class StepTimer:
         smp_gpu, smp_k = self._table(
             BatchShape(sampled=np.arange(max_num_seqs * self._logits + 1, dtype=float)), "sampled"
         )
-        if sample_filter and engine.sampler_filter is not None:  # top-p / top-k sorts logits
-            logits = np.arange(len(smp_gpu), dtype=float) * model.vocab_size
+        sampling = sampling or SamplingSpec()
+        rows = np.arange(len(smp_gpu), dtype=float)
+        if sampling.filters and engine.sampler_filter is not None:  # top-p / top-k sorts logits
             bandwidth = hw.memory.bandwidth_bytes_per_s
-            smp_gpu = smp_gpu + engine.sampler_filter.time_s(logits, bandwidth=bandwidth)
-        pen = engine.penalties if penalties else None
+            smp_gpu = smp_gpu + engine.sampler_filter.time_s(
+                rows * model.vocab_size, bandwidth=bandwidth
+            )
+        pen = engine.penalties if sampling.penalises else None
+        passes = {"min_p": engine.min_p if sampling.min_p_filters else None, "penalties": pen}
+        for name, work in passes.items():
+            if work is not None:
+                gpu_s, launches = _logits_pass(name, work, rows=rows, vocab=model.vocab_size,
+                                               hw=hw, engine=engine)  # fmt: skip
+                smp_gpu, smp_k = smp_gpu + gpu_s, smp_k + launches
         # host seconds per output token and per padded element (None: no penalties priced)
         self._pen = None if pen is None else (pen.host_s_per_token, pen.host_s_per_padded)
-        if pen is not None:
-            rows = np.arange(len(smp_gpu), dtype=float)
-            op = elementwise(
-                "penalties",
-                bytes_=rows * model.vocab_size * pen.bytes_per_logit / pen.kernels,
-                count=pen.kernels,
-                scales_with="sampled",
-            )
-            costs = evaluate([op], hw, engine)
-            smp_gpu = smp_gpu + np.where(rows > 0, total_time(costs), 0.0)
-            smp_k = smp_k + np.where(rows > 0, total_launches(costs), 0.0)
         self._tok_gpu, self._tok_k = tok_gpu.tolist(), tok_k.tolist()
         self._smp_gpu, self._smp_k = smp_gpu.tolist(), smp_k.tolist()
         # The decode part of a step's shape-dependent ops: row = sequences (0 = none).

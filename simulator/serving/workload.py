@@ -69,16 +69,18 @@ DatasetSpec = Annotated[
 
 
 class SamplingSpec(Frozen):
-    """How the requests sample (`vllm bench serve --temperature --top-p --top-k
+    """How the requests sample (`vllm bench serve --temperature --top-p --top-k --min-p
     --repetition-penalty --frequency-penalty --presence-penalty`): greedy at temperature 0, no
     penalties, the benchmark's default. A top-p below 1 or a top-k above 0 with a positive
     temperature makes the engine filter each sequence's logits every step (`filters`), which
-    its `sampler_filter` prices; any penalty, greedy or not, makes it count each sequence's
-    tokens over the vocabulary every step (`penalises`), which its `penalties` prices."""
+    its `sampler_filter` prices; a min-p above 0 with a positive temperature, another pass over
+    them (`min_p_filters`, its `min_p`); any penalty, greedy or not, makes it count each
+    sequence's tokens over the vocabulary every step (`penalises`), its `penalties`."""
 
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1, description="-1 or 0: off")
+    min_p: float = Field(0.0, ge=0, le=1, description="0: off")
     repetition_penalty: float = Field(1.0, gt=0, description="1: off")
     frequency_penalty: float = Field(0.0, ge=-2, le=2, description="0: off")
     presence_penalty: float = Field(0.0, ge=-2, le=2, description="0: off")
@@ -86,6 +88,11 @@ class SamplingSpec(Frozen):
     @property
     def filters(self) -> bool:
         return self.temperature > 0 and (self.top_p < 1 or self.top_k > 0)
+
+    @property
+    def min_p_filters(self) -> bool:
+        """Min-p applies to randomly sampled requests (a positive temperature) only."""
+        return self.temperature > 0 and self.min_p > 0
 
     @property
     def penalises(self) -> bool:

@@ -127,17 +127,23 @@ class SamplerFilter(Frozen):
         return np.where(e > 0, scaled * self.reference_bandwidth / bandwidth, 0.0)
 
 
-class PenaltyCost(Frozen):
+class LogitsPass(Frozen):
+    """Memory-bound kernels a sampler runs over every sampling sequence's logits each step:
+    `bytes_per_logit` bytes of DRAM traffic per sequence and vocabulary entry, in `kernels`
+    launches."""
+
+    bytes_per_logit: float = Field(gt=0)
+    kernels: int = Field(ge=1)
+
+
+class PenaltyCost(LogitsPass):
     """What an engine's repetition, frequency and presence penalties cost in a step where a
-    sampling request carries one. On the GPU: `bytes_per_logit` bytes of DRAM traffic per
-    sampling sequence and vocabulary entry, in `kernels` launches (count tensors of the prompt
-    and output tokens, their masks, the penalised logits). On the host, once the step's forward
+    sampling request carries one. On the GPU, a LogitsPass (count tensors of the prompt and
+    output tokens, their masks, the penalised logits). On the host, once the step's forward
     pass is launched (so hidden under it unless longer): `host_s_per_token` per output token
     of the sampling sequences and `host_s_per_padded` per element of their padded array
     (sequences x longest output), the output token ids rebuilt as a tensor every step."""
 
-    bytes_per_logit: float = Field(gt=0)
-    kernels: int = Field(ge=1)
     host_s_per_token: Seconds = Field(ge=0)
     host_s_per_padded: Seconds = Field(ge=0)
 
@@ -252,6 +258,11 @@ class EngineSpec(Frozen):
         default_factory=dict,
         description="compute efficiency of the engine's fused MoE kernel (routed experts' "
         "GEMMs) against its GEMM library's, by dtype; a dtype not named: 1",
+    )
+    min_p: LogitsPass | None = Field(
+        default=None,
+        description="cost of the min-p filter of randomly sampled requests (vLLM's softmax, "
+        "max and mask over the logits); None: not priced",
     )
     penalties: PenaltyCost | None = Field(
         default=None,
