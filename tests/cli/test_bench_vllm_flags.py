@@ -62,6 +62,9 @@ def test_vllm_client_flags_are_accepted_with_a_note_and_typos_are_not(
     for bad in (("--num-promts", "10"), ("--backend",), ("stray",)):
         code, _, err = run_cli(capsys, *base, *bad)
         assert code == 2 and len(err.strip().splitlines()) == 1
+    more = ("--served-model-name", "m", "--request-id-prefix", "x-", "--append-result", "--profile")
+    code, out, err = run_cli(capsys, *base, *more)
+    assert code == 0 and json.loads(out) == json.loads(plain) and "--served-model-name" in err
     latency = ("bench", "latency", "--hardware", "h100_sxm", "--model", "llama-3.1-8b")
     code, _, err = run_cli(capsys, *latency, "--num-iters-warmup", "5", "--num-iters", "3")
     assert code == 0 and "--num-iters-warmup" in err
