@@ -242,6 +242,32 @@ class DatasetName(str, Enum):
     trace = "trace"
 
 
+class RampUpStrategy(str, Enum):
+    linear = "linear"
+    exponential = "exponential"
+
+
+def ramp_up(
+    strategy: RampUpStrategy | None, start: int | None, end: int | None
+) -> dict[str, object] | None:
+    """vLLM's --ramp-up-* flags as the workload's `ramp_up` (None without a strategy; vLLM
+    ignores the rates then, as llmsim does, with a note)."""
+    if strategy is None:
+        if start is not None or end is not None:
+            sys.stderr.write(
+                "llmsim: note: --ramp-up-start-rps/--ramp-up-end-rps have no effect without "
+                "--ramp-up-strategy (as in vLLM)\n"
+            )
+        return None
+    if start is None or end is None:
+        raise SpecError(  # vLLM's words
+            "When using --ramp-up-strategy, both --ramp-up-start-rps and --ramp-up-end-rps "
+            "must be specified",
+            field="ramp_up_strategy",
+        )
+    return {"strategy": strategy.value, "start_rps": start, "end_rps": end}
+
+
 @bench_app.command("serve", context_settings=PASS_EXTRA)
 def bench_serve_cmd(
     ctx: typer.Context,
@@ -262,6 +288,12 @@ def bench_serve_cmd(
     num_prompts: Annotated[int, typer.Option("--num-prompts")] = 1000,
     request_rate: Annotated[float, typer.Option("--request-rate")] = float("inf"),
     burstiness: Annotated[float, typer.Option("--burstiness")] = 1.0,
+    ramp_up_strategy: Annotated[
+        RampUpStrategy | None,
+        typer.Option("--ramp-up-strategy", help="the rate grows from the start to the end RPS"),
+    ] = None,
+    ramp_up_start_rps: Annotated[int | None, typer.Option("--ramp-up-start-rps")] = None,
+    ramp_up_end_rps: Annotated[int | None, typer.Option("--ramp-up-end-rps")] = None,
     max_concurrency: Annotated[int | None, typer.Option("--max-concurrency")] = None,
     seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
     goodput: Annotated[
@@ -365,6 +397,7 @@ def bench_serve_cmd(
             "num_prompts": num_prompts,
             "request_rate": request_rate,
             "burstiness": burstiness,
+            "ramp_up": ramp_up(ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps),
             "prefix": {"tokens": random_prefix_len} if random_prefix_len else None,
             "sampling": {
                 "temperature": temperature,
@@ -400,6 +433,10 @@ def bench_serve_cmd(
             "burstiness": burstiness,
             "max_concurrency": max_concurrency,
         }
+        if ramp_up_strategy is not None:  # vLLM's keys
+            setup["ramp_up_strategy"] = ramp_up_strategy.value
+            setup["ramp_up_start_rps"] = ramp_up_start_rps
+            setup["ramp_up_end_rps"] = ramp_up_end_rps
         save_result(
             result.summary, result_dir=result_dir, result_filename=result_filename, setup=setup
         )

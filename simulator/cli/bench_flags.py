@@ -199,8 +199,13 @@ def save_result(
         concurrency = setup["max_concurrency"]
         tail = f"-concurrency{concurrency}" if concurrency is not None else ""
         model = str(setup["model_id"]).rstrip("/").split("/")[-1]
-        rate = setup["request_rate"]
-        result_filename = f"{setup['backend']}-{rate}qps{tail}-{model}-{stamp}.json"
+        rate = f"{setup['request_rate']}qps"
+        if "ramp_up_strategy" in setup:  # vLLM's name under a ramp-up
+            rate = (
+                f"ramp-up-{setup['ramp_up_strategy']}-{setup['ramp_up_start_rps']}qps-"
+                f"{setup['ramp_up_end_rps']}qps"
+            )
+        result_filename = f"{setup['backend']}-{rate}{tail}-{model}-{stamp}.json"
     path = Path(result_dir or ".") / result_filename
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(str(path), {"date": stamp, **setup, **summary})

@@ -17,9 +17,12 @@ Arrivals: `poisson_gamma` is vLLM's generator: gamma inter-arrival times (shape=
 scale=1/(rate*burstiness); burstiness 1 = Poisson), summed and then rescaled so that the last
 request arrives at num_prompts/rate, as vLLM's get_request does; rate=inf puts every request at
 t=0. `constant` spaces requests 1/rate apart (vLLM's burstiness=inf). `trace` replays the
-dataset's timestamps, shifted to start at 0 and multiplied by `time_scale`.
+dataset's timestamps, shifted to start at 0 and multiplied by `time_scale`. `ramp_up`
+(vLLM's --ramp-up-strategy) gives request i of n the rate start + (end - start) x i / (n - 1)
+(linear) or start x (end / start) ** (i / (n - 1)) (exponential) for the gap before it, drawn
+as above, without the rescaling (vLLM skips it under a ramp-up).
 
-Not modelled: vLLM's ramp-up strategies; for the datasets' own limits see `datasets.py`.
+For the datasets' own limits see `datasets.py`.
 """
 
 from __future__ import annotations
@@ -103,6 +106,28 @@ class SamplingSpec(Frozen):
         )
 
 
+class RampUp(Frozen):
+    """vLLM's --ramp-up-strategy / --ramp-up-start-rps / --ramp-up-end-rps: the request rate
+    grows from `start_rps` to `end_rps` over the benchmark's requests."""
+
+    strategy: Literal["linear", "exponential"]
+    start_rps: float = Field(gt=0, allow_inf_nan=False)  # vLLM asserts a positive first rate
+    end_rps: float = Field(gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _rising(self) -> RampUp:
+        if self.start_rps > self.end_rps:
+            raise ValueError("Ramp-up start RPS must be less than end RPS")  # vLLM's words
+        return self
+
+    def rates(self, n: int) -> np.ndarray:
+        """The rate (requests/s) of the gap before each of `n` requests."""
+        progress = np.arange(n, dtype=float) / max(n - 1, 1)
+        if self.strategy == "linear":
+            return self.start_rps + (self.end_rps - self.start_rps) * progress
+        return self.start_rps * (self.end_rps / self.start_rps) ** progress
+
+
 class WorkloadSpec(Frozen):
     """What arrives: a dataset for the lengths and an arrival process (see the module doc)."""
 
@@ -119,6 +144,7 @@ class WorkloadSpec(Frozen):
     prefix: SharedPrefix | None = None  # a shared system prompt
     sessions: Sessions | None = None  # multi-turn conversations
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)  # greedy unless set
+    ramp_up: RampUp | None = None  # the rate grows over the run (instead of request_rate)
 
     @property
     def shares_content(self) -> bool:
@@ -147,6 +173,14 @@ class WorkloadSpec(Frozen):
             raise ValueError("time_scale applies only to arrival 'trace'")
         if self.arrival == "constant" and self.burstiness != 1.0:
             raise ValueError("burstiness does not apply to arrival 'constant'")
+        if self.ramp_up is not None:
+            if self.arrival == "trace":
+                raise ValueError("ramp_up does not apply to arrival 'trace'")
+            if not math.isinf(self.request_rate):
+                raise ValueError(  # vLLM's words
+                    "When using ramp-up, do not specify --request-rate. The request rate will "
+                    "be controlled by ramp-up parameters."
+                )
         mix = self.priority_mix
         if mix is not None and (min(mix) < 0 or not math.isclose(sum(mix), 1.0, abs_tol=1e-6)):
             raise ValueError("priority_mix must be non-negative shares that sum to 1")
@@ -336,14 +370,17 @@ def _arrivals(spec: WorkloadSpec, n: int, rng: np.random.Generator) -> np.ndarra
     # vLLM get_request (vllm/benchmarks/serve.py): delay_i ~ Gamma(burstiness, 1/(rate*burstiness)),
     # constant 1/rate when burstiness is inf, 0 when rate is inf; cumulative; then rescaled so
     # the last delay is exactly n/rate ("to close the 1-2% gap ... for stabilizing throughput").
-    rate = spec.request_rate
-    if n == 0 or math.isinf(rate):
+    # With a ramp-up, each gap has its request's rate and nothing is rescaled.
+    rate: float | np.ndarray = spec.request_rate
+    if spec.ramp_up is not None:
+        rate = spec.ramp_up.rates(n)
+    elif n == 0 or math.isinf(spec.request_rate):
         return np.zeros(n)
     if spec.arrival == "constant" or math.isinf(spec.burstiness):
-        gaps = np.full(n, 1.0 / rate)
+        gaps = np.broadcast_to(1.0 / np.asarray(rate), (n,))
     else:
         gaps = rng.gamma(shape=spec.burstiness, scale=1.0 / (rate * spec.burstiness), size=n)
     arrival = np.cumsum(gaps)
-    if arrival[-1] > 0:
-        arrival *= (n / rate) / arrival[-1]
+    if spec.ramp_up is None and arrival[-1] > 0:
+        arrival *= (n / spec.request_rate) / arrival[-1]
     return arrival

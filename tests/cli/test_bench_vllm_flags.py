@@ -1,9 +1,11 @@
 """`llmsim bench` takes a `vllm bench` command line as it is: the percentile flags, ShareGPT's
-output length, the client's flags (accepted, no effect), and prints vLLM's lines."""
+output length, the client's flags (accepted, no effect), the ramp-up flags, and prints vLLM's
+lines."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +98,30 @@ def test_serve_reports_vllms_peak_output_token_throughput(
     spec = '{"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.7}'
     code, out, _ = run_cli(capsys, *args, "--speculative-config", spec, "--json")
     assert code == 0 and "max_output_tokens_per_s" not in json.loads(out)  # steps lack it
+
+
+def test_ramp_up_flags_run_save_vllms_keys_and_refuse_what_vllm_refuses(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    base = (*SERVE, "--num-prompts", "200")
+    ramp = ("--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "20")
+    code, out, _ = run_cli(capsys, *base, *ramp, "--json")
+    assert code == 0
+    slow = json.loads(run_cli(capsys, *base, "--request-rate", "1", "--json")[1])
+    fast = json.loads(run_cli(capsys, *base, "--request-rate", "20", "--json")[1])
+    assert fast["duration"] < json.loads(out)["duration"] < slow["duration"]
+    code, _, _ = run_cli(capsys, *base, *ramp, "--save-result", "--result-dir", str(tmp_path))
+    (saved,) = tmp_path.glob("vllm-ramp-up-linear-1qps-20qps-llama-3.1-8b-*.json")
+    got = json.loads(saved.read_text())
+    assert (got["ramp_up_strategy"], got["ramp_up_start_rps"], got["ramp_up_end_rps"]) == (
+        "linear", 1, 20,
+    )  # fmt: skip
+    assert got["request_rate"] == "inf"
+    for bad in (
+        ("--ramp-up-strategy", "linear"),  # no rates
+        (*ramp, "--request-rate", "5"),
+        ("--ramp-up-strategy", "exponential", "--ramp-up-start-rps", "0", "--ramp-up-end-rps", "4"),
+        ("--ramp-up-strategy", "linear", "--ramp-up-start-rps", "9", "--ramp-up-end-rps", "4"),
+    ):
+        code, _, err = run_cli(capsys, *base, *bad)
+        assert code == 2 and len(err.strip().splitlines()) == 1, bad

@@ -103,6 +103,42 @@ def test_constant_arrivals_are_evenly_spaced() -> None:
     np.testing.assert_allclose(infinite_burstiness.arrival_s, table.arrival_s)
 
 
+@pytest.mark.parametrize("strategy", ["linear", "exponential"])
+def test_ramp_up_gives_each_gap_its_requests_rate(strategy: str) -> None:
+    """vLLM's ramp-up: request i of n waits a gap at start + (end - start) i/(n-1) requests/s
+    (linear) or start (end/start)^(i/(n-1)) (exponential), not rescaled afterwards."""
+    ramp = {"strategy": strategy, "start_rps": 2.0, "end_rps": 32.0}
+    constant = make_requests(make_spec(num_prompts=5, arrival="constant", ramp_up=ramp))
+    i = np.arange(5) / 4
+    rates = 2 + 30 * i if strategy == "linear" else 2 * 16**i
+    np.testing.assert_allclose(constant.arrival_s, np.cumsum(1 / rates))
+    n = 40_000
+    table = make_requests(make_spec(num_prompts=n, ramp_up=ramp))
+    gaps = np.diff(table.arrival_s)  # gap k is request k + 1's
+    i = np.arange(1, n) / (n - 1)
+    rates = 2 + 30 * i if strategy == "linear" else 2 * 16**i
+    for window in (slice(0, 4000), slice(n - 4001, n - 1)):  # Poisson: mean gap = mean 1/rate
+        assert gaps[window].mean() == pytest.approx((1 / rates[window]).mean(), rel=0.05)
+    normalised = gaps / (1 / rates)  # exponential with mean 1 whatever the rate
+    assert normalised.std() == pytest.approx(1.0, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"ramp_up": {"strategy": "linear", "start_rps": 5, "end_rps": 2}}, "less than end"),
+        ({"ramp_up": {"strategy": "linear", "start_rps": 0, "end_rps": 2}}, "greater than 0"),
+        (
+            {"request_rate": 4.0, "ramp_up": {"strategy": "linear", "start_rps": 1, "end_rps": 2}},
+            "do not specify --request-rate",
+        ),
+    ],
+)
+def test_bad_ramp_ups_are_refused(fields: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValidationError, match=words):
+        make_spec(**fields)
+
+
 # -- random dataset -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("input_len", "output_len", "ratio", "prompt_bounds", "output_bounds"),
