@@ -124,17 +124,22 @@ def test_bench_serve_takes_vllms_sampling_flags(capsys: pytest.CaptureFixture[st
     assert code == 2 and "min-p" in err
 
 
+def _streamed_ms(bytes_per_logit: float, *, seqs: int = 256, vocab: int = 128256) -> float:
+    """Milliseconds to stream `bytes_per_logit` per sequence and vocabulary entry at H100's
+    streaming rate (0.89 x 3.35 TB/s)."""
+    hw = load_hardware("h100_sxm")
+    stream = hw.memory.bandwidth_bytes_per_s * hw.efficiency.memory.stream_fraction
+    return bytes_per_logit * seqs * vocab / stream * 1e3
+
+
 def test_penalties_add_their_counts_bytes_to_every_step() -> None:
     # 256 sequences x 128256 vocabulary x 77 B (the vllm profile's count tensors, masks and
     # penalised logits) = 2.53 GB a step: 0.85 ms at H100's streaming rate (0.89 x 3.35 TB/s),
     # plus 13 kernels. The outputs (64 tokens) are far too short for the host part to show.
     pen = load_engine("vllm").penalties
     assert pen is not None and pen.bytes_per_logit == 77
-    hw = load_hardware("h100_sxm")
-    stream = hw.memory.bandwidth_bytes_per_s * hw.efficiency.memory.stream_fraction
-    counts_ms = 77 * 256 * 128256 / stream * 1e3
     greedy, penalised = _itl_ms("vllm"), _itl_ms("vllm", repetition_penalty=1.1)
-    assert penalised - greedy == pytest.approx(counts_ms, rel=0.1)
+    assert penalised - greedy == pytest.approx(_streamed_ms(77), rel=0.1)
     assert _itl_ms("sglang", repetition_penalty=1.1) == _itl_ms("sglang")  # not priced there
 
 
@@ -143,11 +148,9 @@ def test_min_p_adds_its_pass_over_the_logits() -> None:
     # step: 0.37 ms at H100's streaming rate, plus 5 kernels
     work = load_engine("vllm").min_p
     assert work is not None and work.bytes_per_logit == 34
-    hw = load_hardware("h100_sxm")
-    stream = hw.memory.bandwidth_bytes_per_s * hw.efficiency.memory.stream_fraction
-    pass_ms = 34 * 256 * 128256 / stream * 1e3
     plain = _itl_ms("vllm", temperature=0.8)
-    assert _itl_ms("vllm", temperature=0.8, min_p=0.1) - plain == pytest.approx(pass_ms, rel=0.15)
+    min_p = _itl_ms("vllm", temperature=0.8, min_p=0.1)
+    assert min_p - plain == pytest.approx(_streamed_ms(34), rel=0.15)
     assert _itl_ms("vllm", min_p=0.1) == _itl_ms("vllm")  # greedy: not run
 
 
