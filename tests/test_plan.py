@@ -255,6 +255,7 @@ def test_a_plans_sampling_prices_its_floors_and_simulations() -> None:
         "min_p": 0.0,
         "frequency_penalty": 0.0,
         "presence_penalty": 0.0,
+        "logprobs": None,
         **sampling,
     }
 

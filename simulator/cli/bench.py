@@ -321,6 +321,10 @@ def bench_serve_cmd(
     top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0)] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=-1, help="-1 or 0: off")] = -1,
     min_p: Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="0: off")] = 0.0,
+    logprobs: Annotated[
+        int | None,
+        typer.Option("--logprobs", min=0, max=20, help="top logprobs per token (default: none)"),
+    ] = None,
     repetition_penalty: Annotated[
         float, typer.Option("--repetition-penalty", help="1: off (priced where the engine has it)")
     ] = 1.0,
@@ -404,6 +408,7 @@ def bench_serve_cmd(
                 "top_p": top_p,
                 "top_k": top_k,
                 "min_p": min_p,
+                "logprobs": logprobs,
                 "repetition_penalty": repetition_penalty,
                 "frequency_penalty": frequency_penalty,
                 "presence_penalty": presence_penalty,

@@ -20,10 +20,10 @@ drafter's passes to every step. `kernel_s` and `pass_s` price a step or a one-to
 without the engine's per-step CPU work (a drafter's passes inside a target step).
 
 How the requests sample (`sampling`) adds the engine's sampler work to the sampled ops'
-table: the top-p / top-k sort, the min-p pass and the penalties' kernels. Penalties also add
-host work that grows with the sampling sequences' output tokens (`outputs` of `mixed` and
-`decode_run`: their sum and the longest), which runs once the forward pass is launched: it
-counts where it outlasts the GPU, as the launches do.
+table: the top-p / top-k sort, the min-p pass, the logprobs and the penalties' kernels.
+Penalties also add host work that grows with the sampling sequences' output tokens (`outputs`
+of `mixed` and `decode_run`: their sum and the longest), which runs once the forward pass is
+launched: it counts where it outlasts the GPU, as the launches do.
 
 The interpolation is the only approximation; `tests/serving` bounds it against the exact cost.
 """
@@ -224,7 +224,11 @@ class StepTimer:
                 rows * model.vocab_size, bandwidth=bandwidth
             )
         pen = engine.penalties if sampling.penalises else None
-        passes = {"min_p": engine.min_p if sampling.min_p_filters else None, "penalties": pen}
+        passes = {
+            "min_p": engine.min_p if sampling.min_p_filters else None,
+            "logprobs": engine.logprobs if sampling.returns_logprobs else None,
+            "penalties": pen,
+        }
         for name, work in passes.items():
             if work is not None:
                 gpu_s, launches = _logits_pass(name, work, rows=rows, vocab=model.vocab_size,

@@ -73,12 +73,14 @@ DatasetSpec = Annotated[
 
 class SamplingSpec(Frozen):
     """How the requests sample (`vllm bench serve --temperature --top-p --top-k --min-p
-    --repetition-penalty --frequency-penalty --presence-penalty`): greedy at temperature 0, no
-    penalties, the benchmark's default. A top-p below 1 or a top-k above 0 with a positive
-    temperature makes the engine filter each sequence's logits every step (`filters`), which
-    its `sampler_filter` prices; a min-p above 0 with a positive temperature, another pass over
-    them (`min_p_filters`, its `min_p`); any penalty, greedy or not, makes it count each
-    sequence's tokens over the vocabulary every step (`penalises`), its `penalties`."""
+    --repetition-penalty --frequency-penalty --presence-penalty --logprobs`): greedy at
+    temperature 0, no penalties and no logprobs, the benchmark's default. A top-p below 1 or a
+    top-k above 0 with a positive temperature makes the engine filter each sequence's logits
+    every step (`filters`), which its `sampler_filter` prices; a min-p above 0 with a positive
+    temperature, another pass over them (`min_p_filters`, its `min_p`); any penalty, greedy or
+    not, makes it count each sequence's tokens over the vocabulary every step (`penalises`),
+    its `penalties`; logprobs, a log-softmax and a top-k over them (`returns_logprobs`, its
+    `logprobs`)."""
 
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -87,6 +89,13 @@ class SamplingSpec(Frozen):
     repetition_penalty: float = Field(1.0, gt=0, description="1: off")
     frequency_penalty: float = Field(0.0, ge=-2, le=2, description="0: off")
     presence_penalty: float = Field(0.0, ge=-2, le=2, description="0: off")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=20,
+        description="top logprobs returned per token (vLLM's server allows "
+        "up to its --max-logprobs, 20 by default); None: none computed",
+    )
 
     @property
     def filters(self) -> bool:
@@ -96,6 +105,10 @@ class SamplingSpec(Frozen):
     def min_p_filters(self) -> bool:
         """Min-p applies to randomly sampled requests (a positive temperature) only."""
         return self.temperature > 0 and self.min_p > 0
+
+    @property
+    def returns_logprobs(self) -> bool:
+        return self.logprobs is not None
 
     @property
     def penalises(self) -> bool:

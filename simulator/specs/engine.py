@@ -264,6 +264,11 @@ class EngineSpec(Frozen):
         description="cost of the min-p filter of randomly sampled requests (vLLM's softmax, "
         "max and mask over the logits); None: not priced",
     )
+    logprobs: LogitsPass | None = Field(
+        default=None,
+        description="cost of returning logprobs (vLLM's log-softmax and top-k over the "
+        "logits); None: not priced",
+    )
     penalties: PenaltyCost | None = Field(
         default=None,
         description="cost of repetition / frequency / presence penalties (vLLM's sampler); "
