@@ -35,11 +35,17 @@ class FixedTimer:
     def __init__(self) -> None:
         self.chunks: list[tuple[int, int, bool]] = []
 
-    def decode_run(self, *, num_seqs: int, total_context: float, steps: int) -> np.ndarray:
+    def decode_run(
+        self, *, num_seqs: int, total_context: float, steps: int, outputs: tuple[int, int] = (0, 0)
+    ) -> np.ndarray:
         return np.full(steps, 5 * MS)
 
     def mixed(
-        self, *, chunks: Sequence[tuple[int, int, bool]], decode_contexts: Sequence[int]
+        self,
+        *,
+        chunks: Sequence[tuple[int, int, bool]],
+        decode_contexts: Sequence[int],
+        outputs: tuple[int, int] = (0, 0),
     ) -> float:
         self.chunks += chunks
         return 10 * MS + 0.01 * MS * sum(c[0] for c in chunks)

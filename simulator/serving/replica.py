@@ -172,11 +172,9 @@ class Replica:
         start = self.env.now
         chunks, decodes = self.batch_of(plan)
         swaps = (plan.swapped_out + plan.swapped_in) * self.swap_s_per_block + plan.load_s
-        if self.timer.penalises:  # the sampler's host work grows with the output tokens
-            outputs = _outputs(r for r, _ in plan.entries)
-            step_s = self.timer.mixed(chunks=chunks, decode_contexts=decodes, outputs=outputs)
-        else:
-            step_s = self.timer.mixed(chunks=chunks, decode_contexts=decodes)
+        # the sampler's host work for penalties grows with the output tokens
+        outputs = _outputs(r for r, _ in plan.entries) if self.timer.penalises else (0, 0)
+        step_s = self.timer.mixed(chunks=chunks, decode_contexts=decodes, outputs=outputs)
         yield self.env.timeout(swaps + step_s)
         self.apply(plan, chunks=chunks, decodes=decodes, start=start, end=self.env.now)
 
@@ -301,14 +299,10 @@ class Replica:
         if block > 1 and self.waiting:  # the block's end is the next chance to admit
             steps = min(steps, left)
         total = sum([r.num_computed for r in reqs])
-        if self.timer.penalises:
-            durations = self.timer.decode_run(
-                num_seqs=n, total_context=float(total + n), steps=steps, outputs=_outputs(reqs)
-            )
-        else:
-            durations = self.timer.decode_run(
-                num_seqs=n, total_context=float(total + n), steps=steps
-            )
+        outputs = _outputs(reqs) if self.timer.penalises else (0, 0)
+        durations = self.timer.decode_run(
+            num_seqs=n, total_context=float(total + n), steps=steps, outputs=outputs
+        )
         if block > 1:  # the scheduler's CPU time only where a block starts
             starts = np.zeros(steps, dtype=bool)
             starts[left % block :: block] = True  # index 0 when a block starts with it

@@ -385,9 +385,9 @@ class StepTimer:
 
     def _host_s(self, rows: Num, tokens: Num, longest: Num) -> Num:
         """Host seconds of the penalties of `rows` sampling sequences with `tokens` output
-        tokens, the longest `longest`: each token copied, each element of the padded array."""
-        if self._pen is None:
-            return 0.0
+        tokens, the longest `longest`: each token copied, each element of the padded array
+        (only where penalties are priced)."""
+        assert self._pen is not None
         per_token, per_padded = self._pen
         return per_token * tokens + per_padded * rows * longest
 

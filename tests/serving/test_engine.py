@@ -167,13 +167,24 @@ def test_replica_groups_can_differ() -> None:
     # a fast group (the narrative timer) and a slow one (every step twice as long), round robin:
     # the same request takes twice as long on the slow replica.
     class SlowTimer(FixedTimer):
-        def decode_run(self, *, num_seqs: int, total_context: float, steps: int) -> np.ndarray:
+        def decode_run(
+            self,
+            *,
+            num_seqs: int,
+            total_context: float,
+            steps: int,
+            outputs: tuple[int, int] = (0, 0),
+        ) -> np.ndarray:
             return 2 * super().decode_run(
                 num_seqs=num_seqs, total_context=total_context, steps=steps
             )
 
         def mixed(
-            self, *, chunks: Sequence[tuple[int, int, bool]], decode_contexts: Sequence[int]
+            self,
+            *,
+            chunks: Sequence[tuple[int, int, bool]],
+            decode_contexts: Sequence[int],
+            outputs: tuple[int, int] = (0, 0),
         ) -> float:
             return 2 * super().mixed(chunks=chunks, decode_contexts=decode_contexts)
 

@@ -187,11 +187,17 @@ class TokenTimer:
     def __init__(self, verify_tokens: int) -> None:
         self.q = verify_tokens
 
-    def decode_run(self, *, num_seqs: int, total_context: float, steps: int) -> np.ndarray:
+    def decode_run(
+        self, *, num_seqs: int, total_context: float, steps: int, outputs: tuple[int, int] = (0, 0)
+    ) -> np.ndarray:
         return np.full(steps, 5 * MS + 0.01 * MS * num_seqs * self.q)
 
     def mixed(
-        self, *, chunks: Sequence[tuple[int, int, bool]], decode_contexts: Sequence[int]
+        self,
+        *,
+        chunks: Sequence[tuple[int, int, bool]],
+        decode_contexts: Sequence[int],
+        outputs: tuple[int, int] = (0, 0),
     ) -> float:
         return 5 * MS + 0.01 * MS * (sum(c[0] for c in chunks) + self.q * len(decode_contexts))
 
