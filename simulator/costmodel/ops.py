@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.batch import BatchShape, Num
 from simulator.costmodel.elementwise_kernels import rms_norm, rotary
 from simulator.costmodel.ffn_ops import (
     dispatch_ops,
@@ -288,6 +288,14 @@ def _mla_batch_ops(
 
 
 # -- the step -----------------------------------------------------------------------------------
+def sampler_op(sampled: Num, vocab: int) -> Op:
+    """The greedy pick of `sampled` sequences' next tokens: their logits read and written as
+    fp32 and reduced to an argmax, 8 bytes per sequence and vocabulary entry in one kernel.
+    What sampling at a temperature, filtering or penalising adds is the engine's
+    (`serving.steptime.sampler_passes`)."""
+    return elementwise("sampler", bytes_=sampled * vocab * 4.0 * 2, count=1, scales_with="sampled")
+
+
 def batch_ops(
     model: ModelSpec,
     layout: Parallelism,
@@ -360,12 +368,7 @@ def step_ops(
             weight_dtype=prec.activations,
             scales_with="sampled",
         ),
-        elementwise(
-            "sampler",
-            bytes_=batch.sampled * model.vocab_size * 4.0 * 2,
-            count=1,
-            scales_with="sampled",
-        ),
+        sampler_op(batch.sampled, model.vocab_size),
     ]
     if tp > 1:
         ops += [

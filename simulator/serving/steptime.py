@@ -20,7 +20,8 @@ drafter's passes to every step. `kernel_s` and `pass_s` price a step or a one-to
 without the engine's per-step CPU work (a drafter's passes inside a target step).
 
 How the requests sample (`sampling`) adds the engine's sampler work to the sampled ops'
-table: the top-p / top-k sort, the min-p pass, the logprobs and the penalties' kernels.
+table: the random draw, the top-p sort or the top-k, the min-p pass, the logprobs and the
+penalties' kernels.
 Penalties also add host work that grows with the sampling sequences' output tokens (`outputs`
 of `mixed` and `decode_run`: their sum and the longest), which runs once the forward pass is
 launched: it counts where it outlasts the GPU, as the launches do.
@@ -133,7 +134,22 @@ def _interp(grid: list[float], values: list[float], x: float) -> float:
     return values[i - 1] + (values[i] - values[i - 1]) * (x - x0) / (x1 - x0)
 
 
-def _logits_pass(
+def sampler_passes(engine: EngineSpec, sampling: SamplingSpec) -> dict[str, LogitsPass]:
+    """The engine's sampler passes over the logits that requests sampling as `sampling` run
+    every step, beyond the greedy pick (the forward pass's `sampler` op), by name; a pass the
+    engine does not price is left out."""
+    passes = {
+        "random_sample": engine.random_sample if sampling.samples_randomly else None,
+        "top_p": engine.top_p if sampling.sorts else None,
+        "top_k": engine.top_k if sampling.top_k_only else None,
+        "min_p": engine.min_p if sampling.min_p_filters else None,
+        "logprobs": engine.logprobs if sampling.returns_logprobs else None,
+        "penalties": engine.penalties if sampling.penalises else None,
+    }
+    return {name: work for name, work in passes.items() if work is not None}
+
+
+def logits_pass(
     name: str,
     work: LogitsPass,
     *,
@@ -218,22 +234,11 @@ class StepTimer:
         )
         sampling = sampling or SamplingSpec()
         rows = np.arange(len(smp_gpu), dtype=float)
-        if sampling.filters and engine.sampler_filter is not None:  # top-p / top-k sorts logits
-            bandwidth = hw.memory.bandwidth_bytes_per_s
-            smp_gpu = smp_gpu + engine.sampler_filter.time_s(
-                rows * model.vocab_size, bandwidth=bandwidth
-            )
+        for name, work in sampler_passes(engine, sampling).items():
+            gpu_s, launches = logits_pass(name, work, rows=rows, vocab=model.vocab_size, hw=hw,
+                                          engine=engine)  # fmt: skip
+            smp_gpu, smp_k = smp_gpu + gpu_s, smp_k + launches
         pen = engine.penalties if sampling.penalises else None
-        passes = {
-            "min_p": engine.min_p if sampling.min_p_filters else None,
-            "logprobs": engine.logprobs if sampling.returns_logprobs else None,
-            "penalties": pen,
-        }
-        for name, work in passes.items():
-            if work is not None:
-                gpu_s, launches = _logits_pass(name, work, rows=rows, vocab=model.vocab_size,
-                                               hw=hw, engine=engine)  # fmt: skip
-                smp_gpu, smp_k = smp_gpu + gpu_s, smp_k + launches
         # host seconds per output token and per padded element (None: no penalties priced)
         self._pen = None if pen is None else (pen.host_s_per_token, pen.host_s_per_padded)
         self._tok_gpu, self._tok_k = tok_gpu.tolist(), tok_k.tolist()

@@ -74,13 +74,14 @@ DatasetSpec = Annotated[
 class SamplingSpec(Frozen):
     """How the requests sample (`vllm bench serve --temperature --top-p --top-k --min-p
     --repetition-penalty --frequency-penalty --presence-penalty --logprobs`): greedy at
-    temperature 0, no penalties and no logprobs, the benchmark's default. A top-p below 1 or a
-    top-k above 0 with a positive temperature makes the engine filter each sequence's logits
-    every step (`filters`), which its `sampler_filter` prices; a min-p above 0 with a positive
-    temperature, another pass over them (`min_p_filters`, its `min_p`); any penalty, greedy or
-    not, makes it count each sequence's tokens over the vocabulary every step (`penalises`),
-    its `penalties`; logprobs, a log-softmax and a top-k over them (`returns_logprobs`, its
-    `logprobs`)."""
+    temperature 0, no penalties and no logprobs, the benchmark's default. A positive
+    temperature makes the engine sample from each sequence's distribution every step
+    (`samples_randomly`, its `random_sample`); with it, a top-p below 1 sorts each row
+    (`sorts`, its `top_p`, a top-k or not) and a top-k above 0 alone takes a top-k of it
+    (`top_k_only`, its `top_k`); a min-p above 0, another pass over them (`min_p_filters`,
+    its `min_p`); any penalty, greedy or not, makes it count each sequence's tokens over the
+    vocabulary every step (`penalises`, its `penalties`); logprobs, a log-softmax and a top-k
+    over them (`returns_logprobs`, its `logprobs`)."""
 
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -98,8 +99,18 @@ class SamplingSpec(Frozen):
     )
 
     @property
-    def filters(self) -> bool:
-        return self.temperature > 0 and (self.top_p < 1 or self.top_k > 0)
+    def samples_randomly(self) -> bool:
+        return self.temperature > 0
+
+    @property
+    def sorts(self) -> bool:
+        """A top-p (with or without a top-k) of a randomly sampled request: vLLM sorts."""
+        return self.temperature > 0 and self.top_p < 1
+
+    @property
+    def top_k_only(self) -> bool:
+        """A top-k without a top-p: vLLM's torch.topk, no sort."""
+        return self.temperature > 0 and self.top_k > 0 and self.top_p == 1
 
     @property
     def min_p_filters(self) -> bool:

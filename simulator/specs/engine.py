@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-import numpy as np
 from pydantic import Field
 
 from simulator.errors import SpecError
@@ -109,28 +108,11 @@ class StaticReserve(Frozen):
         return round((mib - reserve) / mib, 3)
 
 
-class SamplerFilter(Frozen):
-    """GPU time of an engine's top-p / top-k filter, where it sorts every sampling sequence's
-    logits: `reference_s` for `reference_elements` logits (sequences x vocabulary) on a device
-    of `reference_bandwidth` DRAM bandwidth, growing as elements ** `exponent`; on another
-    device scaled by the bandwidths (the sort is memory-bound)."""
-
-    reference_s: Seconds = Field(gt=0)
-    reference_elements: float = Field(gt=0)
-    exponent: float = Field(gt=0, le=1)
-    reference_bandwidth: float = Field(gt=0, description="bytes/s of the measured device")
-
-    def time_s(self, elements: np.ndarray, *, bandwidth: float) -> np.ndarray:
-        """Seconds to filter `elements` logits on a device of `bandwidth` bytes/s (0 for 0)."""
-        e = np.asarray(elements, dtype=float)
-        scaled = self.reference_s * (e / self.reference_elements) ** self.exponent
-        return np.where(e > 0, scaled * self.reference_bandwidth / bandwidth, 0.0)
-
-
 class LogitsPass(Frozen):
-    """Memory-bound kernels a sampler runs over every sampling sequence's logits each step:
-    `bytes_per_logit` bytes of DRAM traffic per sequence and vocabulary entry, in `kernels`
-    launches."""
+    """Kernels a sampler runs over every sampling sequence's logits each step, priced as
+    memory-bound: `bytes_per_logit` bytes per sequence and vocabulary entry streamed at the
+    device's rate (an effective figure where the kernels are timed: a sort's or a top-k's
+    passes, a reduction's lower rate), in `kernels` launches."""
 
     bytes_per_logit: float = Field(gt=0)
     kernels: int = Field(ge=1)
@@ -249,10 +231,19 @@ class EngineSpec(Frozen):
     )
     scheduler: SchedulerDefaults
     quantized_kernels: tuple[Quantization, ...] = ("fp8", "int8", "int4")
-    sampler_filter: SamplerFilter | None = Field(
+    random_sample: LogitsPass | None = Field(
         default=None,
-        description="cost of the top-p / top-k filter of sampled requests (vLLM's PyTorch "
-        "sort); None: not priced (a kernel whose cost the `sampler` op's bytes cover)",
+        description="cost of sampling at a positive temperature over the greedy pick (vLLM's "
+        "temperature, softmax, exponential draw and argmax); None: not priced",
+    )
+    top_p: LogitsPass | None = Field(
+        default=None,
+        description="cost of the top-p filter, with or without a top-k (vLLM's PyTorch sort "
+        "of every row); None: not priced",
+    )
+    top_k: LogitsPass | None = Field(
+        default=None,
+        description="cost of a top-k filter without a top-p (vLLM's torch.topk); None: not priced",
     )
     fused_moe_fraction: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict,

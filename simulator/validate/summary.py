@@ -9,7 +9,8 @@ rows the GEMM library of Vidur's profiles was fitted to (`layers` holds the rest
 `elementwise_fit` the rows the one-block-per-token kernels' launch factors were fitted to,
 `e2e_energy_fit` the ML.ENERGY power rows H100's power shape was fitted to, `moe_fit` the
 fused-MoE kernel timings the `vllm` profile's fused_moe_fraction was fitted to (`moe` holds the
-rest out).
+rest out), `sampler_fit` the H100 sampler timings the `vllm` profile's sampler passes were
+fitted to (`sampler` holds the H200's out).
 """
 
 from __future__ import annotations
@@ -46,12 +47,16 @@ from simulator.validate.moe import SUITE as MOE
 from simulator.validate.moe import moe_suite
 from simulator.validate.operators import ops_suite
 from simulator.validate.power import POWER, POWER_FIT, power_suite
+from simulator.validate.sampler import FIT_SUITE as SAMPLER_FIT
+from simulator.validate.sampler import SUITE as SAMPLER
+from simulator.validate.sampler import sampler_suite
 
 # Every name `--suite` accepts, in output order; a union names the suites it is made of.
 UNIONS: dict[str, tuple[str, ...]] = {"iteration": (PREFILL, DECODE)}
 SUITE_NAMES = (
     "ops", GEMM_LIBRARY_FIT,  # kernels (fitted): aiconfigurator's, and this project's GEMMs
     MOE, MOE_FIT,  # the fused MoE kernel (held out / fitted)
+    SAMPLER, SAMPLER_FIT,  # vLLM's sampler (held out / fitted)
     LAYERS, LAYERS_FIT,  # a layer's GEMMs (held out / fitted)
     ELEMENTWISE, ELEMENTWISE_FIT,  # a layer's memory-bound kernels (held out / fitted)
     "iteration", PREFILL, DECODE, ENGINE_FIT,  # engine steps (held out / fitted)
@@ -131,6 +136,9 @@ def run_suites(names: list[str]) -> pd.DataFrame:
     if needed & {MOE, MOE_FIT}:
         moe = moe_suite()
         frames.append(moe[moe["suite"].isin(needed)])
+    if needed & {SAMPLER, SAMPLER_FIT}:
+        sampler = sampler_suite()
+        frames.append(sampler[sampler["suite"].isin(needed)])
     if needed & {LAYERS, LAYERS_FIT}:
         layers = layers_suite()
         frames.append(layers[layers["suite"].isin(needed)])

@@ -1,7 +1,8 @@
-"""Sampling parameters: greedy by default; top-p / top-k with a temperature make vLLM sort
-every sampling sequence's logits each step (`EngineSpec.sampler_filter`, from vLLM's own
-timings of that path); penalties make it count every sampling sequence's tokens over the
-vocabulary on the GPU and pad its output tokens on the host (`EngineSpec.penalties`)."""
+"""Sampling parameters: greedy by default; a temperature makes vLLM draw from every sampling
+sequence's distribution each step (`EngineSpec.random_sample`), a top-p sort its logits
+(`top_p`), a top-k alone take a top-k of them (`top_k`), all fitted to this project's timings
+of vLLM's sampler (suite `sampler`); penalties make it count every sampling sequence's tokens
+over the vocabulary on the GPU and pad its output tokens on the host (`EngineSpec.penalties`)."""
 
 from __future__ import annotations
 
@@ -13,39 +14,28 @@ from clitools import run_cli
 
 from simulator.engine_args import EngineArgs
 from simulator.runner import bench_scenario, build_group, run
-from simulator.serving.steptime import StepTimer
+from simulator.serving.steptime import StepTimer, sampler_passes
 from simulator.serving.workload import SamplingSpec, WorkloadSpec, generate_requests
 from simulator.specs import load_engine, load_hardware, load_model
 
-H100_BW = 3.35e12
-
-
-def test_filter_reproduces_the_timings_it_was_written_from() -> None:
-    f = load_engine("vllm").sampler_filter
-    assert f is not None
-    vocab = 131072.0
-    got = f.time_s(np.array([128, 256, 512]) * vocab, bandwidth=H100_BW)
-    # vLLM PR #40376: 2.318 ms (128) and 6.150 ms (512); PR #32558: 3.812 ms (256)
-    np.testing.assert_allclose(got, [2.318e-3, 3.812e-3, 6.150e-3], rtol=0.01)
-    assert float(f.time_s(np.array([0.0]), bandwidth=H100_BW)[0]) == 0.0
-    # memory-bound: twice the bandwidth, half the time
-    half = f.time_s(np.array([512 * vocab]), bandwidth=2 * H100_BW)
-    assert float(half[0]) == pytest.approx(6.150e-3 / 2, rel=0.01)
-
 
 @pytest.mark.parametrize(
-    "spec, filters",
+    "spec, passes",
     [
-        ({}, False),  # greedy: vllm bench serve's default
-        ({"temperature": 0.8}, False),  # random sampling over the whole vocabulary
-        ({"temperature": 0.0, "top_p": 0.9}, False),  # greedy ignores top-p
-        ({"temperature": 0.8, "top_p": 0.95}, True),
-        ({"temperature": 1.0, "top_k": 50}, True),
-        ({"temperature": 1.0, "top_k": 0}, False),  # 0 or -1: off
+        ({}, set()),  # greedy: vllm bench serve's default
+        ({"temperature": 0.8}, {"random_sample"}),  # a draw over the whole vocabulary
+        ({"temperature": 0.0, "top_p": 0.9, "top_k": 5}, set()),  # greedy ignores both
+        ({"temperature": 0.8, "top_p": 0.95}, {"random_sample", "top_p"}),
+        ({"temperature": 1.0, "top_k": 50}, {"random_sample", "top_k"}),  # torch.topk, no sort
+        ({"temperature": 1.0, "top_k": 50, "top_p": 0.9}, {"random_sample", "top_p"}),  # sorts
+        ({"temperature": 1.0, "top_k": 0}, {"random_sample"}),  # 0 or -1: off
+        ({"repetition_penalty": 1.1, "logprobs": 2}, {"penalties", "logprobs"}),
     ],
 )
-def test_which_sampling_filters(spec: dict[str, float], filters: bool) -> None:
-    assert SamplingSpec.model_validate(spec).filters is filters
+def test_which_sampler_passes_run(spec: dict[str, float], passes: set[str]) -> None:
+    sampling = SamplingSpec.model_validate(spec)
+    assert set(sampler_passes(load_engine("vllm"), sampling)) == passes
+    assert sampler_passes(load_engine("sglang"), sampling) == {}  # none priced there
 
 
 @pytest.mark.parametrize(
@@ -92,19 +82,24 @@ def _itl_ms(engine: str, **sampling: float) -> float:
     return float(run(scenario).summary["median_itl_ms"])
 
 
-def test_top_p_adds_the_sort_of_the_batch_to_every_step() -> None:
-    # 256 sequences of Llama-3.1-8B (vocabulary 128256) decode together: each step sorts
-    # 256 x 128256 logits, the filter's time at that size (~3.7 ms on an H100)
-    f = load_engine("vllm").sampler_filter
-    assert f is not None
-    bandwidth = load_hardware("h100_sxm").memory.bandwidth_bytes_per_s
-    sort_ms = float(f.time_s(np.array([256 * 128256.0]), bandwidth=bandwidth)[0]) * 1e3
-    greedy, top_p = _itl_ms("vllm"), _itl_ms("vllm", temperature=0.8, top_p=0.95)
-    assert top_p - greedy == pytest.approx(sort_ms, rel=0.05)
+def test_top_p_adds_the_draw_and_the_sort_of_the_batch_to_every_step() -> None:
+    # 256 sequences of Llama-3.1-8B (vocabulary 128256) decode together: each step draws from
+    # and sorts 256 x 128256 fp32 logits, the passes' bytes at H100's streaming rate (~5 ms)
+    engine = load_engine("vllm")
+    assert engine.random_sample is not None and engine.top_p is not None
+    greedy = _itl_ms("vllm")
+    drawn = _itl_ms("vllm", temperature=0.8)
+    sorted_ = _itl_ms("vllm", temperature=0.8, top_p=0.95)
+    assert drawn - greedy == pytest.approx(_streamed_ms(engine.random_sample.bytes_per_logit),
+                                           rel=0.1)  # fmt: skip
+    assert sorted_ - drawn == pytest.approx(_streamed_ms(engine.top_p.bytes_per_logit), rel=0.05)
+    top_k = _itl_ms("vllm", temperature=0.8, top_k=50)
+    assert drawn < top_k < sorted_  # a top-k alone does not sort
 
 
-def test_engines_without_the_sort_pay_nothing() -> None:
-    assert load_engine("sglang").sampler_filter is None
+def test_engines_without_the_passes_pay_nothing() -> None:
+    sglang = load_engine("sglang")
+    assert sglang.random_sample is None and sglang.top_p is None and sglang.top_k is None
     assert _itl_ms("sglang", temperature=0.8, top_p=0.95) == _itl_ms("sglang")
 
 
@@ -129,45 +124,49 @@ def test_bench_serve_takes_vllms_sampling_flags(capsys: pytest.CaptureFixture[st
     assert code == 2 and "logprobs" in err
 
 
-def _streamed_ms(bytes_per_logit: float, *, seqs: int = 256, vocab: int = 128256) -> float:
+def _streamed_ms(bytes_per_logit: float, *, seqs: int = 256, vocab: int = 128256,
+                 kernels: int = 0) -> float:  # fmt: skip
     """Milliseconds to stream `bytes_per_logit` per sequence and vocabulary entry at H100's
-    streaming rate (0.89 x 3.35 TB/s)."""
+    streaming rate (0.89 x 3.35 TB/s), and to start `kernels` kernels."""
     hw = load_hardware("h100_sxm")
     stream = hw.memory.bandwidth_bytes_per_s * hw.efficiency.memory.stream_fraction
-    return bytes_per_logit * seqs * vocab / stream * 1e3
+    start = kernels * hw.efficiency.kernel_latency_s
+    return (bytes_per_logit * seqs * vocab / stream + start) * 1e3
 
 
 def test_penalties_add_their_counts_bytes_to_every_step() -> None:
-    # 256 sequences x 128256 vocabulary x 77 B (the vllm profile's count tensors, masks and
-    # penalised logits) = 2.53 GB a step: 0.85 ms at H100's streaming rate (0.89 x 3.35 TB/s),
-    # plus 13 kernels. The outputs (64 tokens) are far too short for the host part to show.
+    # 256 sequences x 128256 vocabulary x 87 B (the vllm profile's count tensors, masks and
+    # penalised logits, fitted) = 2.9 GB a step: ~1 ms at H100's streaming rate (0.89 x 3.35
+    # TB/s), plus 15 kernels. The outputs (64 tokens) are far too short for the host part to
+    # show.
     pen = load_engine("vllm").penalties
-    assert pen is not None and pen.bytes_per_logit == 77
+    assert pen is not None and 77 <= pen.bytes_per_logit < 100  # the code's 77 B and more
     greedy, penalised = _itl_ms("vllm"), _itl_ms("vllm", repetition_penalty=1.1)
-    assert penalised - greedy == pytest.approx(_streamed_ms(77), rel=0.1)
+    assert penalised - greedy == pytest.approx(_streamed_ms(pen.bytes_per_logit), rel=0.1)
     assert _itl_ms("sglang", repetition_penalty=1.1) == _itl_ms("sglang")  # not priced there
 
 
 def test_min_p_adds_its_pass_over_the_logits() -> None:
-    # 256 sequences x 128256 vocabulary x 34 B (softmax, max, mask, masked fill) = 1.12 GB a
-    # step: 0.37 ms at H100's streaming rate, plus 5 kernels
+    # 256 sequences x 128256 vocabulary x 37 B (softmax, max, mask, masked fill; the code's
+    # 34 B, fitted) = 1.2 GB a step: 0.4 ms at H100's streaming rate, plus 5 kernels
     work = load_engine("vllm").min_p
-    assert work is not None and work.bytes_per_logit == 34
+    assert work is not None and 34 <= work.bytes_per_logit < 45
     plain = _itl_ms("vllm", temperature=0.8)
     min_p = _itl_ms("vllm", temperature=0.8, min_p=0.1)
-    assert min_p - plain == pytest.approx(_streamed_ms(34), rel=0.15)
+    assert min_p - plain == pytest.approx(_streamed_ms(work.bytes_per_logit), rel=0.15)
     assert _itl_ms("vllm", min_p=0.1) == _itl_ms("vllm")  # greedy: not run
 
 
 def test_logprobs_add_their_pass_greedy_or_not() -> None:
-    # 256 sequences x 128256 vocabulary x 26 B (log-softmax, top-k, rank count) = 0.85 GB a
-    # step: 0.29 ms at H100's streaming rate, plus 4 kernels
+    # 256 sequences x 128256 vocabulary x 64 B (log-softmax, top-k, rank count, fitted) = 2.1
+    # GB a step: 0.7 ms at H100's streaming rate, plus 30 kernels
     work = load_engine("vllm").logprobs
-    assert work is not None and work.bytes_per_logit == 26
+    assert work is not None and work.bytes_per_logit > 26  # more than the code's bytes
     assert SamplingSpec.model_validate({"logprobs": 0}).returns_logprobs
     assert not SamplingSpec().returns_logprobs
     extra = _itl_ms("vllm", logprobs=5) - _itl_ms("vllm")
-    assert extra == pytest.approx(_streamed_ms(26), rel=0.15)
+    expected = _streamed_ms(work.bytes_per_logit, kernels=work.kernels)
+    assert extra == pytest.approx(expected, rel=0.15)
 
 
 def _penalised_timer(**args: object) -> StepTimer:
