@@ -9,7 +9,9 @@ clamped to [idle, ceiling] (`PowerSpec` in `simulator/specs/hardware.py` holds t
 the ceiling: TDP, a boost limit, or an operator cap). u_compute is the step's FLOPs at the dense
 peak of their dtype over the step's time, u_memory its DRAM bytes at the datasheet bandwidth
 over the step's time; both come from the cost model's own operator list (`step_ops`), so
-attention FLOPs, KV reads, MoE experts hit and quantised weights count as the step costs them.
+attention FLOPs, KV reads, MoE experts hit and quantised weights count as the step costs them,
+and the bytes of the engine's sampler passes over the logits when the requests sample at a
+temperature, filter, penalise or ask for logprobs (`serving.steptime.sampler_passes`).
 Steps include the engine's CPU time, during which the GPU sits clocked up (the `active` term).
 Between steps a GPU draws idle power. A pipeline stage is busy 1/pp of its replica's step (it
 runs its share of the layers at the step's utilisation) and idle the rest.
@@ -29,7 +31,7 @@ step less the chunks' own tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,6 +40,8 @@ import pandas as pd
 from simulator.costmodel.batch import BatchShape, attended_pairs
 from simulator.costmodel.ops import step_ops
 from simulator.errors import SpecError
+from simulator.serving.steptime import sampler_passes
+from simulator.serving.workload import SamplingSpec
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
@@ -172,28 +176,43 @@ def steps_batch(steps: pd.DataFrame, *, block_size: int, window: int | None) -> 
 @dataclass(frozen=True)
 class GroupAccount:
     """One replica group as energy and cost see it: `count` replicas of `deployment`, KV
-    blocks of `block_size` tokens, GPUs billed at `usd_per_gpu_hour`."""
+    blocks of `block_size` tokens, GPUs billed at `usd_per_gpu_hour`, serving requests that
+    sample as `sampling`."""
 
     deployment: Deployment
     count: int
     block_size: int
     usd_per_gpu_hour: float
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)
 
     @property
     def gpus_per_replica(self) -> int:
         return self.deployment.layout.tp * self.deployment.layout.pp
 
 
+def sampler_memory_s(
+    dep: Deployment, sampling: SamplingSpec, sampled: np.ndarray | float
+) -> np.ndarray:
+    """Seconds at the datasheet bandwidth of the DRAM bytes the engine's sampler passes
+    (`sampler_passes`) move for `sampled` sequences, beyond the greedy pick `step_ops` has."""
+    per_logit = sum(w.bytes_per_logit for w in sampler_passes(dep.engine, sampling).values())
+    logits = np.asarray(sampled, dtype=float) * dep.model.vocab_size
+    return per_logit * logits / dep.hardware.memory.bandwidth_bytes_per_s
+
+
 def step_utilisation(
-    steps: pd.DataFrame, dep: Deployment, *, block_size: int
+    steps: pd.DataFrame, dep: Deployment, *, block_size: int, sampling: SamplingSpec | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(compute, memory) utilisation of one busy GPU of `dep` during each of `steps`: the
-    step's work at peak (`step_work_s`) over its duration (0 for a step of no duration)."""
+    step's work at peak (`step_work_s`, and the sampler passes of requests sampling as
+    `sampling`: `sampler_memory_s`) over its duration (0 for a step of no duration)."""
     duration = (steps["end_s"] - steps["start_s"]).to_numpy(dtype=float)
     if not len(steps):
         return np.zeros(0), np.zeros(0)
     batch = steps_batch(steps, block_size=block_size, window=dep.model.attention.sliding_window)
     compute_s, memory_s = step_work_s(dep.model, dep.hardware, dep.layout, dep.precision, batch)
+    if sampling is not None:
+        memory_s = memory_s + sampler_memory_s(dep, sampling, batch.sampled)
     safe = np.where(duration > 0, duration, np.inf)
     shape = duration.shape
     return np.broadcast_to(compute_s / safe, shape), np.broadcast_to(memory_s / safe, shape)
@@ -203,7 +222,9 @@ def step_power_w(steps: pd.DataFrame, group: GroupAccount) -> np.ndarray:
     """Watts of one busy GPU (one device of a busy stage) during each of `steps`, all of
     which ran on replicas of `group`."""
     dep = group.deployment
-    u_compute, u_memory = step_utilisation(steps, dep, block_size=group.block_size)
+    u_compute, u_memory = step_utilisation(
+        steps, dep, block_size=group.block_size, sampling=group.sampling
+    )
     watts = PowerModel.from_hardware(dep.hardware).power_w(u_compute=u_compute, u_memory=u_memory)
     return np.broadcast_to(watts, u_compute.shape)
 
@@ -282,6 +303,7 @@ def energy_summary(result: RunResult) -> dict[str, float]:
             count=spec.num_replicas,
             block_size=plan.block_size,
             usd_per_gpu_hour=spec.usd_per_gpu_hour or dep.hardware.price.usd_per_hour,
+            sampling=result.scenario.workload.sampling,
         )
         for spec, dep, plan in zip(
             result.scenario.replicas, result.deployments, result.memory, strict=True

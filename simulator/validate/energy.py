@@ -165,7 +165,10 @@ def steady_steps(result: runner.RunResult, batch: int) -> Window:
     first = requests["first_token_s"].to_numpy(dtype=float)
     tokens += float(np.count_nonzero((first >= start) & (first <= end)))
     u_compute, u_memory = step_utilisation(
-        steps, result.deployments[0], block_size=result.memory[0].block_size
+        steps,
+        result.deployments[0],
+        block_size=result.memory[0].block_size,
+        sampling=result.scenario.workload.sampling,
     )
     starts = steps["start_s"].to_numpy(dtype=float)
     busy = np.clip(stamps, start, end) - np.clip(starts, start, end)
