@@ -138,15 +138,20 @@ def fit_family(
     x0 = x0[free]
     lo = np.array([p.lower for p in params])
     hi = np.array([p.upper for p in params])
-    fit = least_squares(
-        residuals,
-        x0,
-        bounds=(lo, hi),
-        loss="soft_l1",
-        f_scale=0.1,
-        x_scale="jac",
-        max_nfev=300,
-    )
+    steps = np.array([".step" in p.path for p in params])
+    fits = [
+        least_squares(
+            residuals,
+            np.clip(np.where(steps, x0 + offset, x0), lo, hi),
+            bounds=(lo, hi),
+            loss="soft_l1",
+            f_scale=0.1,
+            x_scale="jac",
+            max_nfev=300,
+        )
+        for offset in family.step_starts
+    ]
+    fit = min(fits, key=lambda f: f.cost)  # the first of equals: one start fits as before
     fitted = spec_for(_round(fit.x))
     return fitted, FitReport(family.name, len(measured), before, _mape(groups, fitted))
 
