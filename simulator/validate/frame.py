@@ -33,6 +33,20 @@ def finish(df: pd.DataFrame, *, suite: str, fitted: bool) -> pd.DataFrame:
     return df[COLUMNS + rest].reset_index(drop=True)
 
 
+def finish_split(
+    df: pd.DataFrame, fitted: np.ndarray, *, suite: str, fit_suite: str
+) -> pd.DataFrame:
+    """`finish` the rows `fitted` marks as suite `fit_suite` (fitted) and the rest as `suite`
+    (held out), held-out rows first."""
+    return pd.concat(
+        [
+            finish(df[~fitted], suite=suite, fitted=False),
+            finish(df[fitted], suite=fit_suite, fitted=True),
+        ],
+        ignore_index=True,
+    )
+
+
 def empty(suite: str) -> pd.DataFrame:
     """A suite with no rows (e.g. a device the data does not cover)."""
     return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS}).assign(suite=suite)

@@ -34,7 +34,7 @@ from simulator.specs.engine import EngineSpec
 from simulator.specs.hf import from_hf_config
 from simulator.specs.model import ModelSpec
 from simulator.validate import data
-from simulator.validate.frame import finish
+from simulator.validate.frame import finish_split
 
 SUITE, FIT_SUITE = "moe", "moe_fit"
 FIT_DTYPE = "bf16"
@@ -126,11 +126,7 @@ def moe_cases(rows: pd.DataFrame, engine: EngineSpec) -> pd.DataFrame:
         }
     )
     fit = _fits(rows)
-    parts = [
-        finish(df[~fit], suite=SUITE, fitted=False),
-        finish(df[fit], suite=FIT_SUITE, fitted=True),
-    ]
-    return pd.concat(parts, ignore_index=True)
+    return finish_split(df, fit, suite=SUITE, fit_suite=FIT_SUITE)
 
 
 @cache

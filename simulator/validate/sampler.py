@@ -33,7 +33,7 @@ from simulator.serving.workload import SamplingSpec
 from simulator.specs import load_engine, load_hardware
 from simulator.specs.engine import EngineSpec, LogitsPass
 from simulator.validate import data
-from simulator.validate.frame import finish
+from simulator.validate.frame import finish_split
 
 SUITE, FIT_SUITE = "sampler", "sampler_fit"
 DEVICES = ("h100_sxm", "h200_sxm")
@@ -102,11 +102,7 @@ def sampler_cases(rows: pd.DataFrame, engine: EngineSpec) -> pd.DataFrame:
         }
     )
     fit = (rows["hardware"] == FIT_HARDWARE).to_numpy()
-    parts = [
-        finish(df[~fit], suite=SUITE, fitted=False),
-        finish(df[fit], suite=FIT_SUITE, fitted=True),
-    ]
-    return pd.concat(parts, ignore_index=True)
+    return finish_split(df, fit, suite=SUITE, fit_suite=FIT_SUITE)
 
 
 @cache
