@@ -13,6 +13,8 @@ from simulator.costmodel.memory import MemoryPlan, plan_memory
 from simulator.errors import SpecError
 from simulator.serving.drafter import resolve_drafter
 from simulator.serving.speculative import SpeculativeSpec, parse_speculative_config
+from simulator.serving.steptime import sampler_passes
+from simulator.serving.workload import OFFLINE_BENCH_SAMPLING
 from simulator.single_ops import (
     EngineOpCost,
     allreduce_cost,
@@ -211,7 +213,9 @@ def estimate(
     per-operator breakdown. `speculative_config`: vLLM's --speculative-config (JSON text, a
     mapping or a SpeculativeSpec) with the acceptance added (serving/speculative.py). A model
     too large for the GPU runs with weights streamed from host memory when `cpu_offload_gb`
-    or `offload` allows it (see `deployment`). `async_scheduling`: vLLM's --async-scheduling."""
+    or `offload` allows it (see `deployment`). `async_scheduling`: vLLM's --async-scheduling.
+    The requests sample as vLLM's benchmark's do (temperature 1.0: OFFLINE_BENCH_SAMPLING), the
+    engine's draw priced every step."""
     speculative = parse_speculative_config(speculative_config)
     dep = deployment(
         model=model,
@@ -244,4 +248,5 @@ def estimate(
         num_iters=num_iters,
         offload=dep.offload,
         drafter=None if speculative is None else resolve_drafter(speculative, **dep.parts),
+        sampler=sampler_passes(dep.engine, OFFLINE_BENCH_SAMPLING),
     )

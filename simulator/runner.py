@@ -37,6 +37,7 @@ from simulator.serving.cluster import (
 from simulator.serving.disagg import pool_summary, prefill_view, serve_scenario
 from simulator.serving.loops import engine_loop, expert_layout
 from simulator.serving.workload import (
+    OFFLINE_BENCH_SAMPLING,
     RequestTable,
     SamplingSpec,
     WorkloadSpec,
@@ -277,7 +278,8 @@ def bench_throughput(
     engine_args: EngineArgs | None = None,
     seed: int = 0,
 ) -> tuple[RunResult, dict[str, Any]]:
-    """`vllm bench throughput`: every request at t=0; returns the run and its summary.
+    """`vllm bench throughput`: every request at t=0, sampled at temperature 1.0 as vLLM's
+    benchmark does (OFFLINE_BENCH_SAMPLING); returns the run and its summary.
     `prefix_len`: vLLM's --prefix-len, a prefix shared by every prompt, before its input_len
     tokens. `engine_args`: as in `bench_scenario`."""
     data = {
@@ -285,6 +287,7 @@ def bench_throughput(
         "num_prompts": num_prompts,
         "request_rate": math.inf,
         "prefix": {"tokens": prefix_len} if prefix_len else None,
+        "sampling": OFFLINE_BENCH_SAMPLING,  # as vLLM's benchmark samples
     }
     workload = validate(WorkloadSpec, data, source="bench")
     scenario = bench_scenario(

@@ -15,6 +15,7 @@ do not fit on the GPU stream from host memory in every step (`costmodel.offload`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,7 @@ from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.step import StepCost, engine_step_time, kernel_launches, step_cost
 from simulator.errors import SpecError
 from simulator.specs.deployment import Parallelism, Precision
-from simulator.specs.engine import EngineSpec
+from simulator.specs.engine import EngineSpec, LogitsPass
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
 from simulator.specs.offload import OffloadSpec
@@ -187,6 +188,7 @@ def _wave(
     enforce_eager: bool,
     offload: OffloadPlan | None = None,
     drafter: Drafter | None = None,
+    sampler: Mapping[str, LogitsPass] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, StepCost, StepCost, pd.DataFrame]:
     """Prefill and decode step times of one batch that runs to completion together, and the
     engine's breakdown lines of its first prefill and middle decode step."""
@@ -198,7 +200,9 @@ def _wave(
     stacked = BatchShape(
         **{f: np.array([getattr(b, f) for b in shapes]) for f in BatchShape.__slots__}
     )
-    pre_cost = step_cost(model, hw, layout, prec, stacked, engine=engine, offload=offload)
+    pre_cost = step_cost(
+        model, hw, layout, prec, stacked, engine=engine, offload=offload, sampler=sampler
+    )
     prefill = engine_step_time(
         pre_cost,
         engine,
@@ -227,7 +231,9 @@ def _wave(
     dec = BatchShape.decode(
         batch_size=np.full(context.shape, float(batch_size)), context_len=context, window=window
     )
-    dec_cost = step_cost(model, hw, layout, prec, dec, engine=engine, offload=offload)
+    dec_cost = step_cost(
+        model, hw, layout, prec, dec, engine=engine, offload=offload, sampler=sampler
+    )
     decode = engine_step_time(
         dec_cost,
         engine,
@@ -269,6 +275,7 @@ def bench_latency(
     num_iters: int = 30,
     offload: OffloadSpec | None = None,
     drafter: Drafter | None = None,
+    sampler: Mapping[str, LogitsPass] | None = None,
 ) -> LatencyResult:
     """Predict `vllm bench latency` for one replica. Raises SpecError if it cannot run (a
     model that does not fit names the `--cpu-offload-gb` that would make it fit).
@@ -276,7 +283,8 @@ def bench_latency(
     A batch larger than `max_num_seqs` runs in waves of at most `max_num_seqs` sequences, one
     after another; TTFT is the first wave's prefill. `offload` keeps weights off the GPU.
     `drafter`: speculative decoding (serving.drafter); TPOT is then the decode time per output
-    token after the first (the mean decode step without speculation)."""
+    token after the first (the mean decode step without speculation). `sampler`: the engine's
+    passes over the logits of each sampled sequence, by name (not priced with a drafter)."""
     _check_lengths(
         model,
         batch_size=batch_size,
@@ -339,6 +347,7 @@ def bench_latency(
             enforce_eager=enforce_eager,
             offload=plan.offload,
             drafter=drafter,
+            sampler=sampler,
         )
         for size in set(sizes)
     }

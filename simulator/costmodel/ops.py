@@ -43,6 +43,7 @@ from simulator.costmodel.op import (
     weight_bytes_per_param,
 )
 from simulator.specs.deployment import Parallelism, Precision
+from simulator.specs.engine import LogitsPass
 from simulator.specs.model import DTYPE_BYTES, GQAttention, MLAttention, ModelSpec
 
 __all__ = [
@@ -294,6 +295,18 @@ def sampler_op(sampled: Num, vocab: int) -> Op:
     What sampling at a temperature, filtering or penalising adds is the engine's
     (`serving.steptime.sampler_passes`)."""
     return elementwise("sampler", bytes_=sampled * vocab * 4.0 * 2, count=1, scales_with="sampled")
+
+
+def sampler_pass_op(name: str, work: LogitsPass, sampled: Num, vocab: int) -> Op:
+    """One of the engine's sampler passes over the logits of `sampled` sequences (the draw at
+    a temperature, a top-p sort, penalties...: `EngineSpec`'s LogitsPass entries), priced as
+    its memory-bound kernels."""
+    return elementwise(
+        name,
+        bytes_=sampled * vocab * work.bytes_per_logit / work.kernels,
+        count=work.kernels,
+        scales_with="sampled",
+    )
 
 
 def batch_ops(

@@ -5,6 +5,7 @@ leave exposed; those appear in the breakdown as their own rows (kind "offload").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,10 +14,10 @@ import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.offload import ExtraCost, OffloadPlan
-from simulator.costmodel.ops import step_ops
+from simulator.costmodel.ops import sampler_pass_op, step_ops
 from simulator.costmodel.roofline import OpCost, evaluate, total_launches, total_time
 from simulator.specs.deployment import Parallelism, Precision
-from simulator.specs.engine import EngineSpec
+from simulator.specs.engine import EngineSpec, LogitsPass
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
 
@@ -92,11 +93,17 @@ def step_cost(
     *,
     engine: EngineSpec | None = None,
     offload: OffloadPlan | None = None,
+    sampler: Mapping[str, LogitsPass] | None = None,
 ) -> StepCost:
     """GPU time of one step of `batch` on one replica as `engine`'s kernels run it (no engine
     CPU overheads; see `roofline.evaluate`), with what `offload` adds (streamed weights,
-    expert misses)."""
+    expert misses) and the engine's `sampler` passes over the sampled sequences' logits (by
+    name, as `serving.steptime.sampler_passes` gives them)."""
     ops = step_ops(model, layout, prec, batch, gpus_per_node=hw.interconnect.gpus_per_node)
+    ops += [
+        sampler_pass_op(name, work, batch.sampled, model.vocab_size)
+        for name, work in (sampler or {}).items()
+    ]
     costs = evaluate(ops, hw, engine)
     if offload is None:
         return StepCost(costs, total_time(costs))

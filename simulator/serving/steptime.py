@@ -40,8 +40,7 @@ import numpy as np
 
 from simulator.costmodel.batch import BatchShape, Num, attended_pairs
 from simulator.costmodel.offload import OffloadPlan
-from simulator.costmodel.op import elementwise
-from simulator.costmodel.ops import Op, batch_ops, step_ops
+from simulator.costmodel.ops import Op, batch_ops, sampler_pass_op, step_ops
 from simulator.costmodel.roofline import OpCost, evaluate, total_launches, total_time
 from simulator.costmodel.step import engine_time
 from simulator.serving.workload import SamplingSpec
@@ -161,13 +160,7 @@ def logits_pass(
     """(GPU seconds, launches) of a sampler's pass over the logits of each number of sampling
     sequences in `rows` (0 for none): memory-bound kernels of `work.bytes_per_logit` bytes per
     sequence and vocabulary entry."""
-    op = elementwise(
-        name,
-        bytes_=rows * vocab * work.bytes_per_logit / work.kernels,
-        count=work.kernels,
-        scales_with="sampled",
-    )
-    costs = evaluate([op], hw, engine)
+    costs = evaluate([sampler_pass_op(name, work, rows, vocab)], hw, engine)
     busy = rows > 0
     return np.where(busy, total_time(costs), 0.0), np.where(busy, total_launches(costs), 0.0)
 

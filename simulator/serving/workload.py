@@ -130,6 +130,13 @@ class SamplingSpec(Frozen):
         )
 
 
+# How `vllm bench latency` and `vllm bench throughput` sample: temperature 1.0, top-p 1.0
+# (vllm/benchmarks/latency.py and throughput.py, 0.11.1: SamplingParams(temperature=1.0,
+# top_p=1.0, ignore_eos=True)), a draw over the whole vocabulary every step; `vllm bench serve`
+# sends temperature 0 unless told (serve.py: "Default to greedy decoding").
+OFFLINE_BENCH_SAMPLING = SamplingSpec(temperature=1.0)
+
+
 class RampUp(Frozen):
     """vLLM's --ramp-up-strategy / --ramp-up-start-rps / --ramp-up-end-rps: the request rate
     grows from `start_rps` to `end_rps` over the benchmark's requests."""

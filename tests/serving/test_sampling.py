@@ -12,10 +12,16 @@ import numpy as np
 import pytest
 from clitools import run_cli
 
+import simulator as sim
 from simulator.engine_args import EngineArgs
-from simulator.runner import bench_scenario, build_group, run
+from simulator.runner import bench_scenario, bench_throughput, build_group, run
 from simulator.serving.steptime import StepTimer, sampler_passes
-from simulator.serving.workload import SamplingSpec, WorkloadSpec, generate_requests
+from simulator.serving.workload import (
+    OFFLINE_BENCH_SAMPLING,
+    SamplingSpec,
+    WorkloadSpec,
+    generate_requests,
+)
 from simulator.specs import load_engine, load_hardware, load_model
 
 
@@ -95,6 +101,25 @@ def test_top_p_adds_the_draw_and_the_sort_of_the_batch_to_every_step() -> None:
     assert sorted_ - drawn == pytest.approx(_streamed_ms(engine.top_p.bytes_per_logit), rel=0.05)
     top_k = _itl_ms("vllm", temperature=0.8, top_k=50)
     assert drawn < top_k < sorted_  # a top-k alone does not sort
+
+
+def test_vllms_offline_benchmarks_draw_at_temperature_one() -> None:
+    """`vllm bench latency` and `vllm bench throughput` sample at temperature 1.0: their
+    predictions pay the draw every step; `vllm bench serve` stays greedy by default."""
+    engine = load_engine("vllm")
+    work = engine.random_sample
+    assert work is not None and OFFLINE_BENCH_SAMPLING.samples_randomly
+    greedy = engine.model_copy(update={"random_sample": None})
+    shape = {"model": "llama-3.1-8b", "hardware": "h100_sxm", "batch_size": 256,
+             "input_len": 128, "output_len": 64}  # fmt: skip
+    extra_ms = (sim.estimate(engine=engine, **shape).tpot_s
+                - sim.estimate(engine=greedy, **shape).tpot_s) * 1e3  # fmt: skip
+    assert extra_ms == pytest.approx(_streamed_ms(work.bytes_per_logit, kernels=work.kernels),
+                                     rel=0.1)  # fmt: skip
+    result, _ = bench_throughput(model="llama-3.1-8b", hardware="h100_sxm", input_len=64,
+                                 output_len=16, num_prompts=8)  # fmt: skip
+    assert result.scenario.workload.sampling == OFFLINE_BENCH_SAMPLING
+    assert not SamplingSpec().samples_randomly  # bench serve's default
 
 
 def test_engines_without_the_passes_pay_nothing() -> None:
