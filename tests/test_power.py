@@ -264,6 +264,33 @@ def test_sampler_power_against_h100_readings() -> None:
         assert uncounted < 0.4 * r.power_w, r.case
 
 
+def test_gemm_power_against_h100_readings() -> None:
+    """Llama 3.1 8B's projections at 1-4096 tokens and a square GEMM run back to back on an
+    H100 (tools/measure_gemm_power.py, bundled, fitted to nothing): the model's draw at their
+    utilisations is within 10% of the readings, at the cap where the board held it."""
+    hw = load_hardware("h100_sxm")
+    power = PowerModel.from_hardware(hw)
+    columns = [
+        "case",
+        "m",
+        "calls",
+        "call_ms",
+        "flops_per_call",
+        "bytes_per_call",
+        *POWER_COLUMNS[6:],
+    ]
+    readings = data.read_measured("llmsim/h100_sxm/gemm_power.csv", columns)
+    gemms = readings[readings["case"].str.startswith("proj_") | (readings["case"] == "square")]
+    assert len(gemms) == 7
+    seconds = gemms["call_ms"].to_numpy(dtype=float) * 1e-3
+    u_compute = gemms["flops_per_call"].to_numpy(dtype=float) / hw.peak_flops("bf16") / seconds
+    u_memory = (
+        gemms["bytes_per_call"].to_numpy(dtype=float) / hw.memory.bandwidth_bytes_per_s / seconds
+    )
+    watts = power.power_w(u_compute=u_compute, u_memory=u_memory)
+    np.testing.assert_allclose(watts, gemms["power_w"].to_numpy(dtype=float), rtol=0.1)
+
+
 def test_idle_gap_energy_is_idle_power_times_gap_times_gpus() -> None:
     dep = sim.deployment(model="llama-3.1-8b", hardware="a100_sxm_80gb", tensor_parallel_size=2)
     requests = make_requests(arrival_s=3.0, finish_s=13.0)
