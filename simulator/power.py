@@ -205,14 +205,14 @@ def step_utilisation(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(compute, memory) utilisation of one busy GPU of `dep` during each of `steps`: the
     step's work at peak (`step_work_s`, and the sampler passes of requests sampling as
-    `sampling`: `sampler_memory_s`) over its duration (0 for a step of no duration)."""
+    `sampling`, greedy if None: `sampler_memory_s`) over its duration (0 for a step of no
+    duration)."""
     duration = (steps["end_s"] - steps["start_s"]).to_numpy(dtype=float)
     if not len(steps):
         return np.zeros(0), np.zeros(0)
     batch = steps_batch(steps, block_size=block_size, window=dep.model.attention.sliding_window)
     compute_s, memory_s = step_work_s(dep.model, dep.hardware, dep.layout, dep.precision, batch)
-    if sampling is not None:
-        memory_s = memory_s + sampler_memory_s(dep, sampling, batch.sampled)
+    memory_s = memory_s + sampler_memory_s(dep, sampling or SamplingSpec(), batch.sampled)
     safe = np.where(duration > 0, duration, np.inf)
     shape = duration.shape
     return np.broadcast_to(compute_s / safe, shape), np.broadcast_to(memory_s / safe, shape)

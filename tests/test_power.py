@@ -217,8 +217,8 @@ def test_hand_computed_decode_step_and_idle_gap() -> None:
 def test_sampler_passes_count_their_bytes_in_u_memory() -> None:
     """A decode step of 256 Llama-3.1-8B sequences on H100 whose requests sample at a
     temperature with top-p and a repetition penalty moves, beyond the greedy step's bytes, the
-    vllm profile's draw, sort and penalty bytes per logit (48 + 379 + 87 B x 256 x 128256 =
-    16.9 GB); greedy, SGLang's profile (no passes priced) and no sampling given move none."""
+    vllm profile's draw, sort and penalty bytes per logit (40 + 378 + 80 B x 256 x 128256 =
+    16.4 GB); no sampling given is greedy, and SGLang's profile (no passes priced) moves none."""
     dep = sim.deployment(model="llama-3.1-8b", hardware="h100_sxm")
     steps = make_steps([(0, 0.0, 0.05, 256, 0, 256, 256 * 80)])
     sampled = SamplingSpec(temperature=0.8, top_p=0.95, repetition_penalty=1.1)

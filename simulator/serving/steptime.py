@@ -135,9 +135,10 @@ def _interp(grid: list[float], values: list[float], x: float) -> float:
 
 def sampler_passes(engine: EngineSpec, sampling: SamplingSpec) -> dict[str, LogitsPass]:
     """The engine's sampler passes over the logits that requests sampling as `sampling` run
-    every step, beyond the greedy pick (the forward pass's `sampler` op), by name; a pass the
-    engine does not price is left out."""
+    every step, beyond the forward pass's generic `sampler` op (the engine's own pick, then
+    what the sampling adds), by name; a pass the engine does not price is left out."""
     passes = {
+        "greedy_pick": engine.greedy_pick,
         "random_sample": engine.random_sample if sampling.samples_randomly else None,
         "top_p": engine.top_p if sampling.sorts else None,
         "top_k": engine.top_k if sampling.top_k_only else None,

@@ -231,6 +231,12 @@ class EngineSpec(Frozen):
     )
     scheduler: SchedulerDefaults
     quantized_kernels: tuple[Quantization, ...] = ("fp8", "int8", "int4")
+    greedy_pick: LogitsPass | None = Field(
+        default=None,
+        description="cost of the engine's pick of each sampled token beyond the forward "
+        "pass's generic `sampler` op (vLLM: the logits cast to fp32, the argmax and the int32 "
+        "cast), whatever the sampling; None: the generic op alone",
+    )
     random_sample: LogitsPass | None = Field(
         default=None,
         description="cost of sampling at a positive temperature over the greedy pick (vLLM's "

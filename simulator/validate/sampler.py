@@ -53,6 +53,7 @@ PATHS: dict[str, tuple[dict[str, float], str | None]] = {
 }
 # The pass each fitted path adds, in fitting order (a pass's rows price the passes before it).
 FITTED = {
+    "greedy": "greedy_pick",
     "random": "random_sample",
     "top_p": "top_p",
     "top_k": "top_k",
@@ -139,8 +140,8 @@ def _fit_pass(engine: EngineSpec, name: str, rows: pd.DataFrame, kernels: int) -
 def fit_passes() -> dict[str, LogitsPass]:
     """The `vllm` profile's sampler passes fitted to the H100 rows, in FITTED's order: each
     pass's kernels, the median over its rows of the kernels its path runs beyond the path it
-    adds to; its bytes per logit fitted over its path's rows (`_fit_pass`), the passes fitted
-    before it in place."""
+    adds to (greedy: beyond the generic sampler op's one); its bytes per logit fitted over its
+    path's rows (`_fit_pass`), the passes fitted before it in place."""
     rows = _rows()
     rows = rows[rows["hardware"] == FIT_HARDWARE]
     keyed = rows.set_index(["path", "batch", "vocab"])
@@ -149,8 +150,12 @@ def fit_passes() -> dict[str, LogitsPass]:
     for path, name in FITTED.items():
         own = rows[rows["path"] == path].reset_index(drop=True)
         parent = PATHS[path][1]
-        below = keyed.loc[[(parent, b, v) for b, v in zip(own["batch"], own["vocab"], strict=True)]]
-        kernels = max(1, round(float(np.median(own["kernels"].to_numpy() - below["kernels"]))))
+        if parent is None:  # beyond the forward pass's generic sampler op: one kernel
+            below = np.ones(len(own))
+        else:
+            keys = [(parent, b, v) for b, v in zip(own["batch"], own["vocab"], strict=True)]
+            below = keyed.loc[keys, "kernels"].to_numpy()
+        kernels = max(1, round(float(np.median(own["kernels"].to_numpy() - below))))
         fitted[name] = _fit_pass(engine, name, own, kernels)
         engine = engine.model_copy(update={name: fitted[name]})
     return fitted
