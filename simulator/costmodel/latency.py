@@ -224,6 +224,7 @@ def _wave(
             input_len=input_len,
             output_len=output_len,
             enforce_eager=enforce_eager,
+            sampler=sampler,
         )
         rows = pd.concat([pre_rows, dec_rows.assign(phase="decode")], ignore_index=True)
         return prefill, decode, pre_cost, dec_cost, rows
@@ -284,7 +285,8 @@ def bench_latency(
     after another; TTFT is the first wave's prefill. `offload` keeps weights off the GPU.
     `drafter`: speculative decoding (serving.drafter); TPOT is then the decode time per output
     token after the first (the mean decode step without speculation). `sampler`: the engine's
-    passes over the logits of each sampled sequence, by name (not priced with a drafter)."""
+    passes over the logits of each sampled sequence (each verified position with a drafter),
+    by name."""
     _check_lengths(
         model,
         batch_size=batch_size,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +49,9 @@ from simulator.errors import SpecError
 from simulator.serving.draft_ops import FC_INPUTS, HeadOps, MedusaOps, head_model
 from simulator.serving.speculative import FIELD, SpeculativeSpec
 from simulator.serving.steptime import Chunks, OpList, StepTimer, verify_floor, verify_shape
+from simulator.serving.workload import SamplingSpec
 from simulator.specs.deployment import Parallelism, Precision
-from simulator.specs.engine import EngineSpec
+from simulator.specs.engine import EngineSpec, LogitsPass
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.loader import load_model
 from simulator.specs.model import DTYPE_BYTES, ModelSpec
@@ -149,8 +150,11 @@ class Drafter:
         max_num_batched_tokens: int,
         max_context: int,
         enforce_eager: bool = False,
+        sampling: SamplingSpec | None = None,
     ) -> StepTimer:
-        """The target's step timer verifying k + 1 tokens per decode, plus the draft passes."""
+        """The target's step timer verifying k + 1 tokens per decode, plus the draft passes;
+        the target's sampler passes over the logits of every verified position for requests
+        sampling as `sampling` (the drafter's proposals are its greedy picks)."""
         sizes: dict[str, Any] = {
             "hw": self.hw,
             "prec": self.prec,
@@ -176,18 +180,26 @@ class Drafter:
             layout=self.layout,
             verify_tokens=self.verify_tokens,
             draft=draft,
+            sampling=sampling,
             **sizes,
         )
 
     # -- `bench latency`, analytically ----------------------------------------------------------
     def decode_steps(
-        self, *, batch_size: int, input_len: int, output_len: int, enforce_eager: bool = False
+        self,
+        *,
+        batch_size: int,
+        input_len: int,
+        output_len: int,
+        enforce_eager: bool = False,
+        sampler: Mapping[str, LogitsPass] | None = None,
     ) -> tuple[np.ndarray, StepCost, pd.DataFrame]:
         """A batch's decode steps under speculation, each yielding `expected_tokens` per
         sequence on average: ceil((output_len - 1) / expected) steps, the context growing by
-        that much each. Returns their times (the target's verification step plus the draft
-        passes, from the cost model), the verification steps' cost and the decode phase's
-        engine and draft breakdown lines (of the middle step)."""
+        that much each. Returns their times (the target's verification step, with its
+        `sampler` passes over every verified position's logits, plus the draft passes, from
+        the cost model), the verification steps' cost and the decode phase's engine and draft
+        breakdown lines (of the middle step)."""
         q, n = self.verify_tokens, float(batch_size)
         per_step = self.spec.expected_tokens
         steps = math.ceil((output_len - 1) / per_step - 1e-9) if output_len > 1 else 0
@@ -200,6 +212,7 @@ class Drafter:
             self.prec,
             shape,
             engine=self.engine,
+            sampler=sampler,
         )
         target_s = engine_step_time(
             cost, self.engine, num_tokens=n * q, num_seqs=n, enforce_eager=enforce_eager

@@ -195,6 +195,7 @@ def replica_group(
             max_num_batched_tokens=spec.max_num_batched_tokens,
             max_context=longest + spec.num_speculative_tokens,
             enforce_eager=enforce_eager,
+            sampling=sampling,
         )
     else:
         timer = StepTimer(

@@ -123,6 +123,31 @@ def test_vllms_offline_benchmarks_draw_at_temperature_one() -> None:
     assert not SamplingSpec().samples_randomly  # bench serve's default
 
 
+def test_speculative_decoding_samples_every_verified_position(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With a drafter, vLLM's passes run over the logits of all k + 1 verified positions:
+    bench latency's verification steps and the serving timer's both pay them."""
+    engine = load_engine("vllm")
+    greedy = engine.model_copy(update={"random_sample": None})
+    config = {"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": 0.0}
+    shape = {"model": "llama-3.1-8b", "hardware": "h100_sxm", "batch_size": 64,
+             "input_len": 128, "output_len": 32, "speculative_config": config}  # fmt: skip
+    extra_ms = (sim.estimate(engine=engine, **shape).tpot_s
+                - sim.estimate(engine=greedy, **shape).tpot_s) * 1e3  # fmt: skip
+    work = engine.random_sample
+    assert work is not None
+    rows = _streamed_ms(work.bytes_per_logit, seqs=64 * 4, kernels=work.kernels)
+    assert extra_ms == pytest.approx(rows, rel=0.1)  # 64 sequences x 4 positions
+    drafted = {"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": 0.5}
+    args = ["bench", "serve", "--model", "llama-3.1-8b", "--hardware", "h100_sxm",
+            "--num-prompts", "64", "--max-num-seqs", "64", "--json",
+            "--speculative-config", json.dumps(drafted)]  # fmt: skip
+    plain = json.loads(run_cli(capsys, *args)[1])["median_itl_ms"]
+    sorted_ = json.loads(run_cli(capsys, *args, "--temperature", "0.8", "--top-p", "0.9")[1])
+    assert sorted_["median_itl_ms"] > plain
+
+
 def test_engines_without_the_passes_pay_nothing() -> None:
     sglang = load_engine("sglang")
     assert sglang.random_sample is None and sglang.top_p is None and sglang.top_k is None
