@@ -25,12 +25,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_sampler_power import SETTLE_S, Poller, working_field
+from measure_sampler_power import Poller, run_for, summary, working_field
 
 LAYERS = 32
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # (n, k) of Llama 3.1 8B
@@ -52,18 +51,6 @@ def projections(
                 F.linear(inputs[w.shape[1]], w)
 
     return call, flops, nbytes
-
-
-def timed_run(call: Callable[[], object] | None, seconds: float) -> tuple[int, float]:
-    if call is None:
-        time.sleep(seconds)
-        return 0, 0.0
-    calls, start = 0, time.monotonic()
-    while time.monotonic() - start < seconds:
-        call()
-        torch.cuda.synchronize()
-        calls += 1
-    return calls, (time.monotonic() - start) * 1e3 / calls
 
 
 def main() -> int:
@@ -94,7 +81,7 @@ def main() -> int:
     cases.append(("idle", 0, None, 0.0, 0.0))
     for _, _, call, _, _ in cases:  # warm-up: cuBLAS heuristics, clocks
         if call is not None:
-            timed_run(call, 0.3)
+            run_for(call, 0.3, sync_every=1)
     with (args.out / "gemm_power.csv").open("w", newline="") as f:
         rows = csv.writer(f)
         rows.writerow(["case", "m", "calls", "call_ms", "flops_per_call", "bytes_per_call",
@@ -102,16 +89,15 @@ def main() -> int:
                        "samples"])  # fmt: skip
         for name, m, call, flops, nbytes in cases:
             start = time.monotonic()
-            n, call_ms = timed_run(call, args.run_s)
-            got = poller.window(start + SETTLE_S, time.monotonic())
-            if not len(got):
+            n, call_ms = run_for(call, args.run_s, sync_every=1)
+            read = summary(poller, start)
+            if read is None:
                 print(f"{name}: no readings", flush=True)
                 continue
-            watts, sm, mem = got.mean(axis=0)
-            p90 = float(np.percentile(got[:, 0], 90))
+            watts, p90, sm, mem, samples = read
             rows.writerow([name, m, n, f"{call_ms:.4f}", f"{flops:.6g}", f"{nbytes:.6g}",
                            f"{watts:.1f}", f"{p90:.1f}", f"{sm:.0f}", f"{mem:.0f}",
-                           len(got)])  # fmt: skip
+                           samples])  # fmt: skip
             f.flush()
             tflops = flops / (call_ms * 1e-3) / 1e12 if call_ms else 0.0
             tbs = nbytes / (call_ms * 1e-3) / 1e12 if call_ms else 0.0

@@ -83,18 +83,31 @@ def working_field() -> str:
     raise SystemExit("nvidia-smi reports no power reading")
 
 
-def run_for(call: Callable[[], object] | None, seconds: float) -> tuple[int, float]:
-    """Calls of `call` back to back for `seconds` (None: sleep); (calls, ms per call)."""
+def run_for(
+    call: Callable[[], object] | None, seconds: float, sync_every: int = SYNC
+) -> tuple[int, float]:
+    """Calls of `call` back to back for `seconds`, synchronising every `sync_every` calls
+    (None: sleep); (calls, ms per call)."""
     if call is None:
         time.sleep(seconds)
         return 0, 0.0
     calls, start = 0, time.monotonic()
     while time.monotonic() - start < seconds:
-        for _ in range(SYNC):
+        for _ in range(sync_every):
             call()
         torch.cuda.synchronize()
-        calls += SYNC
+        calls += sync_every
     return calls, (time.monotonic() - start) * 1e3 / calls
+
+
+def summary(poller: Poller, start: float) -> tuple[float, float, float, float, int] | None:
+    """(mean W, p90 W, mean SM MHz, mean memory MHz, readings) from SETTLE_S after `start`
+    to now; None without readings."""
+    got = poller.window(start + SETTLE_S, time.monotonic())
+    if not len(got):
+        return None
+    watts, sm, mem = got.mean(axis=0)
+    return float(watts), float(np.percentile(got[:, 0], 90)), float(sm), float(mem), len(got)
 
 
 def main() -> int:
@@ -126,18 +139,17 @@ def main() -> int:
         for case in CASES:
             start = time.monotonic()
             n, call_ms = run_for(calls[case], args.run_s)
-            got = poller.window(start + SETTLE_S, time.monotonic())
-            if not len(got):
+            read = summary(poller, start)
+            if read is None:
                 print(f"{case}: no readings", flush=True)
                 continue
-            watts, sm, mem = got.mean(axis=0)
-            p90 = float(np.percentile(got[:, 0], 90))
+            watts, p90, sm, mem, samples = read
             size = 2 * COPY_BYTES if case == "copy" else 0
             rows.writerow([case, BATCH, VOCAB, n, f"{call_ms:.4f}", size, f"{watts:.1f}",
-                           f"{p90:.1f}", f"{sm:.0f}", f"{mem:.0f}", len(got)])  # fmt: skip
+                           f"{p90:.1f}", f"{sm:.0f}", f"{mem:.0f}", samples])  # fmt: skip
             f.flush()
             print(f"{case:10s} {n:6d} calls {call_ms:8.3f} ms/call  {watts:6.1f} W "
-                  f"(p90 {p90:.1f}) SM {sm:.0f} MHz mem {mem:.0f} MHz, {len(got)} readings",
+                  f"(p90 {p90:.1f}) SM {sm:.0f} MHz mem {mem:.0f} MHz, {samples} readings",
                   flush=True)  # fmt: skip
     poller.stop()
     return 0
