@@ -228,11 +228,12 @@ class StepTimer:
         )
         sampling = sampling or SamplingSpec()
         rows = np.arange(len(smp_gpu), dtype=float)
-        for name, work in sampler_passes(engine, sampling).items():
+        passes = sampler_passes(engine, sampling)
+        for name, work in passes.items():
             gpu_s, launches = logits_pass(name, work, rows=rows, vocab=model.vocab_size, hw=hw,
                                           engine=engine)  # fmt: skip
             smp_gpu, smp_k = smp_gpu + gpu_s, smp_k + launches
-        pen = engine.penalties if sampling.penalises else None
+        pen = engine.penalties if "penalties" in passes else None
         # host seconds per output token and per padded element (None: no penalties priced)
         self._pen = None if pen is None else (pen.host_s_per_token, pen.host_s_per_padded)
         self._tok_gpu, self._tok_k = tok_gpu.tolist(), tok_k.tolist()

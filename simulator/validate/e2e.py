@@ -39,7 +39,7 @@ from simulator import runner
 from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
 from simulator.scenario import Scenario
-from simulator.serving.workload import OFFLINE_BENCH_SAMPLING, WorkloadSpec
+from simulator.serving.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec, WorkloadSpec
 from simulator.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from simulator.specs.loader import validate
 from simulator.units import GiB
@@ -166,14 +166,14 @@ def _scenario(row: pd.Series, *, num_prompts: int, rate: float) -> Scenario:
     """The scenario of one published run (its setup columns), with `num_prompts` prompts,
     sampling as its harness does (`vllm bench throughput` at temperature 1.0; the others
     greedy)."""
-    sampling = OFFLINE_BENCH_SAMPLING if row["harness"] == "vllm bench throughput" else None
+    offline = row["harness"] == "vllm bench throughput"
     workload = validate(
         WorkloadSpec,
         {
             "dataset": _dataset(row),
             "num_prompts": num_prompts,
             "request_rate": rate,
-            **({"sampling": sampling} if sampling is not None else {}),
+            "sampling": OFFLINE_BENCH_SAMPLING if offline else SamplingSpec(),
         },
         source=f"e2e {row['source']}",
     )

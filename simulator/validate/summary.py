@@ -124,6 +124,11 @@ def resolve_suites(suites: list[str] | None) -> list[str]:
     return [n for n in SUITE_NAMES if n in wanted]
 
 
+def _members_of(df: pd.DataFrame, needed: set[str]) -> pd.DataFrame:
+    """The rows of a frame of several suites (fitted and held out) whose suite is `needed`."""
+    return df[df["suite"].isin(needed)]
+
+
 def run_suites(names: list[str]) -> pd.DataFrame:
     """The rows of the row-level suites `names` cover (each suite computed once).
     `attrs["skipped"]` lists the cases left out, with the reason."""
@@ -134,21 +139,17 @@ def run_suites(names: list[str]) -> pd.DataFrame:
     if GEMM_LIBRARY_FIT in needed:
         frames.append(gemm_library_suite())
     if needed & {MOE, MOE_FIT}:
-        moe = moe_suite()
-        frames.append(moe[moe["suite"].isin(needed)])
+        frames.append(_members_of(moe_suite(), needed))
     if needed & {SAMPLER, SAMPLER_FIT}:
-        sampler = sampler_suite()
-        frames.append(sampler[sampler["suite"].isin(needed)])
+        frames.append(_members_of(sampler_suite(), needed))
     if needed & {LAYERS, LAYERS_FIT}:
-        layers = layers_suite()
-        frames.append(layers[layers["suite"].isin(needed)])
+        frames.append(_members_of(layers_suite(), needed))
     if needed & {ELEMENTWISE, ELEMENTWISE_FIT}:
-        elementwise = elementwise_suite()
-        frames.append(elementwise[elementwise["suite"].isin(needed)])
+        frames.append(_members_of(elementwise_suite(), needed))
     if needed & {PREFILL, DECODE, ENGINE_FIT}:
         it = iteration_suite()
         skipped += list(it.attrs.get("skipped", []))
-        frames.append(it[it["suite"].isin(needed)])
+        frames.append(_members_of(it, needed))
     if THROUGHPUT in needed:
         frames.append(e2e_throughput_suite())
     if SERVING in needed:
@@ -158,12 +159,11 @@ def run_suites(names: list[str]) -> pd.DataFrame:
         skipped += list(lat.attrs.get("skipped", []))
         frames.append(lat)
     if needed & {ENERGY, ENERGY_FIT}:
-        energy = e2e_energy_suite()
-        frames.append(energy[energy["suite"].isin(needed)])
+        frames.append(_members_of(e2e_energy_suite(), needed))
     if needed & {POWER, POWER_FIT}:
         pw = power_suite()
         skipped += list(pw.attrs.get("skipped", []))
-        frames.append(pw[pw["suite"].isin(needed)])
+        frames.append(_members_of(pw, needed))
     df = pd.concat(frames, ignore_index=True)
     df.attrs["skipped"] = list(dict.fromkeys(skipped))  # suites may skip the same case
     return df
