@@ -12,6 +12,7 @@ import pytest
 
 from simulator.cli import main
 from simulator.errors import SpecError
+from simulator.serving.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec
 from simulator.specs import load_engine, load_hardware, load_model
 from simulator.validate import data, run_validation
 from simulator.validate.e2e import (
@@ -21,6 +22,7 @@ from simulator.validate.e2e import (
     SERVING_COLUMNS,
     THROUGHPUT,
     THROUGHPUT_COLUMNS,
+    _scenario,
     e2e_latency_suite,
     e2e_serving_suite,
     e2e_throughput_suite,
@@ -219,6 +221,20 @@ def test_throughput_rows_compare_seconds_per_output_token() -> None:
 
 
 @pytest.mark.slow
+def test_each_harness_samples_as_it_does() -> None:
+    """`vllm bench throughput` samples at temperature 1.0 (vLLM's benchmark code); the other
+    harnesses' rows (trtllm-bench, SGLang's bench_serving) stay greedy."""
+    rows = data.read_measured("e2e/throughput.csv", THROUGHPUT_COLUMNS)
+    for harness, sampling in (
+        ("vllm bench throughput", OFFLINE_BENCH_SAMPLING),
+        ("trtllm-bench", SamplingSpec()),
+        ("sglang.bench_serving", SamplingSpec()),
+    ):
+        row = rows[rows["harness"] == harness].iloc[0]
+        scenario = _scenario(row, num_prompts=8, rate=math.inf)
+        assert scenario.workload.sampling == sampling, harness
+
+
 def test_serving_rows_are_median_ttft_and_tpot() -> None:
     df = e2e_serving_suite()
     assert set(df["kind"]) == {"ttft", "tpot"}
