@@ -5,7 +5,7 @@ compute-bound and draws near TDP, decode is memory-bound and draws less):
 
     P = idle + (tdp - idle) x (active + compute x u_compute x clock^3 + memory x u_memory)
 
-clamped to [idle, ceiling] (`PowerSpec` in `simulator/specs/hardware.py` holds the fractions and
+clamped to [parked, ceiling] (`PowerSpec` in `simulator/specs/hardware.py` holds the fractions and
 the ceiling: TDP, a boost limit, or an operator cap). u_compute is the step's FLOPs at the dense
 peak of their dtype over the step's time, u_memory its DRAM bytes at the datasheet bandwidth
 over the step's time; both come from the cost model's own operator list (`step_ops`), so
@@ -13,8 +13,12 @@ attention FLOPs, KV reads, MoE experts hit and quantised weights count as the st
 and the bytes of the engine's sampler passes over the logits when the requests sample at a
 temperature, filter, penalise or ask for logprobs (`serving.steptime.sampler_passes`).
 Steps include the engine's CPU time, during which the GPU sits clocked up (the `active` term).
-Between steps a GPU draws idle power. A pipeline stage is busy 1/pp of its replica's step (it
-runs its share of the layers at the step's utilisation) and idle the rest.
+Between steps a GPU draws its parked power (`PowerSpec.between_steps_w`): a serving engine
+keeps a CUDA context open, which holds the clocks up, so a GPU waiting for work draws more
+than a bare board's idle (an H100 here: 123-133 W against 70; +26-50 W on H100 and A100 and
++66 W on L40S in 18 days of production telemetry and controlled runs, arXiv:2605.23918), and
+no step draws less. A pipeline stage is busy 1/pp of its replica's step (it runs its share of
+the layers at the step's utilisation) and waits, parked, the rest.
 
 A power cap (`with_power_cap`) lowers the clock so that full-load draw fits under it and scales
 every dtype's dense peak by the same factor; bandwidth is unchanged, so compute-bound prefill
@@ -69,6 +73,7 @@ class PowerModel:
     """Draw of one GPU in watts as a function of its compute and memory utilisation."""
 
     idle_w: float
+    parked_w: float
     tdp_w: float
     ceiling_w: float
     active_fraction: float
@@ -81,6 +86,7 @@ class PowerModel:
         p = hw.power
         return cls(
             idle_w=p.idle_w,
+            parked_w=p.between_steps_w,
             tdp_w=p.tdp_w,
             ceiling_w=p.ceiling_w,
             active_fraction=p.active_fraction,
@@ -90,9 +96,10 @@ class PowerModel:
         )
 
     def power_w(self, *, u_compute: np.ndarray | float, u_memory: np.ndarray | float) -> np.ndarray:
-        """Watts while running a step at these utilisations (each clipped to [0, 1]). Dynamic
-        compute power at a lowered clock f falls as f^3 (see `PowerSpec.clock_factor`); the
-        utilisation is against the peak at that clock."""
+        """Watts while running a step at these utilisations (each clipped to [0, 1]), never below
+        the parked draw (a step runs with the clocks up). Dynamic compute power at a lowered
+        clock f falls as f^3 (see `PowerSpec.clock_factor`); the utilisation is against the peak
+        at that clock."""
         uc = np.clip(np.asarray(u_compute, dtype=float), 0.0, 1.0)
         um = np.clip(np.asarray(u_memory, dtype=float), 0.0, 1.0)
         load = (
@@ -101,7 +108,7 @@ class PowerModel:
             + self.memory_fraction * um
         )
         watts = self.idle_w + (self.tdp_w - self.idle_w) * load
-        return np.clip(watts, self.idle_w, self.ceiling_w)
+        return np.clip(watts, min(self.parked_w, self.ceiling_w), self.ceiling_w)
 
 
 def with_power_cap(hw: HardwareSpec, watts: float) -> HardwareSpec:
@@ -238,7 +245,7 @@ def fleet_energy(
     """Energy and cost of every GPU of `groups` (replicas numbered in group order, as
     `serving.cluster.serve` numbers them) from the run's start (t = 0, the benchmark's start,
     as the summary's duration) to the last finish: steps at their modelled power, the rest at
-    idle power. Keys: ENERGY_KEYS. Per-token and per-request
+    parked power (`PowerSpec.between_steps_w`). Keys: ENERGY_KEYS. Per-token and per-request
     figures are 0 when nothing completed (as the summary's rates are)."""
     ends = [requests["finish_s"].max(), steps["end_s"].max() if len(steps) else np.nan]
     start = 0.0
@@ -251,17 +258,17 @@ def fleet_energy(
         replica = steps["replica"].to_numpy()
         mine = np.flatnonzero((replica >= first) & (replica < first + group.count))
         first += group.count
-        idle_w = group.deployment.hardware.power.idle_w
+        parked_w = group.deployment.hardware.power.between_steps_w
         step_j = busy_s = 0.0
         for lo in range(0, len(mine), CHUNK_STEPS):  # bounded memory on long runs
             part = steps.iloc[mine[lo : lo + CHUNK_STEPS]]
             duration = (part["end_s"] - part["start_s"]).to_numpy(dtype=float)
             busy_w = step_power_w(part, group)
-            # a busy stage runs 1/pp of the step; the replica's other stages wait at idle
-            step_j += float(np.sum(duration * (busy_w + (pp - 1) * idle_w) / pp))
+            # a busy stage runs 1/pp of the step; the replica's other stages wait, parked
+            step_j += float(np.sum(duration * (busy_w + (pp - 1) * parked_w) / pp))
             busy_s += float(duration.sum())
-        idle_j = idle_w * max(group.count * span - busy_s, 0.0)
-        energy += group.gpus_per_replica * (step_j + idle_j)
+        parked_j = parked_w * max(group.count * span - busy_s, 0.0)
+        energy += group.gpus_per_replica * (step_j + parked_j)
         n = group.gpus_per_replica * group.count
         gpus += n
         cost += n * span / 3600.0 * group.usd_per_gpu_hour

@@ -67,6 +67,7 @@ def test_hardware_show_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["peak_flops_per_s"]["fp8"] == 1978.9e12
     assert data["memory_capacity_bytes"] == 81559 * 1024**2
     assert data["memory_bandwidth_bytes_per_s"] == 3.35e12
+    assert data["power"]["parked_w"] == 125.0
 
 
 def test_hardware_show_text(capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,6 +75,7 @@ def test_hardware_show_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     assert "H100" in out
     assert "TFLOP/s" in out
+    assert "70 W idle, 125 W parked between steps" in out
 
 
 def test_hardware_show_says_where_the_efficiency_factors_come_from(

@@ -85,10 +85,10 @@ def small_scenario(**group: object) -> Scenario:
 # -- the power law --------------------------------------------------------------------------------
 @settings(max_examples=200, deadline=None)
 @given(hw_id=st.sampled_from(HARDWARE), uc=unit, um=unit)
-def test_power_stays_between_idle_and_tdp(hw_id: str, uc: float, um: float) -> None:
+def test_power_stays_between_parked_and_tdp(hw_id: str, uc: float, um: float) -> None:
     model = PowerModel.from_hardware(load_hardware(hw_id))
     p = float(model.power_w(u_compute=uc, u_memory=um))
-    assert model.idle_w <= p <= model.tdp_w
+    assert model.idle_w <= model.parked_w <= p <= model.tdp_w
 
 
 @settings(max_examples=200, deadline=None)
@@ -122,6 +122,34 @@ def test_power_spec_rejects_inconsistent_limits() -> None:
         type(power).model_validate({**power.model_dump(), "boost_w": 600})
     with pytest.raises(ValueError, match="cap_w"):
         type(power).model_validate({**power.model_dump(), "cap_w": 50})
+    for parked in (60, 700):  # below the bare board's idle, at TDP
+        with pytest.raises(ValueError, match="parked_w"):
+            type(power).model_validate({**power.model_dump(), "parked_w": parked})
+
+
+def test_parked_draw_defaults_to_idle_and_floors_every_step() -> None:
+    power = load_hardware("h100_sxm").power
+    bare = type(power).model_validate({**power.model_dump(), "parked_w": None})
+    assert bare.between_steps_w == bare.idle_w == 70.0
+    assert power.between_steps_w == 125.0
+    # H100's fitted shape has no active term: a step that does next to nothing would come out
+    # at the bare board's 70 W; it runs with the clocks up, so it draws at least the parked 125
+    model = PowerModel.from_hardware(load_hardware("h100_sxm"))
+    assert float(model.power_w(u_compute=0.0, u_memory=0.0)) == 125.0
+    assert float(model.power_w(u_compute=0.0, u_memory=0.5)) > 125.0
+
+
+def test_h100_parked_draw_is_its_readings_with_a_context_open() -> None:
+    """The H100's parked_w is the median of the `idle` rows of the bundled power readings
+    (tools/measure_*_power.py: a CUDA context open, nothing running, clocks up)."""
+    idle = pd.concat(
+        data.read_measured(f"llmsim/h100_sxm/{name}_power.csv", ["case", "power_w", "sm_clock_mhz"])
+        for name in ("sampler", "gemm")
+    ).query("case == 'idle'")
+    assert len(idle) == 4 and (idle["sm_clock_mhz"] >= 1900).all()  # clocks held up
+    parked = load_hardware("h100_sxm").power.parked_w
+    assert parked == pytest.approx(float(idle["power_w"].median()), abs=1.0)
+    assert parked > 1.7 * load_hardware("h100_sxm").power.idle_w
 
 
 # -- power caps -----------------------------------------------------------------------------------
@@ -205,12 +233,13 @@ def test_hand_computed_decode_step_and_idle_gap() -> None:
     steps = make_steps([(0, 0.5, 0.51, 1, 0, 1, 1)])
     watts = step_power_w(steps, account(dep))
     assert watts[0] == pytest.approx(329.2, rel=0.002)
-    # energy: the step at 329.2 W for 10 ms, then 0.99 s at idle 70 W = 3.29 + 69.3 = 72.59 J
+    # energy: the step at 329.2 W for 10 ms, then 0.99 s parked (context open) at 125 W, not
+    # the bare board's 70 W: 3.29 + 123.75 = 127.04 J
     out = fleet_energy(
         steps=steps, requests=make_requests(arrival_s=0.0, finish_s=1.0), groups=[account(dep)]
     )
-    assert out["energy_j"] == pytest.approx(72.59, rel=0.002)
-    assert out["avg_power_w_per_gpu"] == pytest.approx(72.59, rel=0.002)
+    assert out["energy_j"] == pytest.approx(127.04, rel=0.002)
+    assert out["avg_power_w_per_gpu"] == pytest.approx(127.04, rel=0.002)
     assert out["energy_per_output_token_j"] == pytest.approx(out["energy_j"] / 100)
 
 
@@ -291,19 +320,21 @@ def test_gemm_power_against_h100_readings() -> None:
     np.testing.assert_allclose(watts, gemms["power_w"].to_numpy(dtype=float), rtol=0.1)
 
 
-def test_idle_gap_energy_is_idle_power_times_gap_times_gpus() -> None:
+def test_gap_energy_is_parked_power_times_gap_times_gpus() -> None:
     dep = sim.deployment(model="llama-3.1-8b", hardware="a100_sxm_80gb", tensor_parallel_size=2)
     requests = make_requests(arrival_s=3.0, finish_s=13.0)
     empty = make_steps([])
     out = fleet_energy(steps=empty, requests=requests, groups=[account(dep, count=3)])
     assert out["num_gpus"] == 6
-    # from the run's start (t = 0, as the benchmark's duration), not the first arrival
-    assert out["energy_j"] == pytest.approx(60.0 * 13.0 * 6)
-    # adding a step adds (its power - idle) x its time x the replica's GPUs
+    # from the run's start (t = 0, as the benchmark's duration), not the first arrival; every
+    # GPU parked (the serving engine's context open) at 98 W, not the bare board's 60 W
+    assert dep.hardware.power.between_steps_w == 98.0
+    assert out["energy_j"] == pytest.approx(98.0 * 13.0 * 6)
+    # adding a step adds (its power - parked) x its time x the replica's GPUs
     one = make_steps([(1, 5.0, 5.5, 4, 0, 4, 100)])
     with_step = fleet_energy(steps=one, requests=requests, groups=[account(dep, count=3)])
     watts = step_power_w(one, account(dep))[0]
-    assert with_step["energy_j"] - out["energy_j"] == pytest.approx((watts - 60.0) * 0.5 * 2)
+    assert with_step["energy_j"] - out["energy_j"] == pytest.approx((watts - 98.0) * 0.5 * 2)
 
 
 def test_pipeline_stages_are_busy_a_stage_share_of_each_step() -> None:
@@ -313,8 +344,9 @@ def test_pipeline_stages_are_busy_a_stage_share_of_each_step() -> None:
         steps=steps, requests=make_requests(arrival_s=0.0, finish_s=1.0), groups=[account(dep)]
     )
     busy = step_power_w(steps, account(dep))[0]
-    # each of the 2 GPUs runs its half of the layers for half the step and idles the other half
-    assert out["energy_j"] == pytest.approx(2 * (busy + 70.0) / 2)
+    # each of the 2 GPUs runs its half of the layers for half the step and waits, parked at
+    # 125 W, the other half
+    assert out["energy_j"] == pytest.approx(2 * (busy + 125.0) / 2)
 
 
 def test_steps_batch_reads_the_recorded_columns() -> None:
@@ -400,6 +432,34 @@ def test_run_reports_energy_keys_with_sane_values(quickstart: RunResult) -> None
     assert out["energy_j"] == pytest.approx(
         out["avg_power_w_per_gpu"] * out["num_gpus"] * quickstart.summary["duration"]
     )
+
+
+def test_a_run_at_low_load_pays_the_parked_draw_while_it_waits(tmp_path: Path) -> None:
+    """Between requests the GPU waits with the engine's context open: the run's energy over a
+    spec parked at the bare idle is (parked - idle) x the GPU-seconds no step ran."""
+    bare = tmp_path / "h100_bare.yaml"
+    bare.write_text("base: h100_sxm\npower: {parked_w: 70 W}\n")
+    runs = {
+        path: run(
+            Scenario.model_validate(
+                scenario_data(
+                    input_len=256,
+                    output_len=16,
+                    num_prompts=10,
+                    request_rate=0.5,
+                    group={"hardware": path},
+                )
+            )
+        )
+        for path in ("h100_sxm", str(bare))
+    }
+    parked, plain = runs["h100_sxm"], runs[str(bare)]
+    steps = parked.sim.steps
+    waiting = parked.summary["duration"] - float((steps["end_s"] - steps["start_s"]).sum())
+    assert waiting > 0.8 * parked.summary["duration"]  # mostly waiting for the next request
+    extra = parked.energy["energy_j"] - plain.energy["energy_j"]
+    assert extra == pytest.approx((125.0 - 70.0) * waiting, rel=1e-6)
+    assert 125.0 < parked.energy["avg_power_w_per_gpu"] < 1.5 * 125.0
 
 
 def test_save_run_keeps_the_energy_keys(quickstart: RunResult, tmp_path: Path) -> None:

@@ -80,7 +80,9 @@ def hardware_show(
         f"{ic.gpus_per_node} GPUs per node"
     )
     out.print(
-        f"  power: {spec.power.tdp_w:.0f} W TDP; price ~${spec.price.usd_per_hour:.2f}/GPU-hour "
+        f"  power: {spec.power.tdp_w:.0f} W TDP, {spec.power.idle_w:.0f} W idle, "
+        f"{spec.power.between_steps_w:.0f} W parked between steps; "
+        f"price ~${spec.price.usd_per_hour:.2f}/GPU-hour "
         f"({spec.price.source}, {spec.price.date})"
     )
     out.print(f"  efficiency: {_efficiency_origin(origin, list(spec.efficiency.gemm_libraries))}")

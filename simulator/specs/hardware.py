@@ -91,15 +91,24 @@ class PowerSpec(Frozen):
 
     While a step runs, one GPU draws idle_w + (tdp_w - idle_w) x (active_fraction +
     compute_fraction x u_compute x clock_factor^3 + memory_fraction x u_memory), clamped to
-    [idle_w, ceiling_w]: u_compute is the step's FLOPs at the dense peak over its time,
+    [between_steps_w, ceiling_w]: u_compute is the step's FLOPs at the dense peak over its time,
     u_memory its DRAM bytes at the datasheet bandwidth over its time. Between steps it draws
-    idle_w. The shape's defaults are the fit to Splitwise's DGX-A100 llama-2-70b rows
-    (`python -m simulator.validate.power --fit`; see hardware_specs/a100_sxm_80gb.yaml), assumed
-    for devices without measurements of their own.
+    `between_steps_w`: parked_w, what it draws with a serving engine's CUDA context open and
+    nothing running (the context holds the clocks up: +26-50 W over a bare board's idle on
+    H100 and A100, +66 W on L40S, arXiv:2605.23918), else idle_w. The shape's defaults are
+    the fit to Splitwise's DGX-A100 llama-2-70b rows (`python -m simulator.validate.power
+    --fit`; see hardware_specs/a100_sxm_80gb.yaml), assumed for devices without measurements
+    of their own.
     """
 
     tdp_w: Watts = Field(gt=0)
-    idle_w: Watts = Field(gt=0)
+    idle_w: Watts = Field(gt=0, description="draw with no process on the GPU")
+    parked_w: Watts | None = Field(
+        default=None,
+        gt=0,
+        description="draw with a serving engine's CUDA context open and no step running "
+        "(None: idle_w)",
+    )
     active_fraction: float = Field(
         default=0.115, ge=0, le=1, description="of tdp - idle while any step runs (clocks up)"
     )
@@ -126,11 +135,21 @@ class PowerSpec(Frozen):
     def _ordered(self) -> PowerSpec:
         if self.idle_w >= self.tdp_w:
             raise ValueError("idle_w must be below tdp_w")
+        if self.parked_w is not None and not self.idle_w <= self.parked_w < self.tdp_w:
+            raise ValueError(
+                f"parked_w ({self.parked_w:g} W) must be at least idle_w ({self.idle_w:g} W) "
+                f"and below tdp_w ({self.tdp_w:g} W)"
+            )
         if self.boost_w is not None and self.boost_w < self.tdp_w:
             raise ValueError("boost_w must be at least tdp_w")
         if self.cap_w is not None and self.cap_w <= self.idle_w:
             raise ValueError(f"cap_w ({self.cap_w:g} W) must be above idle_w ({self.idle_w:g} W)")
         return self
+
+    @property
+    def between_steps_w(self) -> float:
+        """What one GPU of a serving replica draws while no step runs: parked_w, else idle_w."""
+        return self.parked_w if self.parked_w is not None else self.idle_w
 
     @property
     def ceiling_w(self) -> float:

@@ -149,10 +149,10 @@ class Window:
     tokens: float
 
     def power_w(self, model: PowerModel) -> float:
-        """Average draw over the window: the steps at `model`'s power, the rest at idle."""
+        """Average draw over the window: the steps at `model`'s power, the rest parked."""
         watts = model.power_w(u_compute=self.u_compute, u_memory=self.u_memory)
         busy = float(self.busy.sum())
-        return (float(np.sum(self.busy * watts)) + model.idle_w * (self.span - busy)) / self.span
+        return (float(np.sum(self.busy * watts)) + model.parked_w * (self.span - busy)) / self.span
 
 
 def steady_steps(result: runner.RunResult, batch: int) -> Window:
