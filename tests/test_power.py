@@ -102,11 +102,12 @@ def test_power_is_monotone_in_each_utilisation(hw_id: str, uc: float, um: float,
 
 def test_a_step_draws_more_than_idle_and_full_compute_reaches_tdp() -> None:
     model = PowerModel.from_hardware(load_hardware("a100_sxm_80gb"))
-    # active term: 60 + 340 x 0.113 = 98.42 W for a step that does nothing measurable
-    assert float(model.power_w(u_compute=0.0, u_memory=0.0)) == pytest.approx(98.42, abs=0.1)
+    # active term: 60 + 340 x 0.115 = 99.1 W for a step that does nothing measurable (above the
+    # parked 98 W)
+    assert float(model.power_w(u_compute=0.0, u_memory=0.0)) == pytest.approx(99.1, abs=0.1)
     assert float(model.power_w(u_compute=0.9, u_memory=0.1)) == 400.0
-    # decode at half the bandwidth: 60 + 340 x (0.113 + 0.998 x 0.5) = 268.08 W
-    assert float(model.power_w(u_compute=0.0, u_memory=0.5)) == pytest.approx(268.08, abs=0.1)
+    # decode at half the bandwidth: 60 + 340 x (0.115 + 0.992 x 0.5) = 267.74 W
+    assert float(model.power_w(u_compute=0.0, u_memory=0.5)) == pytest.approx(267.74, abs=0.1)
 
 
 def test_boost_lets_power_exceed_tdp_only_when_the_spec_allows_it() -> None:

@@ -27,7 +27,7 @@ from simulator.validate.power import (
 )
 
 # MAPE per suite as committed (README's validation table); a change that doubles one fails.
-COMMITTED_MAPE_PCT = {POWER: 7.4, POWER_FIT: 5.0}
+COMMITTED_MAPE_PCT = {POWER: 7.3, POWER_FIT: 5.0}
 
 
 @cache
