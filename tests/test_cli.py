@@ -276,6 +276,14 @@ def _llama_config(tmp_path: Path, *, drop: str = "", **changes: object) -> str:
 
 GEMM = ["op", "gemm", "--m", "64", "--n", "64", "--k", "64"]
 # case -> (argv built from tmp_path, a fragment the error line must contain)
+_PARKED_BELOW_IDLE = "base: h100_sxm\npower: {parked_w: 50 W}\n"
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
 BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     "unknown-hardware-id": (lambda p: ["hardware", "show", "h999"], "h999"),
     "unknown-hardware-in-op": (lambda p: [*GEMM, "--hardware", "tpu_v9"], "unknown hardware id"),
@@ -285,6 +293,10 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     ),
     "unknown-model-in-show": (lambda p: ["models", "show", "gpt-17"], "unknown model id"),
     "empty-model": (lambda p: ["models", "show", ""], "unknown model id"),  # not ./config.json
+    "parked-below-idle": (
+        lambda p: ["hardware", "show", _write(p / "parked.yaml", _PARKED_BELOW_IDLE)],
+        "parked.yaml: power: parked_w (50 W) must be at least idle_w (70 W)",
+    ),
     "malformed-hardware-yaml": (
         lambda p: [*GEMM, "--hardware", _broken_yaml(p)],
         "broken.yaml",
