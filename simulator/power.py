@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 ENERGY_KEYS = (
     "num_gpus",
     "energy_j",
+    "parked_energy_j",
     "avg_power_w_per_gpu",
     "energy_per_output_token_j",
     "energy_per_request_j",
@@ -245,13 +246,14 @@ def fleet_energy(
     """Energy and cost of every GPU of `groups` (replicas numbered in group order, as
     `serving.cluster.serve` numbers them) from the run's start (t = 0, the benchmark's start,
     as the summary's duration) to the last finish: steps at their modelled power, the rest at
-    parked power (`PowerSpec.between_steps_w`). Keys: ENERGY_KEYS. Per-token and per-request
+    parked power (`PowerSpec.between_steps_w`); `parked_energy_j` is that part (a pipeline
+    stage waiting for the others included). Keys: ENERGY_KEYS. Per-token and per-request
     figures are 0 when nothing completed (as the summary's rates are)."""
     ends = [requests["finish_s"].max(), steps["end_s"].max() if len(steps) else np.nan]
     start = 0.0
     stop = max((float(t) for t in ends if np.isfinite(t)), default=start)
     span = max(stop - start, 0.0)
-    energy = cost = 0.0
+    energy = parked = cost = 0.0
     first = gpus = 0
     for group in groups:
         pp = group.deployment.layout.pp
@@ -265,18 +267,21 @@ def fleet_energy(
             duration = (part["end_s"] - part["start_s"]).to_numpy(dtype=float)
             busy_w = step_power_w(part, group)
             # a busy stage runs 1/pp of the step; the replica's other stages wait, parked
-            step_j += float(np.sum(duration * (busy_w + (pp - 1) * parked_w) / pp))
+            step_j += float(np.sum(duration * busy_w)) / pp
             busy_s += float(duration.sum())
-        parked_j = parked_w * max(group.count * span - busy_s, 0.0)
-        energy += group.gpus_per_replica * (step_j + parked_j)
+        waiting_j = parked_w * (busy_s * (pp - 1) / pp + max(group.count * span - busy_s, 0.0))
+        energy += group.gpus_per_replica * (step_j + waiting_j)
+        parked += group.gpus_per_replica * waiting_j
         n = group.gpus_per_replica * group.count
         gpus += n
         cost += n * span / 3600.0 * group.usd_per_gpu_hour
-    return _energy_figures(energy=energy, cost=cost, gpus=gpus, span=span, requests=requests)
+    return _energy_figures(
+        energy=energy, parked=parked, cost=cost, gpus=gpus, span=span, requests=requests
+    )
 
 
 def _energy_figures(
-    *, energy: float, cost: float, gpus: int, span: float, requests: pd.DataFrame
+    *, energy: float, parked: float, cost: float, gpus: int, span: float, requests: pd.DataFrame
 ) -> dict[str, float]:
     done = requests[requests["finish_s"].notna()]
     output = float(done["output_tokens"].sum())
@@ -288,6 +293,7 @@ def _energy_figures(
     return {
         "num_gpus": gpus,
         "energy_j": energy,
+        "parked_energy_j": parked,
         "avg_power_w_per_gpu": per(energy, gpus * span),
         "energy_per_output_token_j": per(energy, output),
         "energy_per_request_j": per(energy, float(len(done))),

@@ -240,6 +240,7 @@ def test_hand_computed_decode_step_and_idle_gap() -> None:
         steps=steps, requests=make_requests(arrival_s=0.0, finish_s=1.0), groups=[account(dep)]
     )
     assert out["energy_j"] == pytest.approx(127.04, rel=0.002)
+    assert out["parked_energy_j"] == pytest.approx(123.75)
     assert out["avg_power_w_per_gpu"] == pytest.approx(127.04, rel=0.002)
     assert out["energy_per_output_token_j"] == pytest.approx(out["energy_j"] / 100)
 
@@ -330,7 +331,7 @@ def test_gap_energy_is_parked_power_times_gap_times_gpus() -> None:
     # from the run's start (t = 0, as the benchmark's duration), not the first arrival; every
     # GPU parked (the serving engine's context open) at 98 W, not the bare board's 60 W
     assert dep.hardware.power.between_steps_w == 98.0
-    assert out["energy_j"] == pytest.approx(98.0 * 13.0 * 6)
+    assert out["energy_j"] == out["parked_energy_j"] == pytest.approx(98.0 * 13.0 * 6)
     # adding a step adds (its power - parked) x its time x the replica's GPUs
     one = make_steps([(1, 5.0, 5.5, 4, 0, 4, 100)])
     with_step = fleet_energy(steps=one, requests=requests, groups=[account(dep, count=3)])
@@ -348,6 +349,7 @@ def test_pipeline_stages_are_busy_a_stage_share_of_each_step() -> None:
     # each of the 2 GPUs runs its half of the layers for half the step and waits, parked at
     # 125 W, the other half
     assert out["energy_j"] == pytest.approx(2 * (busy + 125.0) / 2)
+    assert out["parked_energy_j"] == pytest.approx(2 * 125.0 / 2)
 
 
 def test_steps_batch_reads_the_recorded_columns() -> None:
@@ -460,6 +462,7 @@ def test_a_run_at_low_load_pays_the_parked_draw_while_it_waits(tmp_path: Path) -
     assert waiting > 0.8 * parked.summary["duration"]  # mostly waiting for the next request
     extra = parked.energy["energy_j"] - plain.energy["energy_j"]
     assert extra == pytest.approx((125.0 - 70.0) * waiting, rel=1e-6)
+    assert parked.energy["parked_energy_j"] == pytest.approx(125.0 * waiting, rel=1e-6)
     assert 125.0 < parked.energy["avg_power_w_per_gpu"] < 1.5 * 125.0
 
 
@@ -475,3 +478,17 @@ def test_cli_run_prints_energy_and_cost(capsys: pytest.CaptureFixture[str]) -> N
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     assert "J/output token" in text and "/M output tokens" in text
+    assert "parked between steps" not in text  # the quickstart's GPU is never idle
+
+
+def test_cli_run_says_how_much_energy_was_parked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "low.yaml"
+    low = scenario_data(input_len=256, output_len=16, num_prompts=10, request_rate=0.5)
+    path.write_text(json.dumps(low))  # JSON is YAML
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", str(path)])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "of the energy parked between steps" in text

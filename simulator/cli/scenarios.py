@@ -63,9 +63,11 @@ def run_cmd(
         for line in pool_lines(result.scenario, result.deployments, result.summary):
             out_console.print(line, highlight=False, soft_wrap=True)
     e = result.energy
+    parked = e["parked_energy_j"] / e["energy_j"] if e["energy_j"] > 0 else 0.0
     out_console.print(
         f"Energy {e['energy_per_output_token_j']:.3f} J/output token; "
         f"{e['avg_power_w_per_gpu']:.0f} W per GPU on average over {e['num_gpus']} GPU(s)"
+        + (f", {parked:.0%} of the energy parked between steps" if parked >= 0.01 else "")
     )
     out_console.print(
         f"Cost ${e['cost_usd']:.2f} for {e['gpu_hours']:.3f} GPU-hours: "
