@@ -109,7 +109,7 @@ class PowerModel:
             + self.memory_fraction * um
         )
         watts = self.idle_w + (self.tdp_w - self.idle_w) * load
-        return np.clip(watts, min(self.parked_w, self.ceiling_w), self.ceiling_w)
+        return np.clip(watts, self.parked_w, self.ceiling_w)
 
 
 def with_power_cap(hw: HardwareSpec, watts: float) -> HardwareSpec:

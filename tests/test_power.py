@@ -138,6 +138,8 @@ def test_parked_draw_defaults_to_idle_and_floors_every_step() -> None:
     model = PowerModel.from_hardware(load_hardware("h100_sxm"))
     assert float(model.power_w(u_compute=0.0, u_memory=0.0)) == 125.0
     assert float(model.power_w(u_compute=0.0, u_memory=0.5)) > 125.0
+    # a cap below the parked draw holds it too
+    assert with_power_cap(load_hardware("h100_sxm"), 100.0).power.between_steps_w == 100.0
 
 
 def test_h100_parked_draw_is_its_readings_with_a_context_open() -> None:

@@ -148,8 +148,10 @@ class PowerSpec(Frozen):
 
     @property
     def between_steps_w(self) -> float:
-        """What one GPU of a serving replica draws while no step runs: parked_w, else idle_w."""
-        return self.parked_w if self.parked_w is not None else self.idle_w
+        """What one GPU of a serving replica draws while no step runs: parked_w, else idle_w
+        (no more than the ceiling: a cap below the parked draw holds it)."""
+        parked = self.parked_w if self.parked_w is not None else self.idle_w
+        return min(parked, self.ceiling_w)
 
     @property
     def ceiling_w(self) -> float:
