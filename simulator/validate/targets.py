@@ -36,10 +36,23 @@ STAT_LABELS = {
 
 
 class StatTarget(Frozen):
-    """One statistic of one suite: the documented goal and the per-device CI ceiling, in %."""
+    """One statistic of one suite: the documented goal (one for every device, or per device
+    where it was set for some devices only) and the per-device CI ceiling, in %."""
 
-    goal: float | None = Field(default=None, ge=0)
+    goal: float | dict[str, float] | None = None
     ceiling: dict[str, float] = Field(min_length=1)
+
+    @field_validator("goal")
+    @classmethod
+    def _non_negative(cls, goal: float | dict[str, float] | None) -> Any:
+        values = goal.values() if isinstance(goal, dict) else [] if goal is None else [goal]
+        if any(v < 0 for v in values):
+            raise ValueError("a goal must be >= 0")
+        return goal
+
+    def goal_for(self, device: str) -> float | None:
+        """The goal on `device` (None: no goal documented there)."""
+        return self.goal.get(device) if isinstance(self.goal, dict) else self.goal
 
 
 class Targets(Frozen):
@@ -141,9 +154,9 @@ def _suite_rows(
     for stat, target in stats.items():
         for device in sorted(set(entry["by_device"]) | set(target.ceiling)):
             value = entry["by_device"].get(device, {}).get(stat)
-            ceiling = target.ceiling.get(device)
-            v = verdict(value=value, goal=target.goal, ceiling=ceiling)
-            rows.append(TargetRow(name, device, stat, value, target.goal, ceiling, v))
+            ceiling, goal = target.ceiling.get(device), target.goal_for(device)
+            v = verdict(value=value, goal=goal, ceiling=ceiling)
+            rows.append(TargetRow(name, device, stat, value, goal, ceiling, v))
     return rows
 
 

@@ -14,7 +14,7 @@ from clitools import run_cli
 from simulator.errors import SpecError
 from simulator.validate import targets
 from simulator.validate.summary import SUITE_NAMES, UNIONS
-from simulator.validate.targets import Targets, check_targets, load_targets, verdict
+from simulator.validate.targets import StatTarget, Targets, check_targets, load_targets, verdict
 
 
 def stats(mape: float) -> dict[str, Any]:
@@ -100,8 +100,20 @@ def test_committed_targets_cover_every_suite_and_keep_the_documented_goals() -> 
     assert set(t.suites) == suites
     assert t.suites["ops"]["mape_pct"].goal == 12 and t.suites["ops"]["median_ape_pct"].goal == 8
     assert t.suites["layers"]["mape_pct"].goal == 8
-    assert t.suites["iteration_prefill"]["mape_pct"].goal == 10
-    assert t.suites["iteration_decode"]["mape_pct"].goal == 10
+    for name in ("iteration_prefill", "iteration_decode"):  # set for Splitwise's DGX-A100
+        assert t.suites[name]["mape_pct"].goal_for("a100_sxm_80gb") == 10
+        assert t.suites[name]["mape_pct"].goal_for("h100_sxm") is None
+
+
+def test_a_goal_set_for_some_devices_judges_only_those() -> None:
+    t = StatTarget(goal={"a": 10}, ceiling={"a": 20, "b": 40})
+    summary = {"suites": {"ops": {"by_device": {"a": {"mape_pct": 5.0}, "b": {"mape_pct": 30.0}}}}}
+    result = check_targets(summary, Targets(suites={"ops": {"mape_pct": t}}))
+    assert [(r.device, r.goal, r.verdict) for r in result.rows] == [
+        ("a", 10, "meets goal"),
+        ("b", None, "no goal"),
+    ]
+    assert result.ok and result.suites_by_standing()["meets goal"] == ["ops"]
 
 
 @pytest.mark.parametrize(
@@ -113,6 +125,10 @@ def test_committed_targets_cover_every_suite_and_keep_the_documented_goals() -> 
         ({"suites": {"ops": {"mape_pct": {"ceiling": {}}}}}, "suites.ops.mape_pct.ceiling"),
         (
             {"suites": {"ops": {"mape_pct": {"goal": -1, "ceiling": {"a": 1}}}}},
+            "suites.ops.mape_pct.goal",
+        ),
+        (
+            {"suites": {"ops": {"mape_pct": {"goal": {"a": -1}, "ceiling": {"a": 1}}}}},
             "suites.ops.mape_pct.goal",
         ),
     ],
