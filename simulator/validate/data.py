@@ -31,7 +31,14 @@ VIDUR_MODELS = {
 }
 # Splitwise's model and hardware names -> catalogue model id / hardware id
 SPLITWISE_MODELS = {"llama2-70b": "llama-2-70b", "bloom-176b": "bloom-176b"}
-SPLITWISE_HARDWARE = {"a100-80gb": "a100_sxm_80gb"}
+SPLITWISE_HARDWARE = {"a100-80gb": "a100_sxm_80gb", "h100-80gb": "h100_sxm"}
+# The profile's files by device: its DGX-A100 and DGX-H100 rows (its `h100-80gb-pcap` rows are
+# the H100 rows with prompt_time x 1.3 and token_time as they are, every one: a derived
+# power-capping scenario, not a measurement, so not bundled).
+SPLITWISE_FILES = {
+    "a100_sxm_80gb": "splitwise/perf_model_a100.csv",
+    "h100_sxm": "splitwise/perf_model_h100.csv",
+}
 
 _ATTENTION = [
     "batch_size",
@@ -134,6 +141,9 @@ def vidur(device: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def splitwise() -> pd.DataFrame:
-    """Splitwise's DGX-A100 iteration profile (every repeat; times in ms)."""
-    return read_measured("splitwise/perf_model_a100.csv", SPLITWISE_COLUMNS)
+def splitwise(device: str = "a100_sxm_80gb") -> pd.DataFrame:
+    """Splitwise's iteration profile of one device (`a100_sxm_80gb`: DGX-A100, with power
+    readings; `h100_sxm`: DGX-H100, power columns 0 = not recorded); every repeat, times in ms."""
+    if device not in SPLITWISE_FILES:
+        raise SpecError(f"unknown device {device!r} ({', '.join(SPLITWISE_FILES)})", field="device")
+    return read_measured(SPLITWISE_FILES[device], SPLITWISE_COLUMNS)

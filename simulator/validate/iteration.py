@@ -1,9 +1,9 @@
-"""The `iteration` suites: whole engine steps against Splitwise's DGX-A100 profile.
+"""The `iteration` suites: whole engine steps against Splitwise's DGX-A100 and DGX-H100 profiles.
 
 Splitwise (ISCA'24) ran vLLM of late 2023 (fp16, no CUDA graphs, no chunked prefill) on
-DGX-A100 nodes: `batch_size` prompts of `prompt_size` tokens, each generating `token_size`
-tokens, `tensor_parallel` GPUs. Per configuration we take the median over its repeats and
-predict, with `--engine vllm-0.2` (that release's profile; eager) and dtype float16:
+DGX-A100 and DGX-H100 nodes: `batch_size` prompts of `prompt_size` tokens, each generating
+`token_size` tokens, `tensor_parallel` GPUs. Per configuration we take the median over its
+repeats and predict, with `--engine vllm-0.2` (that release's profile; eager) and dtype float16:
 
 - prefill: one step that prefills batch_size x prompt_size tokens (step_cost +
   engine_step_time), against `prompt_time`;
@@ -11,10 +11,10 @@ predict, with `--engine vllm-0.2` (that release's profile; eager) and dtype floa
   step of batch_size sequences, against `token_time` (which is (e2e_time - prompt_time) /
   (token_size - 1) in the data).
 
-The engine's CPU overheads are fitted (by `python -m simulator.calibrate`) to the llama-2-70b
-rows, suite `iteration_engine_fit`; the bloom-176b rows are the held-out check, suites
-`iteration_prefill` and `iteration_decode`. The GPU side comes from the operator calibration
-alone.
+The engine's CPU overheads are fitted (by `python -m simulator.calibrate`) to the DGX-A100
+llama-2-70b rows, suite `iteration_engine_fit`; the DGX-A100 bloom-176b rows and every DGX-H100
+row are the held-out check, suites `iteration_prefill` and `iteration_decode` (by device). The
+GPU side comes from the operator calibration alone.
 
 Excluded, with the reason in `df.attrs["skipped"]`:
 - capped rows: a configuration whose median prompt_time is below that of a smaller batch of
@@ -44,10 +44,11 @@ from simulator.validate import data
 from simulator.validate.frame import finish, median_repeats
 
 PREFILL, DECODE = "iteration_prefill", "iteration_decode"
-# The engine's CPU overheads (`vllm-0.2`) are fitted to this model's rows (both phases); the
-# other model's rows are the held-out check.
+# The engine's CPU overheads (`vllm-0.2`) are fitted to this model's rows (both phases) on
+# this device; the other model's rows, and every row of the other device, are the held-out check.
 ENGINE_FIT = "iteration_engine_fit"
 ENGINE_FIT_MODELS = ("llama-2-70b",)
+ENGINE_FIT_DEVICE = "a100_sxm_80gb"
 ENGINE = "vllm-0.2"
 KEYS = ["model", "hardware", "tensor_parallel", "batch_size", "prompt_size", "token_size"]
 
@@ -193,7 +194,8 @@ def iteration_cases(
         ]
     df = pd.concat(frames, ignore_index=True)
     df = df[np.isfinite(df["predicted_s"])]
-    df.loc[df["model_id"].isin(ENGINE_FIT_MODELS), "suite"] = ENGINE_FIT
+    fit = df["model_id"].isin(ENGINE_FIT_MODELS) & (df["device"] == ENGINE_FIT_DEVICE)
+    df.loc[fit, "suite"] = ENGINE_FIT
     df = pd.concat(
         [
             finish(g, suite=str(s), fitted=s == ENGINE_FIT)
@@ -205,11 +207,18 @@ def iteration_cases(
     return df
 
 
-def iteration_suite(
-    hardware: HardwareSpec | None = None, engine: EngineSpec | None = None
-) -> pd.DataFrame:
-    """The iteration suites on the DGX-A100 profile (`a100_sxm_80gb`, engine `vllm-0.2`
-    unless given): held-out prefill and decode rows, and the rows the engine was fitted to."""
-    hw = hardware or load_hardware(data.SPLITWISE_HARDWARE["a100-80gb"])
+def iteration_suite(engine: EngineSpec | None = None) -> pd.DataFrame:
+    """The iteration suites on Splitwise's DGX-A100 and DGX-H100 profiles, each on its device
+    (`a100_sxm_80gb`, `h100_sxm`; engine `vllm-0.2` unless given): held-out prefill and decode
+    rows, and the rows the engine was fitted to. `attrs["skipped"]` lists what was left out."""
     eng = engine or load_engine(ENGINE)
-    return iteration_cases(hw, eng, data.splitwise())
+    frames, skipped = [], []
+    for device in data.SPLITWISE_FILES:
+        df = iteration_cases(load_hardware(device), eng, data.splitwise(device))
+        frames.append(df)
+        # The other suites that skip DGX-A100 cases (power) name them without the device.
+        prefix = "" if device == ENGINE_FIT_DEVICE else f"{device} "
+        skipped += [prefix + case for case in df.attrs["skipped"]]
+    df = pd.concat(frames, ignore_index=True)
+    df.attrs["skipped"] = skipped
+    return df

@@ -82,6 +82,27 @@ def test_splitwise_loads_and_flags_only_the_capped_tp2_batch64() -> None:
     ]
 
 
+def test_splitwise_h100_rows_are_the_profiles_dgx_h100_rows() -> None:
+    a100, h100 = data.splitwise(), data.splitwise("h100_sxm")
+    assert set(h100["hardware"]) == {"h100-80gb"} and len(h100) == len(a100) == 420
+    key = ["model", "tensor_parallel", "batch_size", "prompt_size", "token_size"]
+    # the same sweep as on DGX-A100, five repeats a configuration, no power readings
+    assert sorted(map(tuple, h100[key].values.tolist())) == sorted(
+        map(tuple, a100[key].values.tolist())
+    )
+    assert (h100[["peak_power", "average_power"]] == 0).all().all()
+    # a repeat of the DGX-H100 file, as the profile has it: llama2-70b TP2, 512 x 1 -> 128
+    first = h100.iloc[0]
+    assert (first["model"], first["tensor_parallel"], first["prompt_size"]) == (
+        "llama2-70b",
+        2,
+        512,
+    )
+    assert first["prompt_time"] == pytest.approx(85.39954997831956)
+    with pytest.raises(SpecError, match="device"):
+        data.splitwise("h100-80gb-pcap")
+
+
 def test_unknown_table_is_a_spec_error() -> None:
     with pytest.raises(SpecError, match="table"):
         data.aiconfigurator("a100_sxm", "moe")
@@ -241,13 +262,28 @@ def test_iteration_suite_has_both_phases_per_configuration() -> None:
     pre = df[df["suite"] == "iteration_prefill"]
     dec = df[df["suite"] == "iteration_decode"]
     fit = df[df["suite"] == "iteration_engine_fit"]
-    assert len(pre) == len(dec) > 15  # held out: bloom-176b
-    assert set(pre["model_id"]) == set(dec["model_id"]) == {"bloom-176b"}
-    assert set(fit["model_id"]) == {"llama-2-70b"}  # the engine's overheads were fitted here
+    assert len(pre) == len(dec) > 15
+
+    def configs(rows: pd.DataFrame, phase: str) -> set[tuple[str, str]]:
+        return set(zip(rows["device"], rows["case"].str.removeprefix(phase), strict=True))
+
+    assert configs(pre, "prefill ") == configs(dec, "decode ")
+    # held out: bloom-176b on DGX-A100, both models on DGX-H100
+    a100, h100 = (pre[pre["device"] == d] for d in ("a100_sxm_80gb", "h100_sxm"))
+    assert set(a100["model_id"]) == {"bloom-176b"}
+    assert set(h100["model_id"]) == {"bloom-176b", "llama-2-70b"}
+    assert len(h100) == 75 and len(a100) == 19
+    # the engine's overheads were fitted to llama-2-70b on DGX-A100 alone
+    assert set(fit["model_id"]) == {"llama-2-70b"} and set(fit["device"]) == {"a100_sxm_80gb"}
     assert fit["fitted"].all() and not pre["fitted"].any() and not dec["fitted"].any()
     assert "prefill llama-2-70b tp4 b16 p512 o128" in set(fit["case"])
-    assert not df["case"].str.contains("tp2 b64").any()  # capped rows excluded
-    assert any("capped" in s for s in df.attrs["skipped"])
+    assert "prefill llama-2-70b tp4 b16 p512 o128" in set(h100["case"])
+    assert not df["case"].str.contains("tp2 b64").any()  # capped rows excluded, both devices
+    skipped = [s for s in df.attrs["skipped"] if "capped" in s]
+    assert skipped == [
+        "llama-2-70b tp2 b64 p512 o128: capped (prompt_time below a smaller batch's)",
+        "h100_sxm llama-2-70b tp2 b64 p512 o128: capped (prompt_time below a smaller batch's)",
+    ]
     # the decode step grows with batch at fixed context
     tp8 = fit[(fit["kind"] == "decode") & (fit["tensor_parallel"] == 8)]
     tp8 = tp8[(tp8["prompt_size"] == 512) & (tp8["token_size"] == 128)].sort_values("batch_size")
@@ -391,6 +427,8 @@ COMMITTED_MAPE_PCT = {
     ("iteration_prefill", "a100_sxm_80gb"): 16.9,
     ("iteration_decode", "a100_sxm_80gb"): 1.8,
     ("iteration_engine_fit", "a100_sxm_80gb"): 10.0,
+    ("iteration_prefill", "h100_sxm"): 20.4,
+    ("iteration_decode", "h100_sxm"): 30.2,
 }
 
 
