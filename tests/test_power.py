@@ -210,6 +210,25 @@ def test_a_cap_stretches_prefill_and_leaves_decode_nearly_alone() -> None:
     assert ratio(BatchShape.decode(batch_size=8, context_len=1024)) < 1.03  # memory-bound
 
 
+def test_half_power_on_splitwise_h100_steps_is_near_splitwises_own_factors() -> None:
+    # splitwise-sim prices its H100s capped at 350 W as prompt x1.3, tokens x1.0 (README)
+    from simulator.specs import load_engine
+    from simulator.validate.iteration import iteration_cases
+
+    hw, engine, rows = (
+        load_hardware("h100_sxm"),
+        load_engine("vllm-0.2"),
+        data.splitwise("h100_sxm"),
+    )
+    free = iteration_cases(hw, engine, rows)
+    capped = iteration_cases(with_power_cap(hw, 350.0), engine, rows)
+    ratio = capped["predicted_s"].to_numpy() / free["predicted_s"].to_numpy()
+    prefill = (free["kind"] == "prefill").to_numpy()
+    assert np.allclose(ratio[~prefill], 1.0)  # eager decode steps wait on the host, not the SMs
+    assert ratio[prefill].min() >= 1.0 and ratio[prefill].max() < 1.3
+    assert np.median(ratio[prefill]) == pytest.approx(1.17, abs=0.01)
+
+
 def test_power_cap_in_a_scenario_slows_prefill_and_caps_power() -> None:
     base = run(small_scenario())
     capped = run(small_scenario(power_cap_w="350 W"))
