@@ -56,6 +56,16 @@ class Curve(Frozen):
     def _ys(self) -> np.ndarray:
         return np.array([p[1] for p in self.points])
 
+    # Equal when the points are: pydantic's own comparison would also compare the cached
+    # numpy arrays above (in __dict__ once used), whose truth value is ambiguous.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Curve):
+            return NotImplemented
+        return self.points == other.points
+
+    def __hash__(self) -> int:
+        return hash(self.points)
+
     def __call__(self, x: np.ndarray | float) -> np.ndarray:
         if len(self.points) == 1:
             return np.broadcast_to(self._ys[0], np.shape(x))
