@@ -6,7 +6,8 @@
 - `e2e_serving`: median TTFT and median TPOT of a run with Poisson arrivals at a request rate.
 - `e2e_latency`: static batches (one batch prefilled, then decoded to the output length, as
   `llmsim bench latency` predicts it) against the time the published figure implies: the whole
-  batch from a throughput (batch x output length / tokens/s), or the first token of one prompt.
+  batch from a throughput (batch x output length / tokens/s) or as timed (`benchmark_latency`),
+  or the first token of one prompt.
 
 Each row of `simulator/data/measured/e2e/*.csv` (provenance in the README there) is simulated
 with the setup its source states: engine profile closest to the published version, model,
@@ -293,20 +294,24 @@ def serving_cases(measured: pd.DataFrame) -> pd.DataFrame:
 
 def measured_latency_s(row: pd.Series) -> float:
     """Seconds of the static batch a published figure implies: batch x output length over
-    the deployment's output tokens/s (`output_tokens_per_s_per_gpu` x TP), or the first-token
-    latency of a one-token run (`first_token_ms`)."""
+    the deployment's output tokens/s (`output_tokens_per_s_per_gpu` x TP), the whole batch's
+    latency as `benchmark_latency` reports it (`latency_ms`), or the first-token latency of a
+    one-token run (`first_token_ms`)."""
     value = float(row["published"])
     match row["metric"]:
         case "output_tokens_per_s_per_gpu":
             tokens = int(row["batch_size"]) * int(row["output_len"])
             return tokens / (value * int(row["tensor_parallel"]))
+        case "latency_ms":
+            return value / 1e3
         case "first_token_ms" if int(row["output_len"]) == 1:
             return value / 1e3
         case "first_token_ms":
             raise SpecError("first_token_ms needs output_len 1", field="output_len")
         case other:
             raise SpecError(
-                f"unknown metric {other!r} (output_tokens_per_s_per_gpu, first_token_ms)",
+                f"unknown metric {other!r} (output_tokens_per_s_per_gpu, latency_ms, "
+                "first_token_ms)",
                 field="metric",
             )
 

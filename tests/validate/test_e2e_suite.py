@@ -62,26 +62,35 @@ def test_bundled_rows_name_known_ids_and_a_source() -> None:
 
 def test_bundled_static_batch_rows() -> None:
     lat = data.read_measured("e2e/latency.csv", LATENCY_COLUMNS)
-    assert len(lat) >= 33 and set(lat["source"]) == {"S3", "S4"}
+    assert len(lat) >= 65 and set(lat["source"]) == {"S3", "S4", "S5"}
     for column, load in (("hardware", load_hardware), ("model", load_model)):
         for value in lat[column].unique():
             load(value)
-    assert set(lat["engine"]) == {"trtllm-0.6"}
-    assert set(lat["hardware"]) == {"a100_sxm_80gb", "h100_sxm", "h200_sxm", "l40s"}
+    trt, amd = lat[lat["source"] != "S5"], lat[lat["source"] == "S5"]
+    assert set(trt["engine"]) == {"trtllm-0.6"}
+    assert set(trt["hardware"]) == {"a100_sxm_80gb", "h100_sxm", "h200_sxm", "l40s"}
     assert (lat["published"] > 0).all()
     first = lat[lat["metric"] == "first_token_ms"]
     assert len(first) == 10 and (first["output_len"] == 1).all()
     assert (first["batch_size"] == 1).all()
     # FP8 where the page's builds say --enable_fp8 --fp8_kv_cache (not on A100)
-    fp8 = lat["quantization"] == "fp8"
-    assert (lat.loc[fp8, "kv_cache_dtype"] == "fp8").all()
-    assert set(lat.loc[fp8, "hardware"]) == {"h100_sxm", "h200_sxm", "l40s"}
-    assert set(lat.loc[~fp8, "hardware"]) == {"a100_sxm_80gb"}
+    fp8 = trt["quantization"] == "fp8"
+    assert (trt.loc[fp8, "kv_cache_dtype"] == "fp8").all()
+    assert set(trt.loc[fp8, "hardware"]) == {"h100_sxm", "h200_sxm", "l40s"}
+    assert set(trt.loc[~fp8, "hardware"]) == {"a100_sxm_80gb"}
+    # AMD's MI300X blog: vLLM 0.6.7 (ROCm), FP8 weights and KV, TP8, 2 models x 2 prompt
+    # lengths x batches 1-128, 2048 output tokens, benchmark_latency's whole-batch time
+    assert len(amd) == 32 and set(amd["hardware"]) == {"mi300x"}
+    assert set(amd["engine"]) == {"vllm-0.6"} and set(amd["metric"]) == {"latency_ms"}
+    assert (amd[["quantization", "kv_cache_dtype"]] == "fp8").all().all()
+    assert sorted(set(amd["batch_size"])) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert (amd["output_len"] == 2048).all() and set(amd["input_len"]) == {128, 2048}
 
 
 def test_measured_latency_from_the_published_figure() -> None:
     """Llama 2 70B, TP4, 1280 x 128/128 at 670 output tokens/s per GPU: 1280 x 128 tokens over
-    4 x 670 tokens/s = 61.13 s; a first-token latency of 47 ms is 0.047 s."""
+    4 x 670 tokens/s = 61.13 s; a batch timed at 19,089 ms took 19.089 s; a first-token latency
+    of 47 ms is 0.047 s."""
     row = pd.Series(
         {
             "batch_size": 1280,
@@ -93,6 +102,8 @@ def test_measured_latency_from_the_published_figure() -> None:
         dtype=object,
     )
     assert measured_latency_s(row) == pytest.approx(1280 * 128 / (4 * 670))
+    row["metric"], row["published"] = "latency_ms", 19089.0  # benchmark_latency's own time
+    assert measured_latency_s(row) == pytest.approx(19.089)
     row["metric"], row["output_len"], row["published"] = "first_token_ms", 1, 47.0
     assert measured_latency_s(row) == pytest.approx(0.047)
     row["output_len"] = 2
@@ -287,6 +298,7 @@ COMMITTED_MAPE_PCT = {
     (LATENCY, "h100_sxm"): 23.5,
     (LATENCY, "l40s"): 6.4,
     (LATENCY, "h200_sxm"): 26.0,
+    (LATENCY, "mi300x"): 10.8,
 }
 
 
