@@ -452,7 +452,8 @@ def test_an_engine_runs_its_attention_kernel_where_the_device_has_a_comparison()
     # the fitted FA3 speed (FlashAttention-3 paper, causal, head dim 128: 319 / 579 at 4k)
     for seq_len, share in ((4096, 319 / 579), (512, 191 / 292), (16384, 335 / 616)):
         assert fa2(float(seq_len)) == pytest.approx(share, abs=0.002)
-        for old in ("vllm-0.6", "sglang-0.3"):  # FlashInfer 0.1 is FA2-style too
+        # FlashInfer 0.1 is FA2-style too; vLLM 0.2 ran FA2 through xformers
+        for old in ("vllm-0.6", "sglang-0.3", "vllm-0.2"):
             ratio = compute("h100_sxm", "vllm", "prefill", seq_len) / compute(
                 "h100_sxm", old, "prefill", seq_len
             )
@@ -463,9 +464,10 @@ def test_an_engine_runs_its_attention_kernel_where_the_device_has_a_comparison()
     )
     assert load_hardware("a100_sxm_80gb").efficiency.attention_speed("fa2") is None
     assert load_hardware("h100_sxm").efficiency.attention_speed("no-such-kernel") is None
-    assert compute("a100_sxm_80gb", "vllm-0.6", "prefill", 4096) == compute(
-        "a100_sxm_80gb", "vllm", "prefill", 4096
-    )
+    for old in ("vllm-0.6", "vllm-0.2"):
+        assert compute("a100_sxm_80gb", old, "prefill", 4096) == compute(
+            "a100_sxm_80gb", "vllm", "prefill", 4096
+        )
 
 
 def test_the_kv_cache_write_costs_a_block_per_token_over_the_resident_blocks() -> None:
