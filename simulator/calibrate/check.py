@@ -29,7 +29,7 @@ from simulator.calibrate.fit import predict
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.validate import data
-from simulator.validate.iteration import ENGINE_FIT, iteration_cases
+from simulator.validate.iteration import ENGINE_FIT, ENGINE_FIT_DEVICE, iteration_cases
 from simulator.validate.layers import LIBRARY
 
 MEAN_DRIFT_PCT = 0.5
@@ -98,7 +98,7 @@ def hardware_drifts(
 
 def engine_drift(hw: HardwareSpec, committed: EngineSpec, refit: EngineSpec) -> Drift:
     """The drift of the engine-fit Splitwise rows between two sets of engine overheads."""
-    measured = data.splitwise()
+    measured = data.splitwise(ENGINE_FIT_DEVICE)
 
     def fitted_rows(engine: EngineSpec) -> Any:
         df = iteration_cases(hw, engine, measured)

@@ -19,7 +19,13 @@ from simulator.specs.engine import EngineOverhead
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.loader import load_engine
 from simulator.validate import data
-from simulator.validate.iteration import ENGINE, ENGINE_FIT, ENGINE_FIT_MODELS, iteration_cases
+from simulator.validate.iteration import (
+    ENGINE,
+    ENGINE_FIT,
+    ENGINE_FIT_DEVICE,
+    ENGINE_FIT_MODELS,
+    iteration_cases,
+)
 
 ENGINE_PARAMS = (
     Param("step_s", 5e-3, 0.0, 0.1),
@@ -28,14 +34,15 @@ ENGINE_PARAMS = (
     # cost and the fit has no gradient to follow.
     Param("launch_eager_s", 40e-6, 1e-6, 200e-6),
 )
-ENGINE_HARDWARE = data.SPLITWISE_HARDWARE["a100-80gb"]
+# The device whose Splitwise rows the engine is fitted to (the iteration suites' own choice).
+ENGINE_HARDWARE = ENGINE_FIT_DEVICE
 
 
 def calibrate_engine(hw: HardwareSpec) -> tuple[EngineOverhead, FitReport]:
     """Fit the CPU overheads of the `vllm-0.2` profile to the Splitwise rows of
     ENGINE_FIT_MODELS on the (calibrated) DGX-A100 spec `hw`; other models stay held out."""
     base = load_engine(ENGINE, calibrated=False)
-    measured = data.splitwise()
+    measured = data.splitwise(ENGINE_HARDWARE)
 
     def cases(x: np.ndarray) -> Any:
         update = {p.path: float(v) for p, v in zip(ENGINE_PARAMS, x, strict=True)}
