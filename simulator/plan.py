@@ -5,7 +5,8 @@ quantization x KV dtype x TP x PP, `simulator.planning.layouts`; with `mode: dis
 `any`, also units of prefill replicas of one layout and decode replicas of another,
 `simulator.planning.units`, whose rate is that of the whole unit):
 
-1. prune what cannot run (invalid layout, does not fit in memory) or cannot meet the SLOs at
+1. prune what cannot run (invalid layout, does not fit in memory; when no layout can run at all,
+   the plan is bad input: SpecError) or cannot meet the SLOs at
    any rate (its latency floors, with each request alone, already miss them:
    `simulator.planning.bounds`), and layouts that cannot be part of the cheapest fleet
    (enough replicas of a layout already found cover any rate they could reach, for less);
@@ -42,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from simulator import runner
+from simulator.errors import SpecError
 from simulator.planning.bounds import hopeless
 from simulator.planning.choice import choose_fleet
 from simulator.planning.fleet import replacement
@@ -117,8 +119,10 @@ def plan(
     `progress` receives a line per layout as the search goes."""
     wall = time.perf_counter()
     if isinstance(spec, PlanSpec):
-        check_ids(spec, source=spec.name)
+        source = spec.name
+        check_ids(spec, source=source)
     else:
+        source = str(spec)
         spec = load_plan(spec)
     say = progress or (lambda _line: None)
     model = load_model(spec.model)
@@ -127,6 +131,14 @@ def plan(
     mean_out = float(np.mean(flow.requests(flow.clamp(spec.search.max_prompts)).output_len))
     rows: list[dict[str, Any]] = []
     measured, colocated = _measure_all(spec, model, flow, rows=rows, say=say)
+    if not measured:  # the model fits no candidate (or no layout is valid): bad input
+        widest = max(rows, key=lambda r: (r["gpus_per_replica"], r["quantization"] != "none"))
+        raise SpecError(
+            f"no candidate layout can run {spec.model}; the largest, {widest['layout']}: "
+            f"{widest['reason']}",
+            source=source,
+            field="candidates",
+        )
     units: list[Candidate] = []
     if spec.mode != "colocated":
         found, pruned = build_units(spec, measured, flow)

@@ -462,6 +462,12 @@ def test_cli_plan_prints_writes_and_reports_json(
     [
         ({"candidates": {"hardware": ["h999"]}}, "candidates.hardware.0.id: h999"),
         ({"mode": "hybrid"}, "mode: Input should be 'colocated', 'disaggregated' or 'any'"),
+        # a model no candidate can hold: bad input, not "no layout met the SLOs"
+        (
+            {"model": "llama-3.1-405b"},
+            "candidates: no candidate layout can run llama-3.1-405b; the largest, "
+            "h100_sxm/vllm/none/tp1: does not fit",
+        ),
     ],
 )
 def test_cli_plan_bad_input_exits_2_with_one_line(
