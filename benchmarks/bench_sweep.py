@@ -22,7 +22,7 @@ import yaml
 
 from simulator import runner
 from simulator.scenario import Scenario
-from simulator.sweep import execute_sweep, expand, load_sweep
+from simulator.sweeps import execute_sweep, expand, load_sweep
 
 RATES = [1, 2, 4, 8, 16, 32, 64, 128]
 

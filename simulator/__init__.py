@@ -2,8 +2,8 @@
 
 The flat public API: load specs by id, resolve a deployment, cost single operators, predict
 `vllm bench latency`, simulate serving (`run` a scenario, `simulate` a deployment on a
-workload, `run_sweep` many variants of a scenario), validate against measurements. Everything
-here is also a CLI command (`llmsim --help`).
+workload, `sweep` many variants of a scenario, also named `run_sweep`), validate against
+measurements. Everything here is also a CLI command (`llmsim --help`).
 """
 
 from simulator.api import (
@@ -46,7 +46,8 @@ from simulator.specs import (
     load_model,
 )
 from simulator.specs.deployment import Parallelism, Precision, resolve_precision
-from simulator.sweep import SweepSpec, load_sweep, run_sweep
+from simulator.sweeps import SweepSpec, load_sweep, run_sweep
+from simulator.sweeps import run_sweep as sweep
 from simulator.validate import run_validation
 
 __version__ = "0.1.0"
@@ -106,6 +107,7 @@ __all__ = [
     "serve_summary",
     "simulate",
     "step_cost",
+    "sweep",
     "throughput_summary",
     "with_power_cap",
 ]

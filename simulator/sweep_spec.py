@@ -1,4 +1,4 @@
-"""A sweep: many runs of one base scenario with some values varied (`simulator.sweep` runs
+"""A sweep: many runs of one base scenario with some values varied (`simulator.sweeps` runs
 them, resumably). Here: the sweep file, and its expansion into runs.
 
 A sweep file (`llmsim sweep SWEEP.yaml --out DIR`):
@@ -23,6 +23,10 @@ on the way are created. A top-level path that names a replica-group field (`hard
 trace path, model config, hardware spec or engine profile file in the base (or set by the sweep)
 is relative to the base scenario file, as in `load_scenario`.
 
+A path that cannot be set (through a value that is not a mapping, past the end of a list) or
+that names no field of the scenario is an error of the sweep file (SpecError): it would fail every
+run alike. A value the scenario rejects makes that run an error row (`error` set).
+
 A run's id is the first 12 hex digits of the sha256 of its resolved scenario (validated, defaults
 left out, canonical JSON, the base name as its name); the run's scenario is named
 `<base name>-<id>`. Runs that resolve to the same scenario run once.
@@ -46,7 +50,7 @@ from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, mo
 from simulator.errors import SpecError
 from simulator.scenario import ReplicaGroupSpec, Scenario, paths_beside
 from simulator.specs._base import Frozen
-from simulator.specs.loader import read_yaml, validate
+from simulator.specs.loader import UNKNOWN_FIELD, read_yaml, validate
 
 RUN_ID_CHARS = 12
 # Replica-group fields that, as the first key of a path, apply to every replica group.
@@ -112,6 +116,8 @@ class SweepSpec(Frozen):
     seed: int = Field(default=0, ge=0, description="seed of the random points")
     # The folder a relative base (and an inline base's trace path) starts from.
     _root: Path = PrivateAttr(default=Path("."))
+    # What errors of the file name: its path, or "sweep" for a spec built in Python.
+    _source: str = PrivateAttr(default="sweep")
 
     @field_validator("grid", "zip", "random")
     @classmethod
@@ -161,20 +167,35 @@ def load_sweep(path: str | Path) -> SweepSpec:
     path = Path(path)
     spec = validate(SweepSpec, read_yaml(path), source=str(path))
     spec._root = path.resolve().parent
+    spec._source = str(path)
     return spec
 
 
 # -- expansion ------------------------------------------------------------------------------------
 def expand(spec: SweepSpec) -> list[SweepRun]:
     """Every run of the sweep in order (grid, then zip, then random varying fastest), one per
-    distinct resolved scenario. Bad input in the base file is a SpecError; a run the scenario
-    schema rejects comes back with `error` set."""
+    distinct resolved scenario. Bad input in the base file, and a varied path that cannot be set
+    or is no field of the scenario, are SpecErrors naming the file; a run whose values the
+    scenario schema rejects comes back with `error` set."""
     base, root = _base(spec)
     runs: dict[str, SweepRun] = {}
     for values in _points(spec):
-        run = _resolve(base, values, root)
+        try:
+            run = _resolve(base, values, root)
+        except SpecError as exc:  # the path's, whatever the value: the sweep file's error
+            raise SpecError(
+                exc.reason, source=spec._source, field=_section(spec, exc.field)
+            ) from None
         runs.setdefault(run["run_id"], run)
     return list(runs.values())
+
+
+def _section(spec: SweepSpec, path: str) -> str:
+    """`path` as the sweep file names it: under its section (`grid.workload.request_rate`)."""
+    for name in ("grid", "zip", "random"):
+        if path in getattr(spec, name):
+            return f"{name}.{path}"
+    return path
 
 
 def num_points(spec: SweepSpec) -> int:
@@ -220,17 +241,36 @@ def _samples(spec: SweepSpec) -> list[dict[str, Any]]:
 
 
 def _resolve(base: dict[str, Any], values: dict[str, Any], root: Path) -> SweepRun:
+    """One run; raises SpecError (field: the varied path) for a path that fails whatever its
+    value: one `assign` cannot set, or one (or a mapping on the way to it) the schema does not
+    know."""
     data = copy.deepcopy(base)
+    for path, value in values.items():
+        assign(data, path, copy.deepcopy(value))
     try:
-        for path, value in values.items():
-            assign(data, path, copy.deepcopy(value))
         scenario = validate(Scenario, paths_beside(data, root), source="scenario")
     except SpecError as exc:
+        if exc.reason == UNKNOWN_FIELD:
+            for path in values:
+                unknown = _unknown_on(path, exc.field)
+                if unknown is not None:
+                    where = "" if unknown == path else f"'{unknown}' on the way: "
+                    raise SpecError(f"{where}{exc.reason}", field=path) from None
         return SweepRun(run_id=_digest(data), values=values, scenario=data, error=exc.line())
     run_id = _digest(scenario.model_dump(mode="json", exclude_defaults=True))
     resolved = scenario.model_dump(mode="json")
     resolved["name"] = f"{scenario.name}-{run_id}"
     return SweepRun(run_id=run_id, values=values, scenario=resolved, error=None)
+
+
+def _unknown_on(path: str, field: str) -> str | None:
+    """The part of varied `path` that the unknown scenario `field` is (all of it, or a leading
+    part), or None when `field` is not on it; a replica-group path is set in every group, so
+    `replicas.1.scheduler.x` is `scheduler.x`."""
+    keys = field.split(".")
+    if len(keys) > 2 and keys[0] == "replicas" and keys[1].isdigit() and keys[2] in REPLICA_FIELDS:
+        field = ".".join(keys[2:])
+    return field if path == field or path.startswith(f"{field}.") else None
 
 
 def _digest(data: dict[str, Any]) -> str:

@@ -62,6 +62,14 @@ def test_public_names_are_exported() -> None:
         assert hasattr(simulator, name), name
 
 
+def test_the_contract_names_of_the_flat_api_are_functions() -> None:
+    # INTERFACE.md: "load_hardware, load_model, load_scenario, estimate, run, sweep, ..."; a
+    # submodule of the same name would shadow one (`simulator.sweep` was the sweep module)
+    for name in ("load_hardware", "load_model", "load_scenario", "estimate", "run", "sweep"):
+        assert callable(getattr(simulator, name)), name
+    assert simulator.sweep is simulator.run_sweep
+
+
 def test_estimate_returns_a_latency_result() -> None:
     r = simulator.estimate(
         model="llama-3.1-8b", hardware="h100_sxm", batch_size=4, input_len=256, output_len=16

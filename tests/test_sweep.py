@@ -16,7 +16,7 @@ from factories import scenario_data, write_yaml
 
 from simulator import runner
 from simulator.errors import SpecError
-from simulator.sweep import SweepSpec, execute_sweep, expand, load_sweep, run_sweep
+from simulator.sweeps import SweepSpec, execute_sweep, expand, load_sweep, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -176,17 +176,43 @@ def test_a_missing_base_file_is_a_spec_error(tmp_path: Path) -> None:
         expand(load_sweep(path))
 
 
-def test_a_bad_path_or_value_makes_error_runs(tmp_path: Path) -> None:
-    grid = {
-        "workload.request_rate": [-1, 10],
-        "replicas.3.hardware": ["h100_sxm"],
-    }
-    runs = expand(load_sweep(make_sweep(tmp_path, grid=grid)))
-    assert all("not an index into a list of 1" in (r["error"] or "") for r in runs)
-    runs = expand(load_sweep(make_sweep(tmp_path, grid={"workload.rate": [1]})))
-    assert "workload.rate: unknown field" in (runs[0]["error"] or "")
-    runs = expand(load_sweep(make_sweep(tmp_path, grid={"model.size": [1]})))
-    assert "'model' holds 'llama-3.1-8b', not a mapping" in (runs[0]["error"] or "")
+@pytest.mark.parametrize(
+    ("sections", "field", "reason"),
+    [
+        ({"grid": {"workload.rate": [1, 2]}}, "grid.workload.rate", "unknown field"),
+        ({"zip": {"workload.rate.x": [1]}}, "zip.workload.rate.x", "'workload.rate' on the way"),
+        ({"grid": {"scheduler.max_seqs": [8]}}, "grid.scheduler.max_seqs", "unknown field"),
+        ({"grid": {"replicas.3.hardware": ["h100_sxm"]}}, "grid.replicas.3.hardware", "index"),
+        ({"grid": {"model.size": [1]}}, "grid.model.size", "'model' holds 'llama-3.1-8b'"),
+    ],
+)
+def test_a_path_that_fails_every_run_is_an_error_of_the_sweep_file(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    sections: dict[str, Any],
+    field: str,
+    reason: str,
+) -> None:
+    # whatever its value, the run cannot take it: the sweep file is wrong, not one run
+    sweep = make_sweep(tmp_path, **sections)
+    with pytest.raises(SpecError, match=reason) as err:
+        expand(load_sweep(sweep))
+    assert (err.value.source, err.value.field) == (str(sweep), field)
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli(capsys, "sweep", str(sweep), "--out", str(out), "--quiet")
+    assert (code, stdout, stderr.count("\n")) == (2, "", 1)
+    assert stderr.startswith(f"llmsim: error: {sweep}: {field}: ")
+    assert not out.exists()  # nothing written
+
+
+def test_a_bad_value_makes_an_error_run(tmp_path: Path) -> None:
+    runs = expand(load_sweep(make_sweep(tmp_path, grid={"workload.request_rate": [-1, 10]})))
+    assert "greater than 0" in (runs[0]["error"] or "")
+    assert runs[1]["error"] is None
+    # a mapping value with a misspelt key is that value's error, not the path's
+    workload = {"dataset": {"name": "random"}, "request_rat": 1}
+    runs = expand(load_sweep(make_sweep(tmp_path, grid={"workload": [workload]})))
+    assert "workload.request_rat: unknown field" in (runs[0]["error"] or "")
 
 
 # -- running --------------------------------------------------------------------------------------

@@ -130,7 +130,7 @@ def sweep_cmd(
     report: ReportOpt = False,
 ) -> None:
     """Run a base scenario over a grid / zip / random sample of values; rerun to resume."""
-    from simulator.sweep import execute_sweep
+    from simulator.sweeps import execute_sweep
 
     done = execute_sweep(
         sweep_file, out, executor=executor.value, workers=workers, progress=not quiet

@@ -54,13 +54,16 @@ def read_yaml(path: Path) -> Any:
         raise SpecError(f"malformed YAML: {problem}", source=str(path), field=where) from None
 
 
+UNKNOWN_FIELD = "unknown field (check the spelling)"
+
+
 def validation_error(exc: ValidationError, *, source: str) -> SpecError:
     """The first pydantic error as a SpecError with a dotted field path."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        msg = "unknown field (check the spelling)"
+        msg = UNKNOWN_FIELD
     return SpecError(msg, source=source, field=loc)
 
 

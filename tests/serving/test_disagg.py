@@ -31,7 +31,7 @@ from simulator.serving.disagg import serve_disaggregated
 from simulator.serving.kv_transfer import KVTransferSpec, TransferModel, transfer_links
 from simulator.serving.workload import RequestTable
 from simulator.specs.loader import validate
-from simulator.sweep import expand, load_sweep
+from simulator.sweeps import expand, load_sweep
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 

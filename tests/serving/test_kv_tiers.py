@@ -32,7 +32,7 @@ from simulator.serving.kv_tiers import KVOffloadSpec, KVTiers, Tier, TieredBlock
 from simulator.serving.request import Request
 from simulator.serving.scheduler import SchedulerSpec
 from simulator.serving.workload import RequestTable
-from simulator.sweep import expand, load_sweep
+from simulator.sweeps import expand, load_sweep
 
 MS = 1e-3
 MiB = 2**20
