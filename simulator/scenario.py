@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from simulator.errors import SpecError
+from simulator.serving.datasets import ShareGPTDataset
 from simulator.serving.disagg import is_disaggregated, role_problem
 from simulator.serving.kv_tiers import KVOffloadSpec, kv_offload_problem
 from simulator.serving.kv_transfer import KVTransferSpec
@@ -245,8 +246,10 @@ def paths_beside(data: Any, folder: Path) -> Any:
     workload = out.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("dataset"), dict):
         ds = workload["dataset"]
-        if ds.get("name") == "trace" and isinstance(ds.get("path"), str):
+        if ds.get("name") in ("trace", "sharegpt") and isinstance(ds.get("path"), str):
             ds = {**ds, "path": str(folder / ds["path"])}  # an absolute path stays as it is
+        if ds.get("name") == "sharegpt" and isinstance(ds.get("tokenizer"), str):
+            ds = {**ds, "tokenizer": beside(folder, ds["tokenizer"], ())}
         out["workload"] = {**workload, "dataset": ds}
     return out
 
@@ -266,7 +269,10 @@ def _group_beside(group: Any, folder: Path, known: dict[str, list[str]]) -> Any:
 
 
 def dataset_beside(ds: DatasetSpec, folder: Path) -> DatasetSpec:
-    """`ds` as read from a file in `folder`: a relative trace path joined to it."""
-    if not isinstance(ds, TraceDataset) or ds.path.is_absolute():
+    """`ds` as read from a file in `folder`: a relative trace or ShareGPT path joined to it,
+    and a ShareGPT tokenizer found there."""
+    if isinstance(ds, ShareGPTDataset) and ds.tokenizer is not None:
+        ds = ds.model_copy(update={"tokenizer": beside(folder, ds.tokenizer, ())})
+    if not isinstance(ds, TraceDataset | ShareGPTDataset) or ds.path is None:
         return ds
-    return ds.model_copy(update={"path": folder / ds.path})
+    return ds if ds.path.is_absolute() else ds.model_copy(update={"path": folder / ds.path})

@@ -348,14 +348,16 @@ def test_a_malformed_scenario_names_file_and_field(
 
 
 def test_a_dataset_path_that_is_not_read_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # (a ShareGPT file is read: tests/serving/test_sharegpt_file.py)
     code, out, err = cli(
         capsys,
         *("bench", "serve", "--hardware", "h100_sxm", "--model", "llama-3.1-8b"),
-        *("--dataset-name", "sharegpt", "--dataset-path", "ShareGPT_V3.json"),
-        *("--num-prompts", "5", "--json"),
+        *("--dataset-name", "random", "--dataset-path", "ShareGPT_V3.json"),
+        *("--tokenizer", "meta-llama/Llama-3.1-8B", "--num-prompts", "5", "--json"),
     )
     assert code == 0 and json.loads(out)["completed"] == 5
-    assert err.count("\n") == 1 and "--dataset-path is not read" in err and "fitted" in err
+    assert err.count("\n") == 2 and "--dataset-path is not read" in err and "random" in err
+    assert "no effect on the prediction: --tokenizer" in err
 
 
 @pytest.mark.parametrize(

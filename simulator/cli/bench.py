@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -275,6 +276,14 @@ def bench_serve_cmd(
     model: ModelOpt,
     dataset_name: Annotated[DatasetName, typer.Option("--dataset-name")] = DatasetName.random,
     dataset_path: Annotated[str | None, typer.Option("--dataset-path")] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            help="with --dataset-name sharegpt --dataset-path: a local tokenizer.json (or its "
+            "folder) that counts the file's tokens",
+        ),
+    ] = None,
     random_input_len: Annotated[int, typer.Option("--random-input-len")] = 1024,
     random_output_len: Annotated[int, typer.Option("--random-output-len")] = 128,
     random_range_ratio: Annotated[float, typer.Option("--random-range-ratio")] = 0.0,
@@ -383,15 +392,26 @@ def bench_serve_cmd(
         if not dataset_path:
             raise SpecError("--dataset-name trace needs --dataset-path", field="dataset_path")
         dataset["path"] = dataset_path
+    elif dataset_name is DatasetName.sharegpt and dataset_path:  # as vLLM samples the file
+        if not Path(dataset_path).is_file():  # before the note below: one line
+            raise SpecError("cannot read file (no such file)", source=dataset_path)
+        dataset |= {"path": dataset_path, "tokenizer": tokenizer, "seed": seed}
+        tokenizer = None  # used
+        if dataset["tokenizer"] is None:
+            sys.stderr.write(
+                "llmsim: note: token counts of the ShareGPT file are estimated from its text "
+                "(about 4 bytes a token); --tokenizer PATH (a local tokenizer.json) counts them\n"
+            )
     elif dataset_path:  # a vllm command pasted as it is: say what stands in for the file
         stand_in = {
-            DatasetName.sharegpt: "draws ShareGPT's lengths from its fitted length model",
             DatasetName.random: "draws random lengths",
         }.get(dataset_name, "replays its bundled copy of that trace")
         sys.stderr.write(
             f"llmsim: note: --dataset-path is not read for --dataset-name "
             f"{dataset_name.value}: llmsim {stand_in} (--dataset-name trace reads a file)\n"
         )
+    if tokenizer is not None:  # not counting a ShareGPT file's tokens
+        sys.stderr.write("llmsim: note: no effect on the prediction: --tokenizer (vLLM flag)\n")
     if random_prefix_len and dataset_name is not DatasetName.random:
         raise SpecError("applies to --dataset-name random", field="random_prefix_len")
     workload = validate(

@@ -3,8 +3,10 @@
 The fields mirror `vllm bench serve --dataset-name` (vllm/benchmarks/serve.py and datasets.py):
 
 - `random`: vLLM's RandomDataset lengths, uniform integers in [floor(L(1-r)), ceil(L(1+r))].
-- `sharegpt`: ShareGPT cannot be shipped or downloaded, so lengths come from lognormals fitted to
-  what `vllm bench serve --dataset-name sharegpt` sends, after vLLM's own ShareGPT filter.
+- `sharegpt`: with `path` (vLLM's --dataset-path), the lengths vLLM takes from that ShareGPT JSON
+  (`sharegpt_file.py`). Without it (ShareGPT cannot be shipped or downloaded), lengths come from
+  lognormals fitted to what `vllm bench serve --dataset-name sharegpt` sends, after vLLM's own
+  ShareGPT filter.
   With ShareGPT_V3_unfiltered_cleaned_split, a Llama-3.1 tokenizer, seed 0 and 1000 prompts, every
   published run shows 215,196 input tokens (mean 215.2) and 197,090 to 198,532 generated tokens
   (vllm-project/vllm PR #15720 and other reports); generation can stop early, so those bound the
@@ -22,6 +24,7 @@ requests.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -61,11 +64,27 @@ class RandomDataset(Frozen):
 
 
 class ShareGPTDataset(Frozen):
-    """ShareGPT-like lengths (synthetic, see the module docstring)."""
+    """ShareGPT's lengths: drawn from the fitted length model (see the module docstring), or,
+    with `path`, read from the ShareGPT JSON as vLLM samples it (`sharegpt_file.py`)."""
 
     name: Literal["sharegpt"] = "sharegpt"
     # vLLM's --sharegpt-output-len; at most 2044 so that a 4-token prompt still fits the filter
     output_len: int | None = Field(None, ge=1, le=SHAREGPT_MAX_TOTAL_LEN - SHAREGPT_MIN_LEN)
+    path: Path | None = Field(
+        None, description="vLLM's --dataset-path: a ShareGPT JSON file; None: the length model"
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="vLLM's --tokenizer, with path: a local tokenizer.json (or a folder holding "
+        "one) to count tokens; None: estimated from the text's bytes",
+    )
+    seed: int = Field(0, ge=0, description="vLLM's --seed, which shuffles the file")
+
+    @model_validator(mode="after")
+    def _file_options(self) -> ShareGPTDataset:
+        if self.tokenizer is not None and self.path is None:
+            raise ValueError("tokenizer counts the tokens of a file: give path too")
+        return self
 
 
 class AzureCodeDataset(Frozen):
@@ -96,8 +115,15 @@ def random_lengths(
 def sharegpt_lengths(
     ds: ShareGPTDataset, *, n: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(prompt, output) token counts of `n` requests: lognormal draws kept only where vLLM's
-    ShareGPT filter would keep them (rejection)."""
+    """(prompt, output) token counts of `n` requests: read from `ds.path` as vLLM samples it
+    (`rng` unused), or lognormal draws kept only where vLLM's ShareGPT filter would keep them
+    (rejection)."""
+    if ds.path is not None:
+        from simulator.serving.sharegpt_file import sharegpt_file_lengths  # it imports this
+
+        return sharegpt_file_lengths(
+            ds.path, n=n, seed=ds.seed, tokenizer=ds.tokenizer, output_len=ds.output_len
+        )
     kept_p: list[np.ndarray] = []
     kept_o: list[np.ndarray] = []
     have, pass_rate = 0, 0.9  # about 94% of draws pass with the default output lengths
