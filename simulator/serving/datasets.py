@@ -12,7 +12,11 @@ The fields mirror `vllm bench serve --dataset-name` (vllm/benchmarks/serve.py an
   (vllm-project/vllm PR #15720 and other reports); generation can stop early, so those bound the
   requested output lengths from below: a mean of about 199. For scale, the vLLM paper (Kwon et al.,
   SOSP'23, arXiv:2309.06180, Fig. 11) reports means of 161 in / 338 out for raw ShareGPT with the
-  OPT tokenizer. The spread (the sigmas) is an assumption: no published percentiles were found.
+  OPT tokenizer. The prompts' spread is measured: the first 320 prompt lengths of that sampling
+  (seed 0, Llama 3 tokenizer; simulator/data/traces/sharegpt_v3_prompt_lens.csv) fix it by
+  maximum likelihood (`fit_sharegpt_prompts`): inside the filter's 4-1024 tokens they are close
+  to log-uniform (median 77, a tenth under 11, a tenth over 611). The outputs' spread is an
+  assumption: no per-request lengths of the dataset's completions were found.
 - `azure-code`, `azure-conv`: the bundled Azure LLM inference traces of 2023-11-16
   (Azure/AzurePublicDataset, CC-BY-4.0; see simulator/data/traces/README.md), read by `traces.py`.
 
@@ -38,9 +42,13 @@ SHAREGPT_MIN_LEN = 4
 SHAREGPT_MAX_PROMPT_LEN = 1024
 SHAREGPT_MAX_TOTAL_LEN = 2048
 # Lognormals (of token counts, before vLLM's filter) whose filtered means are 215.2 prompt and
-# 199 output tokens (see the module docstring for the sources). The sigmas are assumed, not
-# sourced; the mus were solved numerically for those sigmas (4M samples each).
-SHAREGPT_PROMPT_LOGNORMAL = (5.023, 1.2)  # (mu, sigma) of ln(prompt tokens)
+# 199 output tokens (see the module docstring for the sources). Prompts: sigma fitted to the
+# bundled lengths vLLM sends (`fit_sharegpt_prompts`, which a test reruns; its likelihood is flat
+# from about 3 up: at sigma 1.2, assumed before, it is e^89 times lower), mu tied to the mean.
+# Outputs: sigma assumed, mu solved numerically for the mean (4M samples).
+SHAREGPT_PROMPT_MEAN = 215.2
+SHAREGPT_PROMPTS_FILE = Path(__file__).parents[1] / "data/traces/sharegpt_v3_prompt_lens.csv"
+SHAREGPT_PROMPT_LOGNORMAL = (5.878, 3.447)  # (mu, sigma) of ln(prompt tokens)
 SHAREGPT_OUTPUT_LOGNORMAL = (4.912, 0.9)  # (mu, sigma) of ln(output tokens)
 
 
@@ -143,3 +151,34 @@ def sharegpt_lengths(
         have += int(ok.sum())
         pass_rate = max(float(ok.mean()), 1e-4)
     return np.concatenate(kept_p)[:n], np.concatenate(kept_o)[:n]
+
+
+def fit_sharegpt_prompts(
+    lengths: np.ndarray, *, mean: float = SHAREGPT_PROMPT_MEAN
+) -> tuple[float, float]:
+    """(mu, sigma) of the prompt lognormal: ln(tokens) a normal truncated to vLLM's filter
+    window (4-1024 tokens after rounding), sigma the maximum-likelihood fit to `lengths` with
+    mu set, for each sigma, so that the truncated mean is `mean` (the published mean of 1000
+    prompts holds more of the location than a sample of 320). Rounded to 3 decimals."""
+    from scipy import optimize, stats
+
+    logs = np.log(np.asarray(lengths, dtype=float))
+    lo, hi = math.log(SHAREGPT_MIN_LEN - 0.5), math.log(SHAREGPT_MAX_PROMPT_LEN + 0.5)
+    normal = stats.norm
+
+    def truncated_mean(mu: float, sigma: float) -> float:
+        a, b = (lo - mu) / sigma, (hi - mu) / sigma
+        inside = normal.cdf(b - sigma) - normal.cdf(a - sigma)
+        return float(math.exp(mu + sigma**2 / 2) * inside / (normal.cdf(b) - normal.cdf(a)))
+
+    def mu_for(sigma: float) -> float:
+        return float(optimize.brentq(lambda mu: truncated_mean(mu, sigma) - mean, 0.0, 12.0))
+
+    def nll(sigma: float) -> float:
+        mu = mu_for(sigma)
+        mass = normal.cdf((hi - mu) / sigma) - normal.cdf((lo - mu) / sigma)
+        return float(-(normal.logpdf(logs, mu, sigma).sum() - len(logs) * math.log(mass)))
+
+    fit = optimize.minimize_scalar(nll, bounds=(0.5, 8.0), method="bounded")
+    sigma = float(fit.x)
+    return round(mu_for(sigma), 3), round(sigma, 3)

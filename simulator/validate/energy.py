@@ -15,8 +15,8 @@ sends all its requests at t = 0 to one `vllm serve` with --max-num-seqs B and
 The window is the benchmark's (`steady_window`): from the moment B requests have received
 their first token to the moment all but B + 1 have finished. Output lengths are the published
 run's own histogram (`output_lengths`); prompt lengths are not published per run, so they
-are drawn from a lognormal with the mean the benchmark's post gives for the task and the
-spread of ShareGPT's prompts (`prompt_lengths`), an assumption the README states.
+are drawn from a lognormal with the mean the benchmark's post gives for the task and an
+assumed spread (`prompt_lengths`), as the README states.
 The power rows of Llama 3.1 8B and 70B on H100 are what H100's power shape (hardware_specs/
 h100_sxm.yaml `power`) was fitted to (`fit_power`; `python -m simulator.validate.energy --fit`
 prints it): suite `e2e_energy_fit`. Everything else is held out: no other parameter was
@@ -36,7 +36,6 @@ from scipy.optimize import least_squares
 
 from simulator import runner
 from simulator.power import PowerModel, step_utilisation
-from simulator.serving.datasets import SHAREGPT_PROMPT_LOGNORMAL
 from simulator.serving.workload import RequestTable, WorkloadSpec
 from simulator.validate import data
 from simulator.validate.e2e import row_engine_args
@@ -76,9 +75,11 @@ COLUMNS = [
 ]
 # lm-arena-chat prompts: mean tokens per request (ML.ENERGY's v3.0 post: "mean 634 vs. 224",
 # Problem Solving vs Text Conversation, in its table's column order; see the data README); the
-# spread is ShareGPT's prompts' (sigma of ln tokens), a chat workload's shape.
+# spread (sigma of ln tokens) is assumed: 1.2, a chat workload's shape, unclipped. (ShareGPT's
+# measured prompt spread, `datasets.SHAREGPT_PROMPT_LOGNORMAL`, describes lengths inside vLLM's
+# 4-1024-token filter, which these prompts do not pass through.)
 PROMPT_MEAN_TOKENS = 224.0
-PROMPT_SIGMA = SHAREGPT_PROMPT_LOGNORMAL[1]
+PROMPT_SIGMA = 1.2
 # --max-model-len 20480 with outputs up to 4096 tokens: prompts are at most the difference.
 MAX_PROMPT_TOKENS = 20480 - 4096
 SEED = 0

@@ -11,8 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from scipy import stats
 
 from simulator.errors import SpecError
+from simulator.serving.datasets import (
+    SHAREGPT_PROMPT_LOGNORMAL,
+    SHAREGPT_PROMPTS_FILE,
+    fit_sharegpt_prompts,
+)
 from simulator.serving.workload import RequestTable, WorkloadSpec, generate_requests
 
 
@@ -202,6 +208,18 @@ def test_sharegpt_matches_vllm_bench_means_and_filter() -> None:
     assert table.prompt_len.min() >= 4 and table.output_len.min() >= 4
     assert table.prompt_len.max() <= 1024
     assert (table.prompt_len + table.output_len).max() <= 2048
+
+
+def test_sharegpt_prompt_spread_is_the_one_fitted_to_vllms_lengths() -> None:
+    # the bundled first 320 prompt lengths vLLM sends (seed 0, Llama 3 tokenizer) refit to the
+    # committed constants, and the model's lengths are not told apart from them (the spread
+    # assumed before, sigma 1.2, is: p ~ 1e-16)
+    sent = np.loadtxt(SHAREGPT_PROMPTS_FILE, skiprows=1, dtype=np.int64)
+    assert len(sent) == 320 and sent.sum() == 65_578
+    assert fit_sharegpt_prompts(sent) == SHAREGPT_PROMPT_LOGNORMAL
+    table = make_requests(make_spec({"name": "sharegpt"}, num_prompts=20_000))
+    assert stats.ks_2samp(sent, table.prompt_len).pvalue > 0.05
+    assert abs(np.median(table.prompt_len) - np.median(sent)) < 40  # 77 sent
 
 
 def test_sharegpt_output_override() -> None:
