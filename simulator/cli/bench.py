@@ -175,14 +175,52 @@ def _print_latency_summary(result: Any) -> None:
     out.print(table)
 
 
+def sharegpt_file(path: str, *, tokenizer: str | None, seed: int) -> dict[str, Any]:
+    """The ShareGPT dataset fields of `--dataset-path` (read as vLLM samples it), with a note
+    on stderr when no tokenizer counts its tokens; SpecError when there is no such file."""
+    if not Path(path).is_file():  # before the note below: one line
+        raise SpecError("cannot read file (no such file)", source=path)
+    if tokenizer is None:
+        sys.stderr.write(
+            "llmsim: note: token counts of the ShareGPT file are estimated from its text "
+            "(about 4 bytes a token); --tokenizer PATH (a local tokenizer.json) counts them\n"
+        )
+    return {"path": path, "tokenizer": tokenizer, "seed": seed}
+
+
+class ThroughputDataset(str, Enum):
+    random = "random"
+    sharegpt = "sharegpt"
+
+
 @bench_app.command("throughput", context_settings=PASS_EXTRA)
 def bench_throughput_cmd(
     ctx: typer.Context,
     hardware: HardwareOpt,
     model: ModelOpt,
-    input_len: Annotated[int, typer.Option("--input-len")] = 1024,
-    output_len: Annotated[int, typer.Option("--output-len")] = 128,
+    input_len: Annotated[
+        int | None, typer.Option("--input-len", help="random prompts' tokens [default: 1024]")
+    ] = None,
+    output_len: Annotated[
+        int | None,
+        typer.Option(
+            "--output-len",
+            help="output tokens [default: 128 for random, the dataset's for sharegpt]",
+        ),
+    ] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts")] = 1000,
+    dataset_name: Annotated[
+        ThroughputDataset, typer.Option("--dataset-name")
+    ] = ThroughputDataset.random,
+    dataset_path: Annotated[
+        str | None, typer.Option("--dataset-path", help="with sharegpt: its JSON file")
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer", help="with --dataset-path: a local tokenizer.json that counts tokens"
+        ),
+    ] = None,
     prefix_len: Annotated[
         int, typer.Option("--prefix-len", min=0, help="tokens every prompt shares, first")
     ] = 0,
@@ -218,15 +256,33 @@ def bench_throughput_cmd(
 ) -> None:
     """Offline throughput: every prompt submitted at t=0, served to completion (simulated)."""
     ignored_flags(ctx)
+    dataset: dict[str, Any] | None = None
+    if dataset_name is ThroughputDataset.sharegpt:
+        if prefix_len:
+            raise SpecError("applies to --dataset-name random", field="prefix_len")
+        if input_len is not None:
+            sys.stderr.write("llmsim: note: --input-len has no effect with ShareGPT (as in vLLM)\n")
+        dataset = {"name": "sharegpt", "output_len": output_len}
+        if dataset_path:
+            dataset |= sharegpt_file(dataset_path, tokenizer=tokenizer, seed=seed)
+            tokenizer = None  # used
+    elif dataset_path:
+        sys.stderr.write(
+            "llmsim: note: --dataset-path is not read for --dataset-name random: llmsim draws "
+            "random lengths\n"
+        )
+    if tokenizer is not None:  # not counting a ShareGPT file's tokens
+        sys.stderr.write("llmsim: note: no effect on the prediction: --tokenizer (vLLM flag)\n")
     _, summary = runner.bench_throughput(
         model=model,
         hardware=hardware,
-        input_len=input_len,
-        output_len=output_len,
+        input_len=1024 if input_len is None else input_len,
+        output_len=128 if output_len is None else output_len,
         num_prompts=num_prompts,
         prefix_len=prefix_len,
         engine_args=engine_args(ctx),
         seed=seed,
+        dataset=dataset,
     )
     write_json(output_json, summary)
     if as_json:
@@ -393,15 +449,8 @@ def bench_serve_cmd(
             raise SpecError("--dataset-name trace needs --dataset-path", field="dataset_path")
         dataset["path"] = dataset_path
     elif dataset_name is DatasetName.sharegpt and dataset_path:  # as vLLM samples the file
-        if not Path(dataset_path).is_file():  # before the note below: one line
-            raise SpecError("cannot read file (no such file)", source=dataset_path)
-        dataset |= {"path": dataset_path, "tokenizer": tokenizer, "seed": seed}
+        dataset |= sharegpt_file(dataset_path, tokenizer=tokenizer, seed=seed)
         tokenizer = None  # used
-        if dataset["tokenizer"] is None:
-            sys.stderr.write(
-                "llmsim: note: token counts of the ShareGPT file are estimated from its text "
-                "(about 4 bytes a token); --tokenizer PATH (a local tokenizer.json) counts them\n"
-            )
     elif dataset_path:  # a vllm command pasted as it is: say what stands in for the file
         stand_in = {
             DatasetName.random: "draws random lengths",

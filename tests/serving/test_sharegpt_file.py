@@ -185,3 +185,25 @@ def test_a_scenario_names_the_file_beside_it(tmp_path: Path) -> None:
     result = runner.run(scenario)
     expected = vllm_reference(ENTRIES, 20, 0)
     assert result.summary["total_input_tokens"] == sum(p for p, _ in expected)
+
+
+def test_bench_throughput_takes_the_dataset_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # vllm bench throughput --dataset-name sharegpt --dataset-path F [--output-len O]
+    path = write_sharegpt(tmp_path, ENTRIES)
+    args = ["bench", "throughput", "--hardware", "h100_sxm", "--model", "llama-3.1-8b"]
+    args += ["--dataset-name", "sharegpt", "--num-prompts", "20", "--json"]
+    code, out, err = run_cli(capsys, *args, "--dataset-path", str(path))
+    assert code == 0, err
+    expected = vllm_reference(ENTRIES, 20, 0)
+    summary = json.loads(out)
+    assert summary["total_num_tokens"] == sum(p + o for p, o in expected)
+    code, out, err = run_cli(capsys, *args, "--dataset-path", str(path), "--output-len", "64")
+    assert code == 0 and json.loads(out)["total_num_tokens"] == sum(
+        p + 64 for p, _ in vllm_reference(ENTRIES, 20, 0, output_len=64)
+    )
+    code, out, err = run_cli(capsys, *args, "--input-len", "100")  # the length model
+    assert code == 0 and "--input-len has no effect with ShareGPT" in err
+    code, _, err = run_cli(capsys, *args, "--prefix-len", "8")
+    assert code == 2 and "prefix_len: applies to --dataset-name random" in err
