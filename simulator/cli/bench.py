@@ -42,6 +42,7 @@ from simulator.cli.bench_flags import (
     SpecOpt,
     StepsOpt,
     SwapOpt,
+    TokenizerOpt,
     TokensOpt,
     TpOpt,
     engine_args,
@@ -215,12 +216,7 @@ def bench_throughput_cmd(
     dataset_path: Annotated[
         str | None, typer.Option("--dataset-path", help="with sharegpt: its JSON file")
     ] = None,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            "--tokenizer", help="with --dataset-path: a local tokenizer.json that counts tokens"
-        ),
-    ] = None,
+    tokenizer: TokenizerOpt = None,
     prefix_len: Annotated[
         int, typer.Option("--prefix-len", min=0, help="tokens every prompt shares, first")
     ] = 0,
@@ -332,14 +328,7 @@ def bench_serve_cmd(
     model: ModelOpt,
     dataset_name: Annotated[DatasetName, typer.Option("--dataset-name")] = DatasetName.random,
     dataset_path: Annotated[str | None, typer.Option("--dataset-path")] = None,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            "--tokenizer",
-            help="with --dataset-name sharegpt --dataset-path: a local tokenizer.json (or its "
-            "folder) that counts the file's tokens",
-        ),
-    ] = None,
+    tokenizer: TokenizerOpt = None,
     random_input_len: Annotated[int, typer.Option("--random-input-len")] = 1024,
     random_output_len: Annotated[int, typer.Option("--random-output-len")] = 128,
     random_range_ratio: Annotated[float, typer.Option("--random-range-ratio")] = 0.0,

@@ -60,6 +60,14 @@ ChunkedOpt = Annotated[
     bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill")
 ]
 OutJsonOpt = Annotated[str | None, typer.Option("--output-json")]
+TokenizerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer",
+        help="with --dataset-name sharegpt --dataset-path: a local tokenizer.json (or its "
+        "folder) that counts the file's tokens",
+    ),
+]
 SaveResultOpt = Annotated[
     bool,
     typer.Option("--save-result", help="write the metrics to --result-dir as vLLM names them"),
