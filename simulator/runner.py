@@ -271,8 +271,8 @@ def bench_throughput(
     *,
     model: str,
     hardware: str,
-    input_len: int = 1024,
-    output_len: int = 128,
+    input_len: int | None = None,
+    output_len: int | None = None,
     num_prompts: int,
     prefix_len: int = 0,
     engine_args: EngineArgs | None = None,
@@ -281,12 +281,14 @@ def bench_throughput(
 ) -> tuple[RunResult, dict[str, Any]]:
     """`vllm bench throughput`: every request at t=0, sampled at temperature 1.0 as vLLM's
     benchmark does (OFFLINE_BENCH_SAMPLING); returns the run and its summary. The prompts are
-    random ones of `input_len` and `output_len` tokens, or `dataset` (a workload dataset
-    mapping, e.g. `{"name": "sharegpt", "path": ...}`), as vLLM's --dataset-name picks.
+    random ones of `input_len` and `output_len` tokens (None: RandomDataset's defaults, vLLM's),
+    or `dataset` (a workload dataset mapping, e.g. `{"name": "sharegpt", "path": ...}`), as
+    vLLM's --dataset-name picks.
     `prefix_len`: vLLM's --prefix-len, a prefix shared by every prompt, before its input_len
     tokens. `engine_args`: as in `bench_scenario`."""
+    random = {"name": "random", "input_len": input_len, "output_len": output_len}
     data = {
-        "dataset": dataset or {"name": "random", "input_len": input_len, "output_len": output_len},
+        "dataset": dataset or {k: v for k, v in random.items() if v is not None},
         "num_prompts": num_prompts,
         "request_rate": math.inf,
         "prefix": {"tokens": prefix_len} if prefix_len else None,

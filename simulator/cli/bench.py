@@ -176,9 +176,13 @@ def _print_latency_summary(result: Any) -> None:
     out.print(table)
 
 
-def sharegpt_file(path: str, *, tokenizer: str | None, seed: int) -> dict[str, Any]:
+def sharegpt_file(path: str | None, *, tokenizer: str | None, seed: int) -> dict[str, Any]:
     """The ShareGPT dataset fields of `--dataset-path` (read as vLLM samples it), with a note
-    on stderr when no tokenizer counts its tokens; SpecError when there is no such file."""
+    on stderr when no tokenizer counts its tokens; SpecError when there is no such file.
+    Without a path: none (the length model), and `tokenizer_unused`'s note."""
+    if path is None:
+        tokenizer_unused(tokenizer)
+        return {}
     if not Path(path).is_file():  # before the note below: one line
         raise SpecError("cannot read file (no such file)", source=path)
     if tokenizer is None:
@@ -187,6 +191,12 @@ def sharegpt_file(path: str, *, tokenizer: str | None, seed: int) -> dict[str, A
             "(about 4 bytes a token); --tokenizer PATH (a local tokenizer.json) counts them\n"
         )
     return {"path": path, "tokenizer": tokenizer, "seed": seed}
+
+
+def tokenizer_unused(tokenizer: str | None) -> None:
+    """vLLM's --tokenizer where it counts no ShareGPT file: a note that it changes nothing."""
+    if tokenizer is not None:
+        sys.stderr.write("llmsim: note: no effect on the prediction: --tokenizer (vLLM flag)\n")
 
 
 class ThroughputDataset(str, Enum):
@@ -259,21 +269,19 @@ def bench_throughput_cmd(
         if input_len is not None:
             sys.stderr.write("llmsim: note: --input-len has no effect with ShareGPT (as in vLLM)\n")
         dataset = {"name": "sharegpt", "output_len": output_len}
+        dataset |= sharegpt_file(dataset_path, tokenizer=tokenizer, seed=seed)
+    else:
         if dataset_path:
-            dataset |= sharegpt_file(dataset_path, tokenizer=tokenizer, seed=seed)
-            tokenizer = None  # used
-    elif dataset_path:
-        sys.stderr.write(
-            "llmsim: note: --dataset-path is not read for --dataset-name random: llmsim draws "
-            "random lengths\n"
-        )
-    if tokenizer is not None:  # not counting a ShareGPT file's tokens
-        sys.stderr.write("llmsim: note: no effect on the prediction: --tokenizer (vLLM flag)\n")
+            sys.stderr.write(
+                "llmsim: note: --dataset-path is not read for --dataset-name random: llmsim "
+                "draws random lengths\n"
+            )
+        tokenizer_unused(tokenizer)
     _, summary = runner.bench_throughput(
         model=model,
         hardware=hardware,
-        input_len=1024 if input_len is None else input_len,
-        output_len=128 if output_len is None else output_len,
+        input_len=input_len,
+        output_len=output_len,
         num_prompts=num_prompts,
         prefix_len=prefix_len,
         engine_args=engine_args(ctx),
@@ -437,9 +445,8 @@ def bench_serve_cmd(
         if not dataset_path:
             raise SpecError("--dataset-name trace needs --dataset-path", field="dataset_path")
         dataset["path"] = dataset_path
-    elif dataset_name is DatasetName.sharegpt and dataset_path:  # as vLLM samples the file
+    elif dataset_name is DatasetName.sharegpt:  # with a path, as vLLM samples the file
         dataset |= sharegpt_file(dataset_path, tokenizer=tokenizer, seed=seed)
-        tokenizer = None  # used
     elif dataset_path:  # a vllm command pasted as it is: say what stands in for the file
         stand_in = {
             DatasetName.random: "draws random lengths",
@@ -448,8 +455,8 @@ def bench_serve_cmd(
             f"llmsim: note: --dataset-path is not read for --dataset-name "
             f"{dataset_name.value}: llmsim {stand_in} (--dataset-name trace reads a file)\n"
         )
-    if tokenizer is not None:  # not counting a ShareGPT file's tokens
-        sys.stderr.write("llmsim: note: no effect on the prediction: --tokenizer (vLLM flag)\n")
+    if dataset_name is not DatasetName.sharegpt:
+        tokenizer_unused(tokenizer)
     if random_prefix_len and dataset_name is not DatasetName.random:
         raise SpecError("applies to --dataset-name random", field="random_prefix_len")
     workload = validate(

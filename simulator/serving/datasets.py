@@ -120,6 +120,15 @@ def random_lengths(
     return prompt, output
 
 
+def sharegpt_filter(prompt: np.ndarray, output: np.ndarray, *, check_output: bool) -> np.ndarray:
+    """Which (prompt, output) token counts vLLM's is_valid_sequence keeps: prompt 4-1024, output
+    at least 4 unless `check_output` is off (vLLM skips it when the output length is set), the
+    two at most 2048."""
+    ok = (prompt >= SHAREGPT_MIN_LEN) & (prompt <= SHAREGPT_MAX_PROMPT_LEN)
+    ok &= prompt + output <= SHAREGPT_MAX_TOTAL_LEN
+    return ok & (output >= SHAREGPT_MIN_LEN) if check_output else ok
+
+
 def sharegpt_lengths(
     ds: ShareGPTDataset, *, n: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -140,12 +149,9 @@ def sharegpt_lengths(
         prompt = np.rint(rng.lognormal(*SHAREGPT_PROMPT_LOGNORMAL, size=batch)).astype(np.int64)
         if ds.output_len is None:
             output = np.rint(rng.lognormal(*SHAREGPT_OUTPUT_LOGNORMAL, size=batch)).astype(np.int64)
-            ok = output >= SHAREGPT_MIN_LEN
-        else:  # vLLM skips the minimum-output check when the length is overridden
+        else:
             output = np.full(batch, ds.output_len, dtype=np.int64)
-            ok = np.ones(batch, dtype=bool)
-        ok &= (prompt >= SHAREGPT_MIN_LEN) & (prompt <= SHAREGPT_MAX_PROMPT_LEN)
-        ok &= prompt + output <= SHAREGPT_MAX_TOTAL_LEN
+        ok = sharegpt_filter(prompt, output, check_output=ds.output_len is None)
         kept_p.append(prompt[ok])
         kept_o.append(output[ok])
         have += int(ok.sum())

@@ -9,7 +9,8 @@ prompt, the second the completion, whose token count is the output length unless
 `--sharegpt-output-len` sets one. An entry is kept when is_valid_sequence passes (prompt at least
 4 tokens, output at least 4 unless set, prompt at most 1024, the two at most 2048). Too few kept:
 `random.seed(seed)` again and `random.choices` of the kept ones make up the count. The same file,
-seed and token counts give the same requests as vLLM: Python's `random` is the same generator.
+seed and token counts give the same requests as vLLM: Python's `random` is the same generator
+(here a `random.Random` of its own, so the caller's global state is left alone).
 
 Token counts: with a `tokenizer` (vLLM's `--tokenizer`; here a local `tokenizer.json`, or a
 folder holding one) the Hugging Face `tokenizers` library counts them as vLLM's
@@ -37,11 +38,7 @@ from typing import Any
 import numpy as np
 
 from simulator.errors import SpecError
-from simulator.serving.datasets import (
-    SHAREGPT_MAX_PROMPT_LEN,
-    SHAREGPT_MAX_TOTAL_LEN,
-    SHAREGPT_MIN_LEN,
-)
+from simulator.serving.datasets import sharegpt_filter
 
 BYTES_PER_TOKEN = 4.0  # estimate, see the module docstring
 CHUNK = 2048  # entries tokenized at a time (a run needs a few hundred to a few thousand)
@@ -73,41 +70,36 @@ def _lengths(
     output_len: int | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     entries = _conversations(Path(path))
-    random.seed(seed)
-    random.shuffle(entries)
+    rng = random.Random(seed)  # the generator vLLM seeds globally, without touching ours
+    rng.shuffle(entries)
     count = _counter(tokenizer)
-    kept: list[tuple[int, int]] = []
+    kept_p: list[np.ndarray] = []
+    kept_o: list[np.ndarray] = []
+    have = 0
     for prompts, completions in _chunks(entries):
-        for p, c in zip(count(prompts), count(completions), strict=True):
-            out = c if output_len is None else output_len
-            if _valid(p, out, check_output=output_len is None):
-                kept.append((p, out))
-                if len(kept) == n:
-                    break
-        if len(kept) == n:
+        if have >= n:
             break
-    if not kept:
+        prompt = np.array(count(prompts), dtype=np.int64)
+        output = np.array(count(completions), dtype=np.int64)
+        if output_len is not None:
+            output[:] = output_len
+        ok = sharegpt_filter(prompt, output, check_output=output_len is None)
+        kept_p.append(prompt[ok][: n - have])
+        kept_o.append(output[ok][: n - have])
+        have += len(kept_p[-1])
+    if not have:
         raise SpecError(
             "no conversation passes vLLM's ShareGPT filter (prompt 4-1024 tokens, output at "
             "least 4, the two at most 2048)",
             source=path,
         )
-    if len(kept) < n:  # vLLM's maybe_oversample_requests
-        random.seed(seed)
-        kept += random.choices(kept, k=n - len(kept))
-    prompt = np.array([p for p, _ in kept], dtype=np.int64)
-    output = np.array([o for _, o in kept], dtype=np.int64)
+    prompt, output = np.concatenate(kept_p), np.concatenate(kept_o)
+    if have < n:  # vLLM's maybe_oversample_requests: random.seed(seed), random.choices
+        extra = np.array(random.Random(seed).choices(range(have), k=n - have), dtype=np.int64)
+        prompt = np.concatenate([prompt, prompt[extra]])
+        output = np.concatenate([output, output[extra]])
     prompt.flags.writeable = output.flags.writeable = False
     return prompt, output
-
-
-def _valid(prompt: int, output: int, *, check_output: bool) -> bool:
-    """vLLM's is_valid_sequence (skip_min_output_len_check when the output length is set)."""
-    return (
-        SHAREGPT_MIN_LEN <= prompt <= SHAREGPT_MAX_PROMPT_LEN
-        and (output >= SHAREGPT_MIN_LEN or not check_output)
-        and prompt + output <= SHAREGPT_MAX_TOTAL_LEN
-    )
 
 
 def _conversations(path: Path) -> list[tuple[str, str]]:

@@ -83,9 +83,11 @@ def test_the_file_is_sampled_as_vllm_does(
     tmp_path: Path, n: int, seed: int, output_len: int | None
 ) -> None:
     path = write_sharegpt(tmp_path, ENTRIES)
+    before = random.getstate()
     prompt, output = sharegpt_file_lengths(
         path, n=n, seed=seed, tokenizer=None, output_len=output_len
     )
+    assert random.getstate() == before  # vLLM's generator, not the process's global one
     expected = vllm_reference(ENTRIES, n, seed, output_len)
     assert list(zip(prompt.tolist(), output.tolist(), strict=True)) == expected
     # the filter: no prompt of 2 words, none over 1024 tokens, no total over 2048
@@ -207,3 +209,7 @@ def test_bench_throughput_takes_the_dataset_flags(
     assert code == 0 and "--input-len has no effect with ShareGPT" in err
     code, _, err = run_cli(capsys, *args, "--prefix-len", "8")
     assert code == 2 and "prefix_len: applies to --dataset-name random" in err
+    random_args = [a for a in args if a not in ("--dataset-name", "sharegpt")]
+    code, out, err = run_cli(capsys, *random_args, "--tokenizer", "meta-llama/Llama-3.1-8B")
+    assert code == 0 and "no effect on the prediction: --tokenizer" in err
+    assert json.loads(out)["total_num_tokens"] == 20 * (1024 + 128)  # RandomDataset's defaults
