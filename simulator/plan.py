@@ -132,8 +132,7 @@ def plan(
     rows: list[dict[str, Any]] = []
     measured, colocated = _measure_all(spec, model, flow, rows=rows, say=say)
     if not measured:  # the model fits no candidate (or no layout is valid): bad input
-        if not rows:
-            raise SpecError("no candidate layout to try", source=source, field="candidates")
+        # (rows holds every layout: PlanSpec's candidate lists are never empty)
         widest = max(rows, key=lambda r: (r["gpus_per_replica"], r["quantization"] != "none"))
         raise SpecError(
             f"no candidate layout can run {spec.model}; the largest, {widest['layout']}: "
