@@ -284,7 +284,31 @@ def _write(path: Path, text: str) -> str:
     return str(path)
 
 
+def _write_bytes(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
 BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
+    "hardware-yaml-not-utf8": (
+        lambda p: ["hardware", "show", _write_bytes(p / "hw.yaml", b"name: x\n\xff\xfe\n")],
+        "hw.yaml: not UTF-8 text (byte 0xff at offset 8)",
+    ),
+    "config-not-utf8": (
+        lambda p: ["models", "show", _write_bytes(p / "config.json", b'{"a": "\xff"}')],
+        "config.json: not UTF-8 text",
+    ),
+    "scenario-duplicate-key": (
+        lambda p: [
+            "run",
+            _write(p / "s.yaml", "name: s\nmodel: llama-3.1-8b\nmodel: mistral-7b\n"),
+        ],
+        "s.yaml: line 3: malformed YAML: duplicate key 'model'",
+    ),
+    "nested-duplicate-key": (
+        lambda p: ["run", _write(p / "s.yaml", "workload:\n  seed: 1\n  seed: 2\n")],
+        "s.yaml: line 3: malformed YAML: duplicate key 'seed'",
+    ),
     "unknown-hardware-id": (lambda p: ["hardware", "show", "h999"], "h999"),
     "unknown-hardware-in-op": (lambda p: [*GEMM, "--hardware", "tpu_v9"], "unknown hardware id"),
     "unknown-model-id": (

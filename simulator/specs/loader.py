@@ -39,19 +39,55 @@ def hardware_dirs() -> list[Path]:
     return [d for d in (*extra, *_HARDWARE_CANDIDATES) if d.is_dir()]
 
 
-def read_yaml(path: Path) -> Any:
-    """safe_load a YAML file; errors name the file and the line."""
+def read_text(path: Path) -> str:
+    """A UTF-8 text file's contents; a file that cannot be read, or is not UTF-8 text, is a
+    SpecError naming it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot read file ({exc.strerror})", source=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})",
+            source=str(path),
+        ) from None
+
+
+def read_yaml(path: Path) -> Any:
+    """safe_load a YAML file; errors name the file and the line. A mapping that sets one key
+    twice is an error (PyYAML would keep the last silently)."""
+    text = read_text(path)
     try:
+        _refuse_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "not valid YAML"
         raise SpecError(f"malformed YAML: {problem}", source=str(path), field=where) from None
+
+
+def _refuse_duplicate_keys(node: yaml.Node | None) -> None:
+    """Raise a YAML error at the second occurrence of a key in any mapping under `node`."""
+    stack = [node] if node is not None else []
+    seen_nodes: set[int] = set()  # anchors make a graph; visit each node once
+    while stack:
+        current = stack.pop()
+        if id(current) in seen_nodes:
+            continue
+        seen_nodes.add(id(current))
+        if isinstance(current, yaml.MappingNode):
+            keys: set[str] = set()
+            for key, value in current.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if key.value in keys:
+                        raise yaml.MarkedYAMLError(
+                            problem=f"duplicate key '{key.value}'", problem_mark=key.start_mark
+                        )
+                    keys.add(key.value)
+                stack += [key, value]
+        elif isinstance(current, yaml.SequenceNode):
+            stack += current.value
 
 
 UNKNOWN_FIELD = "unknown field (check the spelling)"
@@ -358,9 +394,7 @@ def list_models() -> list[str]:
 @cache
 def _load_model_file(path: Path, model_id: str) -> ModelSpec:
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SpecError(f"cannot read file ({exc.strerror})", source=str(path)) from None
+        cfg = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise SpecError(
             f"malformed JSON: {exc.msg}", source=str(path), field=f"line {exc.lineno}"
