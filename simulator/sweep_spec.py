@@ -47,7 +47,7 @@ import numpy as np
 import yaml
 from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
-from simulator.errors import SpecError
+from simulator.errors import SpecError, naming
 from simulator.scenario import ReplicaGroupSpec, Scenario, paths_beside
 from simulator.specs._base import Frozen
 from simulator.specs.loader import UNKNOWN_FIELD, read_yaml, validate
@@ -55,6 +55,8 @@ from simulator.specs.loader import UNKNOWN_FIELD, read_yaml, validate
 RUN_ID_CHARS = 12
 # Replica-group fields that, as the first key of a path, apply to every replica group.
 REPLICA_FIELDS = frozenset(ReplicaGroupSpec.model_fields) - frozenset(Scenario.model_fields)
+# A base scenario's errors that no varied value elsewhere can mend: every run would fail alike.
+BASE_ERRORS = frozenset({UNKNOWN_FIELD, "Field required"})
 
 Values = list[Any]
 NonEmpty = Annotated[Values, Field(min_length=1)]
@@ -64,8 +66,8 @@ class RandomRange(Frozen):
     """A number drawn from [low, high]: uniform, or log-uniform with `log`; with `integer`, an
     integer in [ceil(low), floor(high)] (log: each k weighted by log((k + 1) / k))."""
 
-    low: float
-    high: float
+    low: float = Field(allow_inf_nan=False)
+    high: float = Field(allow_inf_nan=False)
     log: bool = False
     integer: bool = False
 
@@ -198,6 +200,11 @@ def _section(spec: SweepSpec, path: str) -> str:
     return path
 
 
+def varied_paths(spec: SweepSpec) -> list[str]:
+    """The dotted paths the sweep varies, in its sections' order (results.csv's columns)."""
+    return [*spec.grid, *spec.zip, *spec.random]
+
+
 def num_points(spec: SweepSpec) -> int:
     """Points of the sweep, counting those that resolve to the same scenario (`expand` keeps
     one run of each)."""
@@ -209,7 +216,8 @@ def _base(spec: SweepSpec) -> tuple[dict[str, Any], Path]:
     if isinstance(spec.base, dict):
         return copy.deepcopy(spec.base), spec._root
     path = spec._root / spec.base
-    data = read_yaml(path)
+    with naming(spec._source, "base"):
+        data = read_yaml(path)
     if not isinstance(data, dict):
         raise SpecError("expected a scenario mapping", source=str(path))
     return data, path.parent
@@ -256,6 +264,8 @@ def _resolve(base: dict[str, Any], values: dict[str, Any], root: Path) -> SweepR
                 if unknown is not None:
                     where = "" if unknown == path else f"'{unknown}' on the way: "
                     raise SpecError(f"{where}{exc.reason}", field=path) from None
+        if exc.reason in BASE_ERRORS and not any(_related(p, exc.field) for p in values):
+            raise SpecError(exc.reason, field=f"base.{exc.field}") from None
         return SweepRun(run_id=_digest(data), values=values, scenario=data, error=exc.line())
     run_id = _digest(scenario.model_dump(mode="json", exclude_defaults=True))
     resolved = scenario.model_dump(mode="json")
@@ -265,12 +275,23 @@ def _resolve(base: dict[str, Any], values: dict[str, Any], root: Path) -> SweepR
 
 def _unknown_on(path: str, field: str) -> str | None:
     """The part of varied `path` that the unknown scenario `field` is (all of it, or a leading
-    part), or None when `field` is not on it; a replica-group path is set in every group, so
-    `replicas.1.scheduler.x` is `scheduler.x`."""
+    part), or None when `field` is not on it."""
+    field = _group_field(field)
+    return field if path == field or path.startswith(f"{field}.") else None
+
+
+def _related(path: str, field: str) -> bool:
+    """Whether scenario `field` lies on varied `path` or inside the value it sets."""
+    field = _group_field(field)
+    return _unknown_on(path, field) is not None or field.startswith(f"{path}.")
+
+
+def _group_field(field: str) -> str:
+    """A replica-group path is set in every group, so `replicas.1.scheduler.x` is `scheduler.x`."""
     keys = field.split(".")
     if len(keys) > 2 and keys[0] == "replicas" and keys[1].isdigit() and keys[2] in REPLICA_FIELDS:
-        field = ".".join(keys[2:])
-    return field if path == field or path.startswith(f"{field}.") else None
+        return ".".join(keys[2:])
+    return field
 
 
 def _digest(data: dict[str, Any]) -> str:

@@ -55,6 +55,7 @@ from simulator.sweep_spec import (
     expand,
     load_sweep,
     num_points,
+    varied_paths,
     write_sweep,
 )
 
@@ -187,27 +188,42 @@ class ResultsFile:
     the file under the wider header (a temporary file, then renamed: a kill leaves one or the
     other)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, varied: list[str] | None = None) -> None:
         self.path = path
         self.columns: list[str] = []
         self.done: set[str] = set()
         self._fh: io.TextIOWrapper | None = None
         if path.exists():
-            self._recover()
+            self._recover(varied)
 
-    def _recover(self) -> None:
+    def _recover(self, varied: list[str] | None) -> None:
+        """Read what an earlier invocation left; refuse a file that is not a sweep's results, or
+        holds another sweep's (other varied paths: its rows would not line up with these), before
+        touching it."""
         raw = self.path.read_bytes()
         end = raw.rfind(b"\n") + 1
+        try:
+            text = raw[:end].decode("utf-8")
+        except UnicodeDecodeError:
+            text = ""
+        reader = csv.DictReader(io.StringIO(text))
+        columns = list(reader.fieldnames or [])
+        if (raw and not columns) or (columns and not {"run_id", "status"} <= set(columns)):
+            raise SpecError(
+                "not a sweep's results (no run_id and status columns); choose another --out",
+                source=str(self.path),
+            )
+        before = columns[1 : columns.index("status")] if columns else []
+        if varied is not None and columns and set(before) != set(varied):
+            raise SpecError(
+                f"holds the results of a sweep over {', '.join(before) or 'nothing'}, not "
+                f"{', '.join(varied) or 'nothing'}; choose another --out",
+                source=str(self.path),
+            )
         if end < len(raw):
             with self.path.open("r+b") as fh:
                 fh.truncate(end)
-        reader = csv.DictReader(io.StringIO(raw[:end].decode("utf-8")))
-        self.columns = list(reader.fieldnames or [])
-        if self.columns and "run_id" not in self.columns:
-            raise SpecError(
-                "not a sweep's results (no run_id column); choose another --out",
-                source=str(self.path),
-            )
+        self.columns = columns
         self.done = {row["run_id"] for row in reader}
 
     def append(self, row: dict[str, Any]) -> None:
@@ -299,7 +315,7 @@ def execute_sweep(
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SpecError(f"cannot create the folder ({exc.strerror})", source=str(folder)) from None
-    results = ResultsFile(folder / RESULTS_FILE)
+    results = ResultsFile(folder / RESULTS_FILE, varied=varied_paths(spec))
     write_sweep(spec, folder / SPEC_FILE)
     todo = [run for run in runs if run["run_id"] not in results.done]
     values = {run["run_id"]: run["values"] for run in todo}

@@ -172,8 +172,49 @@ def test_a_malformed_sweep_file_is_a_spec_error(
 def test_a_missing_base_file_is_a_spec_error(tmp_path: Path) -> None:
     path = tmp_path / "sweep.yaml"
     path.write_text("base: nowhere.yaml\ngrid: {seed: [1]}\n", encoding="utf-8")
-    with pytest.raises(SpecError, match="cannot read"):
+    with pytest.raises(SpecError, match=r"nowhere\.yaml: cannot read") as err:
         expand(load_sweep(path))
+    assert (err.value.source, err.value.field) == (str(path), "base")
+
+
+@pytest.mark.parametrize("bound", [float("nan"), float("inf")])
+def test_a_random_range_needs_finite_bounds(tmp_path: Path, bound: float) -> None:
+    random = {"workload.request_rate": {"low": 1, "high": bound}}
+    with pytest.raises(SpecError, match="finite number") as err:
+        load_sweep(make_sweep(tmp_path, random=random, samples=2))
+    assert err.value.field == "random.workload.request_rate.range.high"
+
+
+@pytest.mark.parametrize(
+    ("base", "field", "reason"),
+    [
+        ({**BASE, "foo": "bar"}, "base.foo", "unknown field"),
+        ({**BASE, "workload": {**BASE["workload"], "rate": 3}}, "base.workload.rate", "unknown"),
+        ({k: v for k, v in BASE.items() if k != "model"}, "base.model", "Field required"),
+    ],
+)
+def test_a_base_no_value_can_mend_is_an_error_of_the_sweep_file(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    base: dict[str, Any],
+    field: str,
+    reason: str,
+) -> None:
+    # the base fails every run alike, whatever the varied values: exit 2 before anything runs
+    sweep = make_sweep(tmp_path, base=base, grid={"seed": [0, 1]})
+    with pytest.raises(SpecError, match=reason) as err:
+        expand(load_sweep(sweep))
+    assert (err.value.source, err.value.field) == (str(sweep), field)
+    out = tmp_path / "out"
+    code, _, stderr = run_cli(capsys, "sweep", str(sweep), "--out", str(out), "--quiet")
+    assert (code, stderr.count("\n")) == (2, 1) and not out.exists()
+
+
+def test_a_base_field_the_sweep_sets_is_not_the_base_s_error(tmp_path: Path) -> None:
+    # the base lacks the model, the grid gives it: every run is whole
+    base = {k: v for k, v in BASE.items() if k != "model"}
+    runs = expand(load_sweep(make_sweep(tmp_path, base=base, grid={"model": ["llama-3.1-8b"]})))
+    assert runs[0]["error"] is None
 
 
 @pytest.mark.parametrize(
@@ -295,11 +336,31 @@ def test_sweep_yaml_records_the_sweep_with_the_base_inlined(tmp_path: Path) -> N
     assert sorted(r["run_id"] for r in expand(recorded)) == sorted(report.table["run_id"])
 
 
-def test_results_of_another_kind_are_not_overwritten(tmp_path: Path) -> None:
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "results.csv").write_text("a,b\n1,2\n", encoding="utf-8")
-    with pytest.raises(SpecError, match="no run_id column"):
+@pytest.mark.parametrize(
+    "content",
+    [b"a,b\n1,2\n", b"a,b\n1,2\n3,", b"run_id,x\n1,2\n", b"\xff\xfe\x00garbage"],
+    ids=["csv", "cut-short", "no-status", "binary"],
+)
+def test_results_of_another_kind_are_left_untouched(tmp_path: Path, content: bytes) -> None:
+    results = tmp_path / "out" / "results.csv"
+    results.parent.mkdir()
+    results.write_bytes(content)
+    with pytest.raises(SpecError, match="not a sweep's results"):
         run_sweep(make_sweep(tmp_path, grid={"seed": [0]}), tmp_path / "out", workers=1)
+    assert results.read_bytes() == content  # not even a cut-short last line dropped
+
+
+def test_another_sweep_s_results_are_not_mixed_in(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    execute_sweep(make_sweep(tmp_path / "a", grid={"seed": [0]}), out, workers=1)
+    before = (out / "results.csv").read_bytes()
+    other = make_sweep(tmp_path / "b", grid={"workload.request_rate": [5]})
+    with pytest.raises(SpecError, match=r"a sweep over seed, not workload\.request_rate"):
+        execute_sweep(other, out, workers=1)
+    assert (out / "results.csv").read_bytes() == before
+    # the same paths with more values resume: the grid grows, the finished run is kept
+    report = execute_sweep(make_sweep(tmp_path / "a", grid={"seed": [0, 1]}), out, workers=1)
+    assert (report.ok, report.skipped) == (1, 1)
 
 
 def test_the_process_pool_gives_the_same_results(tmp_path: Path) -> None:
