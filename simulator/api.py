@@ -205,6 +205,7 @@ def estimate(
     max_num_batched_tokens: int | None = None,
     enable_chunked_prefill: bool | None = None,
     num_iters: int = 30,
+    max_model_len: int | None = None,
     speculative_config: SpeculativeSpec | Mapping[str, Any] | str | None = None,
     cpu_offload_gb: float = 0.0,
     offload: OffloadLike = None,
@@ -214,6 +215,7 @@ def estimate(
     mapping or a SpeculativeSpec) with the acceptance added (serving/speculative.py). A model
     too large for the GPU runs with weights streamed from host memory when `cpu_offload_gb`
     or `offload` allows it (see `deployment`). `async_scheduling`: vLLM's --async-scheduling.
+    `max_model_len`: vLLM's --max-model-len (default and upper bound: the model's context).
     The requests sample as vLLM's benchmark's do (temperature 1.0: OFFLINE_BENCH_SAMPLING), the
     engine's draw priced every step."""
     speculative = parse_speculative_config(speculative_config)
@@ -246,6 +248,7 @@ def estimate(
         chunked_prefill=enable_chunked_prefill,
         gpu_memory_utilization=gpu_memory_utilization,
         num_iters=num_iters,
+        max_model_len=max_model_len,
         offload=dep.offload,
         drafter=None if speculative is None else resolve_drafter(speculative, **dep.parts),
         sampler=sampler_passes(dep.engine, OFFLINE_BENCH_SAMPLING),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from clitools import run_cli
 
-from simulator import runner
+from simulator import estimate, runner
 from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
 from simulator.scenario import Scenario
@@ -61,3 +61,15 @@ def test_bench_latency_checks_its_lengths(capsys: pytest.CaptureFixture[str]) ->
     code, _, err = run_cli(capsys, *args, "--max-model-len", "512")
     assert code == 2 and "max_model_len" in err
     assert run_cli(capsys, *args, "--max-model-len", "2048")[0] == 0
+    code, _, err = run_cli(capsys, *args, "--max-model-len", "200000")  # over the context
+    assert code == 2 and "max_model_len: 200000 is longer than llama-3.1-8b's context" in err
+
+
+def test_bench_latency_takes_its_step_budget_without_chunked_prefill() -> None:
+    # 32 prompts of 2048 tokens: one prefill step under the context's budget, waves under 20000
+    def latency(**flags: object) -> float:
+        kwargs = dict(batch_size=32, input_len=2048, output_len=8, enable_chunked_prefill=False)
+        return estimate(model="llama-3.1-8b", hardware="h100_sxm", **kwargs, **flags).latency_s  # type: ignore[arg-type]
+
+    assert latency(max_model_len=20000) == latency(max_num_batched_tokens=20000)
+    assert latency(max_model_len=20000) > latency()

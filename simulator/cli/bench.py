@@ -101,11 +101,6 @@ def bench_latency_cmd(
         raise SpecError(
             "bench latency runs one replica; drop --data-parallel-size", field="data_parallel_size"
         )
-    if max_model_len is not None and input_len + output_len > max_model_len:
-        raise SpecError(
-            f"input + output length {input_len + output_len} exceeds {max_model_len}",
-            field="max_model_len",
-        )
     result = api.estimate(
         model=model,
         hardware=hardware,
@@ -125,6 +120,7 @@ def bench_latency_cmd(
         max_num_batched_tokens=max_num_batched_tokens,
         enable_chunked_prefill=enable_chunked_prefill,
         num_iters=num_iters,
+        max_model_len=max_model_len,
         speculative_config=speculative_config,
         cpu_offload_gb=cpu_offload_gb,
         offload=parse_offload_flag(offload_config),

@@ -118,8 +118,16 @@ def prefill_schedule(
 
 
 def _check_lengths(
-    model: ModelSpec, *, batch_size: int, input_len: int, output_len: int, num_iters: int
-) -> None:
+    model: ModelSpec,
+    *,
+    batch_size: int,
+    input_len: int,
+    output_len: int,
+    num_iters: int,
+    max_model_len: int | None,
+) -> int:
+    """The longest request served (`max_model_len`, default the model's context length), once
+    the lengths are checked against it."""
     for name, value in (
         ("batch_size", batch_size),
         ("input_len", input_len),
@@ -127,12 +135,22 @@ def _check_lengths(
         ("num_iters", num_iters),
     ):
         positive(value, field=name)
-    if input_len + output_len > model.max_position_embeddings:
+    context = model.max_position_embeddings
+    if max_model_len is not None:
+        positive(max_model_len, field="max_model_len")
+        if max_model_len > context:
+            raise SpecError(
+                f"{max_model_len} is longer than {model.id}'s context length {context}",
+                field="max_model_len",
+            )
+    if input_len + output_len > (max_model_len or context):
+        what = "max_model_len" if max_model_len else "the model's context length"
         raise SpecError(
-            f"input_len + output_len = {input_len + output_len} exceeds the model's context "
-            f"length {model.max_position_embeddings} (vLLM's max_model_len)",
-            field="input_len",
+            f"input_len + output_len = {input_len + output_len} exceeds {what} "
+            f"{max_model_len or context}",
+            field="max_model_len" if max_model_len else "input_len",
         )
+    return max_model_len or context
 
 
 def engine_overhead_rows(
@@ -274,6 +292,7 @@ def bench_latency(
     chunked_prefill: bool | None = None,
     gpu_memory_utilization: float | None = None,
     num_iters: int = 30,
+    max_model_len: int | None = None,
     offload: OffloadSpec | None = None,
     drafter: Drafter | None = None,
     sampler: Mapping[str, LogitsPass] | None = None,
@@ -286,20 +305,22 @@ def bench_latency(
     `drafter`: speculative decoding (serving.drafter); TPOT is then the decode time per output
     token after the first (the mean decode step without speculation). `sampler`: the engine's
     passes over the logits of each sampled sequence (each verified position with a drafter),
-    by name."""
-    _check_lengths(
+    by name. `max_model_len`: vLLM's --max-model-len (default the model's context length),
+    which sets the step budget without chunked prefill."""
+    max_model_len = _check_lengths(
         model,
         batch_size=batch_size,
         input_len=input_len,
         output_len=output_len,
         num_iters=num_iters,
+        max_model_len=max_model_len,
     )
     layout.check(model, hw)
     sched = engine.scheduler
     chunked = sched.chunked_prefill if chunked_prefill is None else chunked_prefill
     max_tokens = pick(
         max_num_batched_tokens,
-        engine.step_tokens(chunked=chunked, max_model_len=model.max_position_embeddings),
+        engine.step_tokens(chunked=chunked, max_model_len=max_model_len),
     )
     max_seqs = pick(max_num_seqs, sched.max_num_seqs)
     plan = plan_memory(
