@@ -18,6 +18,7 @@ import typer
 
 from simulator.cli import checks, scenarios
 from simulator.cli.bench import bench_app
+from simulator.cli.common import flush_notes
 from simulator.cli.ops import op_app
 from simulator.cli.specs import engines_app, hardware_app, models_app
 from simulator.errors import SpecError
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     args = _spread_multi_values(sys.argv[1:] if argv is None else list(argv))
     try:
         code = app(args=args, standalone_mode=False)
+        flush_notes(show=True)
     except SpecError as exc:
         sys.stderr.write(f"llmsim: error: {exc.line()}\n")
         raise SystemExit(2) from None
@@ -85,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(0) from None
         sys.stderr.write(f"llmsim: error: {message}\n")
         raise SystemExit(2) from None
+    finally:
+        flush_notes(show=False)  # a failed command's notes: its error line stands alone
     raise SystemExit(code if isinstance(code, int) else 0)
 
 

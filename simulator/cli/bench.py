@@ -50,7 +50,7 @@ from simulator.cli.bench_flags import (
     parse_offload_flag,
     save_result,
 )
-from simulator.cli.common import HardwareOpt, JsonOpt, out, print_json, write_json
+from simulator.cli.common import HardwareOpt, JsonOpt, note, out, print_json, write_json
 from simulator.errors import SpecError
 from simulator.metrics.summary import (
     format_serve_summary,
@@ -179,12 +179,14 @@ def sharegpt_file(path: str | None, *, tokenizer: str | None, seed: int) -> dict
     if path is None:
         tokenizer_unused(tokenizer)
         return {}
-    if not Path(path).is_file():  # before the note below: one line
+    if Path(path).is_dir():
+        raise SpecError("is a folder, not a ShareGPT JSON file", source=path)
+    if not Path(path).is_file():
         raise SpecError("cannot read file (no such file)", source=path)
     if tokenizer is None:
-        sys.stderr.write(
-            "llmsim: note: token counts of the ShareGPT file are estimated from its text "
-            "(about 4 bytes a token); --tokenizer PATH (a local tokenizer.json) counts them\n"
+        note(
+            "token counts of the ShareGPT file are estimated from its text "
+            "(about 4 bytes a token); --tokenizer PATH (a local tokenizer.json) counts them"
         )
     return {"path": path, "tokenizer": tokenizer, "seed": seed}
 
@@ -192,7 +194,7 @@ def sharegpt_file(path: str | None, *, tokenizer: str | None, seed: int) -> dict
 def tokenizer_unused(tokenizer: str | None) -> None:
     """vLLM's --tokenizer where it counts no ShareGPT file: a note that it changes nothing."""
     if tokenizer is not None:
-        sys.stderr.write("llmsim: note: no effect on the prediction: --tokenizer (vLLM flag)\n")
+        note("no effect on the prediction: --tokenizer (vLLM flag)")
 
 
 class ThroughputDataset(str, Enum):
@@ -263,14 +265,13 @@ def bench_throughput_cmd(
         if prefix_len:
             raise SpecError("applies to --dataset-name random", field="prefix_len")
         if input_len is not None:
-            sys.stderr.write("llmsim: note: --input-len has no effect with ShareGPT (as in vLLM)\n")
+            note("--input-len has no effect with ShareGPT (as in vLLM)")
         dataset = {"name": "sharegpt", "output_len": output_len}
         dataset |= sharegpt_file(dataset_path, tokenizer=tokenizer, seed=seed)
     else:
         if dataset_path:
-            sys.stderr.write(
-                "llmsim: note: --dataset-path is not read for --dataset-name random: llmsim "
-                "draws random lengths\n"
+            note(
+                "--dataset-path is not read for --dataset-name random: llmsim draws random lengths"
             )
         tokenizer_unused(tokenizer)
     _, summary = runner.bench_throughput(
@@ -311,9 +312,9 @@ def ramp_up(
     ignores the rates then, as llmsim does, with a note)."""
     if strategy is None:
         if start is not None or end is not None:
-            sys.stderr.write(
-                "llmsim: note: --ramp-up-start-rps/--ramp-up-end-rps have no effect without "
-                "--ramp-up-strategy (as in vLLM)\n"
+            note(
+                "--ramp-up-start-rps/--ramp-up-end-rps have no effect without "
+                "--ramp-up-strategy (as in vLLM)"
             )
         return None
     if start is None or end is None:
@@ -447,9 +448,9 @@ def bench_serve_cmd(
         stand_in = {
             DatasetName.random: "draws random lengths",
         }.get(dataset_name, "replays its bundled copy of that trace")
-        sys.stderr.write(
-            f"llmsim: note: --dataset-path is not read for --dataset-name "
-            f"{dataset_name.value}: llmsim {stand_in} (--dataset-name trace reads a file)\n"
+        note(
+            f"--dataset-path is not read for --dataset-name "
+            f"{dataset_name.value}: llmsim {stand_in} (--dataset-name trace reads a file)"
         )
     if dataset_name is not DatasetName.sharegpt:
         tokenizer_unused(tokenizer)

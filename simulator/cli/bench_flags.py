@@ -9,7 +9,6 @@ an `EngineArgs` field must carry the field's name.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from simulator.cli.common import write_json
+from simulator.cli.common import note, write_json
 from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
 from simulator.specs.offload import OffloadSpec, parse_offload
@@ -270,6 +269,4 @@ def ignored_flags(ctx: typer.Context) -> None:
         names.append(name)
         i += 2 if takes_value else 1
     if names:
-        sys.stderr.write(
-            f"llmsim: note: no effect on the prediction: {', '.join(names)} (vLLM client flags)\n"
-        )
+        note(f"no effect on the prediction: {', '.join(names)} (vLLM client flags)")

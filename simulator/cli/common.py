@@ -20,6 +20,23 @@ ReportOpt = Annotated[
 ]
 
 
+# Notes on flags that change nothing or on estimates, written to stderr once the command has
+# succeeded (`flush_notes`): a command that fails prints its one error line alone.
+_notes: list[str] = []
+
+
+def note(message: str) -> None:
+    """Say `message` on stderr as `llmsim: note: ...` when the command succeeds."""
+    _notes.append(f"llmsim: note: {message}\n")
+
+
+def flush_notes(*, show: bool) -> None:
+    """Write the pending notes (`show`) or drop them (the command failed)."""
+    if show:
+        sys.stderr.write("".join(_notes))
+    _notes.clear()
+
+
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 

@@ -176,6 +176,22 @@ def test_bench_serve_reads_the_file(tmp_path: Path, capsys: pytest.CaptureFixtur
     code, _, err = run_cli(capsys, *args[:-2], "--dataset-path", str(tmp_path / "nope.json"))
     assert code == 2 and err.count("\n") == 1
     assert "nope.json: cannot read file (no such file)" in err
+    code, _, err = run_cli(capsys, *args[:-2], "--dataset-path", str(tmp_path))
+    assert code == 2 and err.count("\n") == 1 and "is a folder" in err
+
+
+@pytest.mark.parametrize("content", [b"{bad", b"{}", b"[]", b"\xff\xfe"])
+def test_a_file_that_is_not_sharegpt_gets_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes
+) -> None:
+    # the estimate's note is for a run that succeeds: the error line stands alone
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    args = ["bench", "serve", "--hardware", "h100_sxm", "--model", "llama-3.1-8b"]
+    args += ["--dataset-name", "sharegpt", "--dataset-path", str(path), "--num-prompts", "4"]
+    code, out, err = run_cli(capsys, *args)
+    assert (code, out, err.count("\n")) == (2, "", 1)
+    assert err.startswith(f"llmsim: error: {path}: ")
 
 
 def test_a_scenario_names_the_file_beside_it(tmp_path: Path) -> None:
