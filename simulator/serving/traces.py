@@ -59,8 +59,8 @@ class TraceDataset(Frozen):
     def _known_format(self) -> TraceDataset:
         if self.format is None and self.path.suffix.lower() not in _SUFFIX_FORMATS:
             raise ValueError(
-                f"cannot tell the format of {self.path.name!r} from its suffix; "
-                "set format to csv or jsonl"
+                f"cannot tell the format of {self.path.name!r} from its suffix: name it "
+                f"{', '.join(_SUFFIX_FORMATS)}, or set the dataset's format (csv or jsonl)"
             )
         if (self.prefix_column is None) != (self.prefix_len_column is None):
             raise ValueError("prefix_column and prefix_len_column go together")
@@ -204,8 +204,14 @@ def _bad_value(
     column: pd.Series, bad: np.ndarray, what: str, *, source: str, field: str
 ) -> SpecError:
     row = int(np.flatnonzero(bad)[0])
+    value = column.iloc[row]
+    shown = (
+        "an empty cell"
+        if pd.isna(value)
+        else repr(value.item() if hasattr(value, "item") else value)
+    )
     return SpecError(
-        f"row {row + 1} of column {column.name!r}: {column.iloc[row]!r} is not {what}",
+        f"row {row + 1} of column {column.name!r}: {shown} is not {what}",
         source=source,
         field=field,
     )
