@@ -264,6 +264,13 @@ def _yaml_with_unknown_field(tmp_path: Path) -> str:
     return str(path)
 
 
+def _nan_host_bandwidth(tmp_path: Path) -> str:
+    path = tmp_path / "nan.yaml"
+    spec = (HARDWARE_DIR / "h100_sxm.yaml").read_text(encoding="utf-8")
+    path.write_text(spec.replace("memory_bw_bytes_per_s: 77 GB/s", "memory_bw_bytes_per_s: .nan"))
+    return str(path)
+
+
 def _llama_config(tmp_path: Path, *, drop: str = "", **changes: object) -> str:
     """llama-2-7b's config.json with key `drop` removed and `changes` applied, as a file."""
     cfg = json.loads((MODELS_DIR / "llama-2-7b.json").read_text(encoding="utf-8"))
@@ -328,6 +335,14 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     "hardware-yaml-unknown-field": (
         lambda p: ["hardware", "show", _yaml_with_unknown_field(p)],
         "bogus_field",
+    ),
+    "nan-flag": (
+        lambda p: ["bench", "serve", *LATENCY[2:], "--request-rate", "nan"],
+        "request_rate: must be a number, not NaN",
+    ),
+    "nan-in-yaml": (
+        lambda p: ["hardware", "show", _nan_host_bandwidth(p)],
+        "host: memory_bw_bytes_per_s: must be a number, not NaN",
     ),
     "tp-not-dividing-heads": (lambda p: [*LATENCY, "-tp", "3"], "tensor_parallel_size"),
     "negative-input-len": (lambda p: [*LATENCY, "--input-len", "-5"], "input_len"),

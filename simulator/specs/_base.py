@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from itertools import pairwise
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator, model_validator
 
 from simulator.units import parse_quantity
 
 
 class Frozen(BaseModel):
-    """Frozen, strict spec data: unknown keys are errors, nothing mutates after loading."""
+    """Frozen, strict spec data: unknown keys are errors, nothing mutates after loading, and
+    no field takes NaN (YAML's `.nan`, a flag's `nan`), which every bound check would let pass
+    or reject with a message about the bound."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nan(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if isinstance(value, float) and math.isnan(value):
+                    raise ValueError(f"{key}: must be a number, not NaN")
+        return data
 
 
 def _quantity(dimension: str) -> BeforeValidator:
