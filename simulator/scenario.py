@@ -172,9 +172,9 @@ class ReplicaGroupSpec(Frozen):
 class SLOSpec(Frozen):
     """Per-request latency targets in ms; goodput counts requests meeting all given ones."""
 
-    ttft_ms: float | None = Field(default=None, gt=0)
-    tpot_ms: float | None = Field(default=None, gt=0)
-    e2el_ms: float | None = Field(default=None, gt=0)
+    ttft_ms: float | None = Field(default=None, ge=0)
+    tpot_ms: float | None = Field(default=None, ge=0)
+    e2el_ms: float | None = Field(default=None, ge=0)
 
     def goodput(self) -> dict[str, float]:
         targets = {"ttft": self.ttft_ms, "tpot": self.tpot_ms, "e2el": self.e2el_ms}

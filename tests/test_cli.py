@@ -18,6 +18,7 @@ import pytest
 from clitools import run_cli
 
 import simulator
+from simulator import api
 from simulator.api import op_json
 from simulator.specs.loader import MODELS_DIR
 
@@ -502,3 +503,17 @@ def test_bad_input_end_to_end(args: list[str]) -> None:
     assert proc.returncode == 2
     assert_one_error_line(proc.stderr)
     assert proc.stdout == ""
+
+
+def test_running_out_of_memory_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 5e9 prompts ask numpy for 37 GiB: say so in a line, not a traceback
+    def too_big(**_: object) -> None:
+        raise MemoryError("Unable to allocate 37.3 GiB for an array")
+
+    monkeypatch.setattr(api, "estimate", too_big)
+    code, out, err = run_cli(capsys, *LATENCY)
+    assert (code, out) == (2, "")
+    assert_one_error_line(err)
+    assert "out of memory (Unable to allocate 37.3 GiB for an array)" in err

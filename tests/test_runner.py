@@ -177,6 +177,15 @@ def test_bench_serve_json_has_vllms_keys(
     assert data["request_goodput"] is not None
 
 
+def test_bench_serve_takes_a_zero_slo_as_vllm_does(capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM's --goodput refuses negative targets only; 0 ms is met by no request
+    args = ["bench", "serve", "--hardware", "h100_sxm", "--model", "llama-3.1-8b"]
+    args += ["--num-prompts", "10", "--random-input-len", "64", "--random-output-len", "8"]
+    code, out, err = cli(capsys, *args, "--goodput", "ttft:0", "tpot:1000", "--json")
+    assert code == 0, err
+    assert json.loads(out)["request_goodput"] == 0.0
+
+
 def test_bench_serve_prints_vllms_summary(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(
         capsys,

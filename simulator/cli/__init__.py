@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> None:
         # an output folder that cannot be created, a file that cannot be written or read
         sys.stderr.write(f"llmsim: error: {exc.filename}: {exc.strerror or exc}\n")
         raise SystemExit(2) from None
+    except MemoryError as exc:  # a request asking for more than the machine holds
+        detail = f" ({' '.join(str(exc).split())})" if str(exc) else ""
+        sys.stderr.write(
+            f"llmsim: error: out of memory{detail}; ask for fewer requests or a smaller sweep\n"
+        )
+        raise SystemExit(2) from None
     except (typer.Abort, KeyboardInterrupt):
         sys.stderr.write("llmsim: aborted\n")
         raise SystemExit(130) from None
