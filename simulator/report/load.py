@@ -120,8 +120,19 @@ def _optional(folder: Path, name: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def _object(path: Path, keys: tuple[str, ...], what: str) -> dict[str, Any]:
+    """The JSON object in `path`, which must hold `keys` (what `what` writes)."""
+    data = _json(path)
+    if not isinstance(data, dict):
+        raise SpecError("expected a JSON object", source=str(path))
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise SpecError(f"not {what} (no {', '.join(missing)})", source=str(path))
+    return data
+
+
 def _run(folder: Path) -> RunFolder:
-    summary = _json(_file(folder, "summary.json"))
+    summary = _object(_file(folder, "summary.json"), ("completed",), "a run's summary")
     requests = _csv(_file(folder, "requests.csv"), REQUEST_COLUMNS)
     steps = _csv(_file(folder, "steps.csv"), STEP_COLUMNS)
     itl_path = _optional(folder, "itl.csv")
@@ -139,7 +150,7 @@ def _run(folder: Path) -> RunFolder:
         raise SpecError("expected a list of memory plans", source=str(memory_path))
     return RunFolder(
         folder=folder,
-        summary=summary if isinstance(summary, dict) else {},
+        summary=summary,
         requests=requests,
         steps=steps,
         itl=_csv(itl_path, ("itl_s", "weight")) if itl_path else None,
@@ -171,9 +182,7 @@ def _sweep(folder: Path) -> SweepFolder:
 
 
 def _plan(folder: Path) -> PlanFolder:
-    plan = _json(_file(folder, "plan.json"))
-    if not isinstance(plan, dict):
-        raise SpecError("expected a JSON object", source=str(folder / "plan.json"))
+    plan = _object(_file(folder, "plan.json"), ("model", "fleet"), "a plan's summary")
     probes_path = _file(folder, "probes.csv")
     # A plan whose layouts were all pruned ran no simulation: its probes.csv is empty.
     probes = _csv(probes_path, ("layout", "feasible")) if probes_path.stat().st_size > 1 else None

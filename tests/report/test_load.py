@@ -3,6 +3,7 @@ naming the folder or file."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def test_broken_files_name_themselves(run_folder: Path, tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="not valid JSON") as err:
         load(tmp_path / "run")
     assert err.value.source.endswith("summary.json")
-    (tmp_path / "run" / "summary.json").write_text("{}")
+    (tmp_path / "run" / "summary.json").write_text('{"completed": 1}')
     (tmp_path / "run" / "requests.csv").write_text("")
     with pytest.raises(SpecError, match="empty"):
         load(tmp_path / "run")
@@ -77,7 +78,9 @@ def test_a_sweep_folder(tmp_path: Path) -> None:
 
 
 def test_a_plan_folder(tmp_path: Path) -> None:
-    (tmp_path / "plan.json").write_text('{"name": "p", "pareto_metric": "p99_tpot_ms"}')
+    (tmp_path / "plan.json").write_text(
+        '{"name": "p", "model": "m", "fleet": {}, "pareto_metric": "p99_tpot_ms"}'
+    )
     (tmp_path / "probes.csv").write_text("layout,feasible,p99_tpot_ms\na,True,10\n")
     plan = load(tmp_path)
     assert isinstance(plan, PlanFolder)
@@ -93,3 +96,20 @@ def test_what_is_not_a_result_folder(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="not a run, sweep or plan folder") as err:
         load(tmp_path)
     assert err.value.source == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "reason"),
+    [
+        ("summary.json", "[1, 2]", "expected a JSON object"),
+        ("summary.json", '{"duration": 1}', "not a run's summary (no completed)"),
+        ("plan.json", '{"a": 1}', "not a plan's summary (no model, fleet)"),
+    ],
+)
+def test_a_summary_that_is_not_ours_is_refused(
+    tmp_path: Path, name: str, text: str, reason: str
+) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(SpecError, match=re.escape(reason)) as err:
+        load(tmp_path)
+    assert err.value.source == str(tmp_path / name)
