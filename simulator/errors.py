@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
 class SpecError(ValueError):
@@ -35,3 +36,23 @@ def naming(source: str = "", field: str = "") -> Iterator[None]:
         if source and exc.source == source:
             raise
         raise SpecError(exc.line(), source=source, field=field) from exc
+
+
+def output_folder(out: str | Path) -> Path:
+    """`out` as a folder to write results into, created with its parents; a path that is a
+    file, or a folder that cannot be made, is a SpecError naming it."""
+    folder = not_a_file(out)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"cannot create the folder ({exc.strerror})", source=str(folder)) from None
+    return folder
+
+
+def not_a_file(out: str | Path) -> Path:
+    """`out`, which may be a folder or not exist yet; a file there is a SpecError (checked
+    before a long run whose results would go there)."""
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise SpecError("is a file; give a folder to write into", source=str(folder))
+    return folder

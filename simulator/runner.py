@@ -18,7 +18,7 @@ import pandas as pd
 from simulator.api import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.engine_args import EngineArgs
-from simulator.errors import SpecError, naming
+from simulator.errors import SpecError, naming, output_folder
 from simulator.metrics.summary import (
     PERCENTILES,
     kv_tier_summary,
@@ -221,8 +221,7 @@ def save_run(result: RunResult, out: str | Path) -> Path:
     resolved scenario), memory.json (each replica group's memory plan) and, with KV tiers,
     kv_tiers.csv (their samples) under `out`; returns the folder. `llmsim report` reads it
     back."""
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = output_folder(out)
     (folder / "summary.json").write_text(json.dumps(result.as_json(), indent=2, default=str))
     result.sim.requests.to_csv(folder / "requests.csv", index=False)
     result.sim.steps.to_csv(folder / "steps.csv", index=False)

@@ -45,7 +45,7 @@ from rich.progress import (
 )
 
 from simulator import runner
-from simulator.errors import SpecError
+from simulator.errors import SpecError, output_folder
 from simulator.scenario import Scenario
 from simulator.sweep_spec import (
     RandomRange,
@@ -310,11 +310,7 @@ def execute_sweep(
     elif executor != "local":
         raise SpecError(f"unknown executor '{executor}' (local or ray)", field="executor")
     runs = expand(spec)
-    folder = Path(out)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecError(f"cannot create the folder ({exc.strerror})", source=str(folder)) from None
+    folder = output_folder(out)
     results = ResultsFile(folder / RESULTS_FILE, varied=varied_paths(spec))
     write_sweep(spec, folder / SPEC_FILE)
     todo = [run for run in runs if run["run_id"] not in results.done]

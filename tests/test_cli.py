@@ -18,7 +18,7 @@ import pytest
 from clitools import run_cli
 
 import simulator
-from simulator import api
+from simulator import api, runner
 from simulator.api import op_json
 from simulator.specs.loader import MODELS_DIR
 
@@ -452,6 +452,28 @@ def test_unwritable_output_path_exits_2(
     assert code == 2
     assert_one_error_line(err)
     assert str(blocked) in err
+
+
+@pytest.mark.parametrize("command", ["run", "plan", "sweep"])
+def test_out_naming_a_file_exits_2_before_running(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    # the check comes first: nothing is simulated for results that could not be written
+    def no_run(*_: object, **__: object) -> None:
+        raise AssertionError("ran")
+
+    monkeypatch.setattr(runner, "run", no_run)
+    target = tmp_path / "results"
+    target.write_text("kept")
+    file = {"run": QUICKSTART, "plan": "plan_chat.yaml", "sweep": "sweep_rate.yaml"}[command]
+    code, out, err = run_cli(capsys, command, str(QUICKSTART.parent / file), "--out", str(target))
+    assert (code, out) == (2, "")
+    assert_one_error_line(err)
+    assert f"{target}: is a file; give a folder to write into" in err
+    assert target.read_text() == "kept"
 
 
 def test_zero_num_iters_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from simulator import runner
 from simulator.cli.common import PLAN_WIDTH, JsonOpt, ReportOpt, print_json
-from simulator.errors import SpecError
+from simulator.errors import SpecError, not_a_file
 from simulator.metrics.summary import format_serve_summary
 from simulator.scenario import Scenario
 from simulator.serving.disagg import pool_lines
@@ -36,6 +36,8 @@ def run_cmd(
         raise SpecError("missing SCENARIO.yaml", field="scenario")
     if report and not out:
         raise SpecError("--report needs --out DIR (it writes DIR/report.html)", field="report")
+    if out:
+        not_a_file(out)
     result = runner.run(scenario)
     if out:
         runner.save_run(result, out)
@@ -95,6 +97,8 @@ def plan_cmd(
         return
     if plan_file is None:
         raise SpecError("missing PLAN.yaml", field="plan")
+    if out:
+        not_a_file(out)
     err = Console(stderr=True)
     status = err.status("planning") if err.is_terminal else None
     if status:

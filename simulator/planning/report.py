@@ -13,14 +13,15 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from simulator.errors import output_folder
+
 if TYPE_CHECKING:
     from simulator.plan import PlanResult
 
 
 def save_plan(result: PlanResult, out: str | Path) -> Path:
     """Write plan.json, candidates.csv, pareto.csv and probes.csv under `out`; returns it."""
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = output_folder(out)
     (folder / "plan.json").write_text(json.dumps(result.as_json(), indent=2) + "\n")
     result.candidates.to_csv(folder / "candidates.csv", index=False)
     result.pareto.to_csv(folder / "pareto.csv", index=False)
