@@ -129,22 +129,72 @@ def _moe(cfg: dict[str, Any], num_layers: int) -> MoE | None:
     )
 
 
+# Hugging Face model types whose layers are not (all) attention: no KV cache to size, other
+# kernels (transformers' model_type names).
+_NOT_ATTENTION = frozenset(
+    {"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "rwkv", "rwkv5", "rwkv6",
+     "recurrent_gemma", "xlstm", "zamba", "zamba2", "nemotron_h", "granitemoehybrid"}
+)  # fmt: skip
+
+# Weight formats of compressed-tensors' (num_bits, type) (vLLM's CompressedTensorsConfig).
+_COMPRESSED_WEIGHTS = {
+    (8, "float"): "fp8",
+    (8, "int"): "int8",
+    (4, "int"): "int4",
+    (4, "float"): "fp4",
+}
+
+
 def _weight_dtype(cfg: dict[str, Any], dtype: str) -> str:
+    """The checkpoint's linear-weight format: its `quantization_config` (the methods vLLM reads
+    for these formats), else `dtype`. One that names a format llmsim cannot price is an error
+    naming it, not a silent 16-bit model."""
     quant = cfg.get("quantization_config") or {}
     if not isinstance(quant, dict):
         raise ConfigKeyError("quantization_config", f"expected a mapping, got {quant!r}")
+    if not quant:
+        return dtype
     method = str(quant.get("quant_method", "")).lower()
+    found: str | None = None
     if method == "fp8":
-        return "fp8"
-    if method == "modelopt":  # NVIDIA ModelOpt exports: quant_algo FP8 or NVFP4
+        found = "fp8"
+    elif method == "modelopt":  # NVIDIA ModelOpt exports: quant_algo FP8 or NVFP4
         algo = str(quant.get("quant_algo", "")).upper()
-        if algo.startswith("FP8"):
-            return "fp8"
-        if algo == "NVFP4":
-            return "fp4"
-    if method in ("awq", "gptq") and _first_int(quant, "bits", default=16) == 4:
-        return "int4"
-    return dtype
+        found = "fp8" if algo.startswith("FP8") else "fp4" if algo == "NVFP4" else None
+        method = f"modelopt {algo or '(no quant_algo)'}"
+    elif method in ("awq", "gptq"):
+        bits = _first_int(quant, "bits", default=16)
+        found = {4: "int4", 8: "int8"}.get(bits)
+        method = f"{method} {bits}-bit"
+    elif method == "bitsandbytes":
+        found = (
+            "int4" if quant.get("load_in_4bit") else "int8" if quant.get("load_in_8bit") else None
+        )
+    elif method == "compressed-tensors":
+        found, method = _compressed_tensors(quant)
+    if found is None:
+        raise ConfigKeyError(
+            "quantization_config",
+            f"{method or 'no quant_method'} is not a weight format llmsim prices (fp8, "
+            "modelopt FP8/NVFP4, awq/gptq 4- or 8-bit, bitsandbytes, compressed-tensors "
+            "int4/int8/fp8/fp4); remove it and pass --quantization",
+        )
+    return found
+
+
+def _compressed_tensors(quant: dict[str, Any]) -> tuple[str | None, str]:
+    """(weight format, description) of a compressed-tensors config: its groups' weights must
+    agree on one format."""
+    groups = quant.get("config_groups")
+    formats: set[tuple[Any, str]] = set()
+    for group in groups.values() if isinstance(groups, dict) else []:
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if isinstance(weights, dict):
+            formats.add((weights.get("num_bits"), str(weights.get("type", "")).lower()))
+    if len(formats) != 1:
+        return None, "compressed-tensors without one weight format in config_groups"
+    bits, kind = formats.pop()
+    return _COMPRESSED_WEIGHTS.get((bits, kind)), f"compressed-tensors {kind} {bits}-bit"
 
 
 def _position(cfg: dict[str, Any], model_type: str) -> Literal["rope", "alibi", "learned"]:
@@ -160,9 +210,15 @@ def _position(cfg: dict[str, Any], model_type: str) -> Literal["rope", "alibi", 
 def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
     """Build a ModelSpec from a parsed Hugging Face config. Raises ConfigKeyError on a missing
     or malformed key and pydantic's ValidationError on inconsistent values."""
+    model_type = cfg.get("model_type", "")
+    if model_type in _NOT_ATTENTION:
+        raise ConfigKeyError(
+            "model_type",
+            f"{model_type!r} is a state-space or recurrent model; llmsim prices attention "
+            "transformers (their layers, KV cache and kernels)",
+        )
     hidden = _int(cfg, "hidden_size")
     num_layers = _int(cfg, "num_layers")
-    model_type = cfg.get("model_type", "")
     dtype = _TORCH_DTYPES.get(str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))), "bf16")
     return ModelSpec(
         name=name or str(cfg.get("_name_or_path") or model_type or "model"),

@@ -229,6 +229,11 @@ def test_config_json_by_path(tmp_path: Path) -> None:
     assert load_model(str(path.parent)).num_params == spec.num_params
 
 
+def _groups(bits: int, kind: str) -> dict[str, object]:
+    """compressed-tensors' config_groups with one group of `bits`-bit `kind` weights."""
+    return {"group_0": {"targets": ["Linear"], "weights": {"num_bits": bits, "type": kind}}}
+
+
 @pytest.mark.parametrize(
     ("quant", "weights"),
     [
@@ -236,7 +241,11 @@ def test_config_json_by_path(tmp_path: Path) -> None:
         ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8"),
         ({"quant_method": "fp8"}, "fp8"),
         ({"quant_method": "awq", "bits": 4}, "int4"),
-        ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "bf16"),  # not modelled
+        ({"quant_method": "gptq", "bits": 8}, "int8"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "int4"),
+        ({"quant_method": "compressed-tensors", "config_groups": _groups(8, "float")}, "fp8"),
+        ({"quant_method": "compressed-tensors", "config_groups": _groups(4, "int")}, "int4"),
+        ({}, "bf16"),
     ],
 )
 def test_quantised_checkpoints_give_their_weight_format(
@@ -246,6 +255,38 @@ def test_quantised_checkpoints_give_their_weight_format(
         tmp_path / "q" / "config.json", json.dumps({**TINY, "quantization_config": quant})
     )
     assert load_model(str(path)).weight_dtype == weights
+
+
+@pytest.mark.parametrize(
+    ("quant", "named"),
+    [
+        ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "modelopt W4A8_AWQ"),
+        ({"quant_method": "modelopt", "quant_algo": "BOGUS"}, "modelopt BOGUS"),
+        ({"quant_method": "gptq", "bits": 3}, "gptq 3-bit"),
+        ({"quant_method": "hqq"}, "hqq"),
+        ({"bits": 4}, "no quant_method"),
+        (
+            {"quant_method": "compressed-tensors", "config_groups": {}},
+            "compressed-tensors without one weight format in config_groups",
+        ),
+    ],
+)
+def test_a_weight_format_it_cannot_price_is_named_not_run_as_16_bit(
+    tmp_path: Path, quant: dict[str, object], named: str
+) -> None:
+    path = _write(
+        tmp_path / "q" / "config.json", json.dumps({**TINY, "quantization_config": quant})
+    )
+    with pytest.raises(SpecError, match=f"{named} is not a weight format") as err:
+        load_model(str(path))
+    assert err.value.field == "quantization_config"
+
+
+def test_a_state_space_model_is_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path / "m" / "config.json", json.dumps({**TINY, "model_type": "mamba"}))
+    with pytest.raises(SpecError, match="'mamba' is a state-space or recurrent model") as err:
+        load_model(str(path))
+    assert err.value.field == "model_type"
 
 
 def test_missing_key_names_file_and_key(tmp_path: Path) -> None:
