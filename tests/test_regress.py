@@ -161,6 +161,8 @@ def test_malformed_or_missing_golden_exits_2(
     assert code == 2 and "malformed YAML" in err and err.count("\n") == 1
     code, _, err = run_cli(capsys, "regress", str(tmp_path / "none.yaml"))
     assert code == 2 and "no such golden file" in err
+    code, _, err = run_cli(capsys, "regress", str(tmp_path))
+    assert code == 2 and f"{tmp_path}: is a folder; give the golden YAML file" in err
 
 
 # -- check and --update through the CLI -----------------------------------------------------------

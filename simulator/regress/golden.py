@@ -168,6 +168,8 @@ class Golden(Frozen):
 def load_golden(path: str | Path) -> Golden:
     """Read and validate a golden file; bad input raises SpecError naming file and field."""
     path = Path(path)
+    if path.is_dir():
+        raise SpecError("is a folder; give the golden YAML file", source=str(path))
     if not path.is_file():
         raise SpecError("no such golden file", source=str(path))
     return validate(Golden, read_yaml(path), source=str(path))
