@@ -348,8 +348,11 @@ def bench_latency(
     lookahead = drafter.spec.num_speculative_tokens if drafter is not None else 0
     needed = wave * -(-(input_len + output_len + lookahead) // plan.block_size)
     if needed > plan.kv_capacity_blocks:
+        what = f"batch of {wave}"
+        if wave < batch_size:
+            what = f"wave of {wave} (max_num_seqs; the batch of {batch_size} runs in waves)"
         raise SpecError(
-            f"batch of {wave} x {input_len + output_len} tokens needs {needed} KV blocks, "
+            f"{what} x {input_len + output_len} tokens needs {needed} KV blocks, "
             f"only {plan.kv_capacity_blocks} fit (largest batch: "
             f"{plan.max_batch(seq_len=input_len + output_len)})",
             field="batch_size",

@@ -202,6 +202,9 @@ def test_a_batch_too_large_for_the_kv_cache_names_batch_size() -> None:
     with pytest.raises(SpecError, match="batch_size") as info:
         make_run(batch_size=4096, input_len=4096, output_len=128)
     assert "KV blocks" in str(info.value)
+    # past max_num_seqs the batch runs in waves: the message says which number it counts
+    with pytest.raises(SpecError, match=r"wave of 512 \(max_num_seqs; the batch of 4096 runs"):
+        make_run(batch_size=4096, input_len=4096, output_len=128, max_num_seqs=512)
 
 
 @pytest.mark.parametrize("field", ["batch_size", "input_len", "output_len"])
