@@ -268,7 +268,7 @@ def test_run_prints_its_schema(capsys: pytest.CaptureFixture[str]) -> None:
                 "--request-rate",
                 "-1",
             ),
-            "request_rate",
+            "--request-rate",
         ),
         (
             (
@@ -307,7 +307,7 @@ def test_run_prints_its_schema(capsys: pytest.CaptureFixture[str]) -> None:
                 "--max-concurrency",
                 "0",
             ),
-            "max_concurrency",
+            "--max-concurrency",
         ),
         (
             ("bench", "throughput", "--hardware", "rtx_4090", "--model", "llama-3.1-70b"),
@@ -322,7 +322,7 @@ def test_run_prints_its_schema(capsys: pytest.CaptureFixture[str]) -> None:
                 *("bench", "throughput", "--hardware", "h100_sxm", "--model", "llama-3.1-8b"),
                 *("--num-prompts", "0"),
             ),
-            "num_prompts",
+            "--num-prompts",
         ),
         (
             (

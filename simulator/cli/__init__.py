@@ -13,11 +13,13 @@ the order `llmsim --help` lists them, and turns errors into exit statuses.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 
 from simulator.cli import checks, scenarios
 from simulator.cli.bench import bench_app
+from simulator.cli.bench_flags import flag_error
 from simulator.cli.common import flush_notes
 from simulator.cli.ops import op_app
 from simulator.cli.specs import engines_app, hardware_app, models_app
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=args, standalone_mode=False)
         flush_notes(show=True)
     except SpecError as exc:
-        sys.stderr.write(f"llmsim: error: {exc.line()}\n")
+        sys.stderr.write(f"llmsim: error: {flag_error(exc, _flags(args)).line()}\n")
         raise SystemExit(2) from None
     except OSError as exc:
         if exc.filename is None:  # not about a path the user named: a bug
@@ -96,6 +98,17 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         flush_notes(show=False)  # a failed command's notes: its error line stands alone
     raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def _flags(args: list[str]) -> set[str]:
+    """The flags of the command `args` names (empty when they name none)."""
+    command: Any = typer.main.get_command(app)
+    for word in args:
+        sub = getattr(command, "commands", {}).get(word)
+        if sub is None:
+            break
+        command = sub
+    return {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
 
 
 def usage_error(exc: Exception) -> str | None:

@@ -270,3 +270,37 @@ def ignored_flags(ctx: typer.Context) -> None:
         i += 2 if takes_value else 1
     if names:
         note(f"no effect on the prediction: {', '.join(names)} (vLLM client flags)")
+
+
+# Sources of the SpecErrors raised while a bench command validates the scenario its flags make.
+BENCH_SOURCES = frozenset({"bench", "bench serve"})
+
+
+def flag_error(exc: SpecError, flags: set[str]) -> SpecError:
+    """`exc` with its scenario field named as the bench command's flag (one of `flags`) that
+    set it, where there is one: `replicas.0.count` is --data-parallel-size,
+    `dataset.random.input_len` --random-input-len (serve) or --input-len (throughput)."""
+    if exc.source not in BENCH_SOURCES:
+        return exc
+    for flag in _flag_candidates(exc.field):
+        if flag in flags:
+            return SpecError(exc.reason, field=flag)
+    return exc
+
+
+def _flag_candidates(field: str) -> list[str]:
+    keys = field.split(".")
+    if keys[:2] == ["replicas", "0"]:
+        keys = keys[2:]
+        if keys == ["count"]:
+            return ["--data-parallel-size"]
+        if keys[:1] == ["scheduler"]:
+            keys = keys[1:]
+    elif keys[:1] == ["sampling"]:
+        keys = keys[1:]
+    elif keys[:2] == ["dataset", "random"] and len(keys) == 3:
+        name = keys[2].replace("_", "-")
+        return [f"--random-{name}", f"--{name}"]
+    else:
+        keys = keys if keys[:1] != ["dataset"] else []
+    return [f"--{keys[0].replace('_', '-')}"] if len(keys) == 1 else []

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import typer
+from clitools import run_cli
 
 from simulator import runner
 from simulator.cli import app, main
@@ -128,3 +129,26 @@ def test_bench_throughput_passes_every_engine_flag_on(
         main(["bench", "throughput", *BENCH, "--num-prompts", "4", "--seed", "5", *flags])
     assert got.value.value["engine_args"] == expected
     assert got.value.value["seed"] == 5
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "named"),
+    [
+        ("serve", ("-dp", "0"), "--data-parallel-size"),
+        ("serve", ("-tp", "0"), "--tensor-parallel-size"),
+        ("serve", ("--max-num-seqs", "0"), "--max-num-seqs"),
+        ("serve", ("--random-input-len", "0"), "--random-input-len"),
+        ("serve", ("--repetition-penalty", "0"), "--repetition-penalty"),
+        ("serve", ("--random-range-ratio", "2"), "--random-range-ratio"),
+        ("throughput", ("--input-len", "0"), "--input-len"),
+        ("throughput", ("--num-prompts", "0"), "--num-prompts"),
+    ],
+)
+def test_a_bad_flag_value_is_named_by_its_flag(
+    capsys: pytest.CaptureFixture[str], command: str, flags: tuple[str, ...], named: str
+) -> None:
+    # the scenario the flags make names its fields (replicas.0.count); the user typed flags
+    args = ["bench", command, "--hardware", "h100_sxm", "--model", "llama-3.1-8b"]
+    code, out, err = run_cli(capsys, *args, "--num-prompts", "4", *flags)
+    assert (code, out, err.count("\n")) == (2, "", 1)
+    assert err.startswith(f"llmsim: error: {named}: "), err
