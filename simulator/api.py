@@ -165,11 +165,7 @@ def deployment(
         expert_load_imbalance=expert_load_imbalance,
     )
     layout.check(m, hw)
-    if eng.vendors is not None and hw.vendor not in eng.vendors:
-        raise SpecError(
-            f"{eng.name} runs on {' or '.join(eng.vendors)} GPUs, not on {hw.name} ({hw.vendor})",
-            field="engine",
-        )
+    eng.check_runs_on(hw)
     if quantization is not None and quantization not in eng.quantized_kernels:
         raise SpecError(
             f"{eng.name} has no {quantization} kernels "

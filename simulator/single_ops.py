@@ -12,6 +12,7 @@ import numpy as np
 
 from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.elementwise_kernels import gated_act, rms_norm, rotary
+from simulator.costmodel.memory import positive
 from simulator.costmodel.ops import Op, attention_ops, collective, gemm
 from simulator.costmodel.roofline import OpCost, evaluate
 from simulator.errors import SpecError
@@ -20,15 +21,26 @@ from simulator.specs.deployment import QUANTISED_COMPUTE, Precision
 from simulator.specs.hardware import RowKernel
 from simulator.specs.model import DTYPE_BYTES
 
+ATTENTION_DTYPES = ("bf16", "fp16", "fp32")  # what activations (queries) may be held in
+
 
 def _hw(hardware: str | HardwareSpec) -> HardwareSpec:
     return hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
 
 
 def _positive(**values: int | float) -> None:
+    """Each a finite whole number of at least 1 (`size_bytes` any finite number >= 1)."""
     for name, value in values.items():
-        if value < 1:
-            raise SpecError(f"must be at least 1, got {value}", field=name)
+        positive(value, field=name, whole=name != "size_bytes")  # type: ignore[arg-type]
+
+
+def _grouped(num_heads: int, num_kv_heads: int) -> None:
+    """Query heads come in equal groups per KV head."""
+    if num_heads % num_kv_heads:
+        raise SpecError(
+            f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}",
+            field="num_kv_heads",
+        )
 
 
 def _scalar(x: object) -> float:
@@ -82,8 +94,12 @@ class EngineOpCost:
         return top if parts[top] > 0 else "latency"
 
 
-def _engine(engine: str | EngineSpec | None) -> EngineSpec | None:
-    return engine if engine is None or isinstance(engine, EngineSpec) else load_engine(engine)
+def _engine(engine: str | EngineSpec | None, hw: HardwareSpec) -> EngineSpec | None:
+    """The engine an op runs under (None: the bare kernel), which must run on `hw`."""
+    eng = engine if engine is None or isinstance(engine, EngineSpec) else load_engine(engine)
+    if eng is not None:
+        eng.check_runs_on(hw)
+    return eng
 
 
 def _under_engine(
@@ -156,7 +172,7 @@ def gemm_cost(
     act = dtype if dtype in ("bf16", "fp16") else "bf16"
     prec = Precision(weights=dtype, compute=dtype, kv_cache=act, activations=act)
     op = gemm("gemm", m=float(m), n=float(n), k=float(k), count=1, prec=prec)
-    eng = _engine(engine)
+    eng = _engine(engine, hw)
     cost = evaluate([op], hw, eng)[0]
     return _under_engine(cost, eng, enforce_eager=enforce_eager, num_tokens=m)
 
@@ -215,15 +231,16 @@ def attention_cost(
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
     )
-    if num_heads % num_kv_heads:
-        raise SpecError(
-            f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}",
-            field="num_kv_heads",
-        )
-    kv = dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+    _grouped(num_heads, num_kv_heads)
+    if dtype not in ATTENTION_DTYPES:
+        raise SpecError(f"unknown dtype {dtype!r} ({', '.join(ATTENTION_DTYPES)})", field="dtype")
+    kv = dtype if kv_cache_dtype == "auto" else str(kv_cache_dtype)
     kv = "fp8" if kv.startswith("fp8") else kv  # fp8, fp8_e4m3, fp8_e5m2 (vLLM's spellings)
-    if kv not in DTYPE_BYTES:
-        raise SpecError(f"unknown KV cache dtype {kv_cache_dtype!r}", field="kv_cache_dtype")
+    if kv not in (*ATTENTION_DTYPES, "fp8"):
+        raise SpecError(
+            f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8, or the dtype's)",
+            field="kv_cache_dtype",
+        )
     prec = Precision(weights=dtype, compute=dtype, kv_cache=kv, activations=dtype)
     match phase:
         case "prefill":
@@ -238,8 +255,9 @@ def attention_cost(
         heads=num_heads, kv_heads=num_kv_heads, head_dim=head_dim, prec=prec, batch=batch, count=1
     )
     op = ops[0] if phase == "prefill" else ops[1]
-    eng = _engine(engine)
-    cost = evaluate([op], _hw(hardware), eng)[0]
+    hw = _hw(hardware)
+    eng = _engine(engine, hw)
+    cost = evaluate([op], hw, eng)[0]
     return _under_engine(cost, eng, enforce_eager=enforce_eager, num_tokens=tokens)
 
 
@@ -276,8 +294,8 @@ def elementwise_cost(
     one-block-per-token launch where the engine runs it so (`scalar_row_kernels`; without an
     engine, vLLM's kernels as measured alone: all three). With an engine, an EngineOpCost."""
     _positive(tokens=tokens)
-    if dtype not in ("bf16", "fp16", "fp32"):
-        raise SpecError(f"unknown dtype {dtype!r} (bf16, fp16, fp32)", field="dtype")
+    if dtype not in ATTENTION_DTYPES:
+        raise SpecError(f"unknown dtype {dtype!r} ({', '.join(ATTENTION_DTYPES)})", field="dtype")
     a, t = DTYPE_BYTES[dtype], float(tokens)
     match kernel:
         case "norm":
@@ -285,6 +303,7 @@ def elementwise_cost(
             op = rms_norm("norm", t, h, act_bytes=a, count=1)
         case "rotary":
             v = _needed(kernel, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
+            _grouped(v["num_heads"], v["num_kv_heads"])
             op = rotary(t, v["num_heads"], v["num_kv_heads"], v["head_dim"], act_bytes=a, count=1)
         case "act":
             d = _needed(kernel, intermediate_size=intermediate_size)["intermediate_size"]
@@ -292,8 +311,9 @@ def elementwise_cost(
         case _:
             known = ", ".join(ELEMENTWISE_KERNELS)
             raise SpecError(f"unknown elementwise kernel {kernel!r} ({known})", field="kernel")
-    eng = _engine(engine)
-    cost = evaluate([op], _hw(hardware), eng)[0]
+    hw = _hw(hardware)
+    eng = _engine(engine, hw)
+    cost = evaluate([op], hw, eng)[0]
     return _under_engine(cost, eng, enforce_eager=enforce_eager, num_tokens=tokens)
 
 
@@ -340,7 +360,7 @@ def allreduce_cost(
     if num_devices == 1:
         op = collective("all_reduce", "all_reduce", msg_bytes=0.0, group=1, count=1)
     cost = evaluate([op], hw)[0]
-    return _under_engine(cost, _engine(engine), enforce_eager=enforce_eager, num_tokens=None)
+    return _under_engine(cost, _engine(engine, hw), enforce_eager=enforce_eager, num_tokens=None)
 
 
 def op_json(cost: OpCost | EngineOpCost) -> dict[str, Any]:

@@ -156,7 +156,87 @@ def test_int8_gemm_on_a100_uses_its_int8_unit() -> None:
 
 
 # -- bad input: always SpecError ------------------------------------------------------------------
+NAN, INF = float("nan"), float("inf")
+ATTENTION = {"phase": "decode", "batch_size": 4, "seq_len": 100, "num_heads": 32}
+ATTENTION |= {"num_kv_heads": 8, "head_dim": 128}
+
 BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
+    # NaN passes every `< 1` check: it once priced a GEMM at 0 s and an all-reduce at 0 s
+    "gemm-nan": (
+        lambda: simulator.gemm_cost(hardware="h100_sxm", m=NAN, n=16, k=16),
+        "m: must be a finite number, got nan",
+    ),
+    "gemm-fraction": (
+        lambda: simulator.gemm_cost(hardware="h100_sxm", m=1.5, n=16, k=16),
+        "m: must be a whole number, got 1.5",
+    ),
+    "gemm-bool": (
+        lambda: simulator.gemm_cost(hardware="h100_sxm", m=True, n=16, k=16),
+        "m: expected a number, got True",
+    ),
+    "allreduce-nan": (
+        lambda: simulator.allreduce_cost(hardware="h100_sxm", num_devices=8, size_bytes=NAN),
+        "size_bytes: must be a finite number",
+    ),
+    "allreduce-inf": (
+        lambda: simulator.allreduce_cost(hardware="h100_sxm", num_devices=8, size_bytes=INF),
+        "size_bytes: must be a finite number",
+    ),
+    "attention-nan": (
+        lambda: simulator.attention_cost(hardware="h100_sxm", **(ATTENTION | {"seq_len": NAN})),
+        "seq_len: must be a finite number",
+    ),
+    "attention-bad-dtype": (  # named the KV cache dtype 'auto' before
+        lambda: simulator.attention_cost(hardware="h100_sxm", **ATTENTION, dtype="xx"),
+        "dtype: unknown dtype 'xx'",
+    ),
+    "attention-int8-kv": (  # a ValidationError before
+        lambda: simulator.attention_cost(hardware="h100_sxm", **ATTENTION, kv_cache_dtype="int8"),
+        "kv_cache_dtype: unknown KV cache dtype 'int8'",
+    ),
+    "rotary-more-kv-heads": (
+        lambda: simulator.elementwise_cost(
+            hardware="h100_sxm",
+            kernel="rotary",
+            tokens=4,
+            num_heads=8,
+            num_kv_heads=16,
+            head_dim=64,
+        ),
+        "num_heads 8 is not a multiple of num_kv_heads 16",
+    ),
+    "op-engine-not-on-device": (
+        lambda: simulator.gemm_cost(hardware="mi300x", m=16, n=16, k=16, engine="trtllm"),
+        "TensorRT-LLM runs on nvidia GPUs",
+    ),
+    "estimate-input-len-nan": (  # ran out of memory before
+        lambda: simulator.estimate(model="llama-3.1-8b", hardware="h100_sxm", input_len=NAN),
+        "input_len: must be a finite number",
+    ),
+    "estimate-fractional-batch": (
+        lambda: simulator.estimate(model="llama-3.1-8b", hardware="h100_sxm", batch_size=1.5),
+        "batch_size: must be a whole number",
+    ),
+    "estimate-nan-step-budget": (  # 'does not fit: activations nan GiB' before
+        lambda: simulator.estimate(
+            model="llama-3.1-8b", hardware="h100_sxm", max_num_batched_tokens=NAN
+        ),
+        "max_num_batched_tokens: must be a finite number",
+    ),
+    "deployment-entrypoint": (
+        lambda: simulator.deployment(model="llama-3.1-8b", hardware="h100_sxm", entrypoint="x"),  # type: ignore[arg-type]
+        "unknown entrypoint 'x'",
+    ),
+    "imbalance-beyond-ep": (  # inf failed every request silently, energy NaN
+        lambda: simulator.deployment(
+            model="mixtral-8x7b",
+            hardware="h100_sxm",
+            tensor_parallel_size=2,
+            expert_parallel_size=2,
+            expert_load_imbalance=INF,
+        ),
+        "busiest of 2 EP ranks",
+    ),
     # llama-3.1-8b has 32 attention heads: tp 3 does not divide them
     "tp-not-dividing-heads": (
         lambda: simulator.estimate(

@@ -272,6 +272,13 @@ def _nan_host_bandwidth(tmp_path: Path) -> str:
     return str(path)
 
 
+def _infinite_transfer(tmp_path: Path) -> str:
+    path = tmp_path / "disagg.yaml"
+    text = (QUICKSTART.parent / "disagg_h100.yaml").read_text(encoding="utf-8")
+    path.write_text(text.replace("layerwise: true", "layerwise: true, latency_s: .inf"))
+    return str(path)
+
+
 def _llama_config(tmp_path: Path, *, drop: str = "", **changes: object) -> str:
     """llama-2-7b's config.json with key `drop` removed and `changes` applied, as a file."""
     cfg = json.loads((MODELS_DIR / "llama-2-7b.json").read_text(encoding="utf-8"))
@@ -344,6 +351,10 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     "nan-in-yaml": (
         lambda p: ["hardware", "show", _nan_host_bandwidth(p)],
         "host: memory_bw_bytes_per_s: must be a number, not NaN",
+    ),
+    "infinite-kv-transfer-latency": (  # an OverflowError in the summary before
+        lambda p: ["run", _infinite_transfer(p)],
+        "kv_transfer.latency_s: Input should be a finite number",
     ),
     "tp-not-dividing-heads": (lambda p: [*LATENCY, "-tp", "3"], "tensor_parallel_size"),
     "negative-input-len": (lambda p: [*LATENCY, "--input-len", "-5"], "input_len"),

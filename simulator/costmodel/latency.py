@@ -315,6 +315,12 @@ def bench_latency(
         num_iters=num_iters,
         max_model_len=max_model_len,
     )
+    for name, knob in (
+        ("max_num_batched_tokens", max_num_batched_tokens),
+        ("max_num_seqs", max_num_seqs),
+    ):
+        if knob is not None:
+            positive(knob, field=name)
     layout.check(model, hw)
     sched = engine.scheduler
     chunked = sched.chunked_prefill if chunked_prefill is None else chunked_prefill

@@ -228,10 +228,17 @@ def pick(value: T | None, default: T) -> T:
     return default if value is None else value
 
 
-def positive(value: int, *, field: str) -> int:
-    """`value` if it is at least 1, else a SpecError naming `field`."""
+def positive(value: int, *, field: str, whole: bool = True) -> int:
+    """`value` if it is a finite number of at least 1 (a whole one with `whole`), else a
+    SpecError naming `field` (NaN, which every comparison lets through, included)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise SpecError(f"expected a number, got {value!r}", field=field)
+    if not math.isfinite(value):
+        raise SpecError(f"must be a finite number, got {value}", field=field)
     if value < 1:
         raise SpecError(f"must be at least 1, got {value}", field=field)
+    if whole and value != int(value):
+        raise SpecError(f"must be a whole number, got {value}", field=field)
     return value
 
 

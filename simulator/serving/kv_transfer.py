@@ -65,9 +65,14 @@ class KVTransferSpec(Frozen):
 
     kind: LinkKind = "auto"
     bandwidth_bytes_per_s: BytesPerS | None = Field(
-        default=None, gt=0, description="achieved, per GPU and direction (default: the specs)"
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="achieved, per GPU and direction (default: the specs)",
     )
-    latency_s: Seconds | None = Field(default=None, ge=0, description="per transfer")
+    latency_s: Seconds | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="per transfer"
+    )
     layerwise: bool = Field(
         default=False, description="send each layer's KV as the prefill computes it"
     )

@@ -37,6 +37,7 @@ import pandas as pd
 from pydantic import Field, model_validator
 from typing_extensions import assert_never
 
+from simulator.errors import SpecError
 from simulator.serving.datasets import (
     AzureCodeDataset,
     AzureConvDataset,
@@ -281,15 +282,21 @@ class RequestTable:
             elif isinstance(given, np.ndarray) and given.strides == (0,) and given.dtype == dtype:
                 arr = given
             else:
-                arr = np.ascontiguousarray(given, dtype=dtype)
+                try:
+                    arr = np.ascontiguousarray(given, dtype=dtype)
+                except (TypeError, ValueError) as exc:  # text, NaN into integers, ragged
+                    raise SpecError(f"not {dtype.__name__} values ({exc})", field=name) from None
             if arr.ndim != 1 or len(arr) != n:
-                raise ValueError(f"{name} must be 1-D with one entry per request")
+                raise SpecError("must be 1-D with one entry per request", field=name)
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)
-        if n and (self.arrival_s[0] < 0 or np.any(np.diff(self.arrival_s) < 0)):
-            raise ValueError("arrival_s must be non-negative and ascending")
+        arrivals = self.arrival_s
+        if n and not (
+            np.isfinite(arrivals[-1]) and arrivals[0] >= 0 and np.all(arrivals[1:] >= arrivals[:-1])
+        ):
+            raise SpecError("must be finite, non-negative and ascending", field="arrival_s")
         if n and (self.prompt_len.min() < 1 or self.output_len.min() < 1):
-            raise ValueError("prompt_len and output_len must be >= 1")
+            raise SpecError("must be >= 1", field="prompt_len / output_len")
         if n:
             Content(
                 self.session_id, self.prefix_id, self.prefix_len, self.follows, self.think_s

@@ -81,6 +81,13 @@ class Parallelism(Frozen):
                     source=source,
                     field="ep",
                 )
+        if self.expert_load_imbalance > self.ep:
+            raise SpecError(
+                f"{self.expert_load_imbalance} is more than the busiest of {self.ep} EP ranks "
+                f"can hold ({self.ep}x the mean: every token on it)",
+                source=source,
+                field="expert_load_imbalance",
+            )
         if self.tp > hw.interconnect.gpus_per_node:
             raise SpecError(
                 f"tensor parallel size {self.tp} exceeds the {hw.interconnect.gpus_per_node} "

@@ -7,14 +7,14 @@ engine keeps outside the KV cache, default scheduler knobs, and which quantized 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field
 
 from simulator.errors import SpecError
 from simulator.specs._base import Bytes, Frozen, Seconds
 from simulator.specs.deployment import Quantization
-from simulator.specs.hardware import DecodeSplit, RowKernel
+from simulator.specs.hardware import DecodeSplit, HardwareSpec, RowKernel
 
 
 class EngineOverhead(Frozen):
@@ -277,6 +277,15 @@ class EngineSpec(Frozen):
         "--async-scheduling; set by `with_async_scheduling`, not in a profile)",
     )
 
+    def check_runs_on(self, hw: HardwareSpec) -> None:
+        """SpecError (field `engine`) unless the engine runs on `hw`'s vendor's GPUs."""
+        if self.vendors is not None and hw.vendor not in self.vendors:
+            raise SpecError(
+                f"{self.name} runs on {' or '.join(self.vendors)} GPUs, not on {hw.name} "
+                f"({hw.vendor})",
+                field="engine",
+            )
+
     def on_device(
         self,
         *,
@@ -290,6 +299,11 @@ class EngineSpec(Frozen):
         of its first `by_device` entry that matches the device and tensor parallelism, for
         `entrypoint` (an API server, or offline); then the memory fraction its
         `static_reserve` gives."""
+        if entrypoint not in get_args(Entrypoint):
+            raise SpecError(
+                f"unknown entrypoint {entrypoint!r} ({', '.join(get_args(Entrypoint))})",
+                field="entrypoint",
+            )
         sched, graphs = self.scheduler, self.cuda_graph_max_tokens
         for rule in sched.by_device:
             if rule.matches(

@@ -538,6 +538,25 @@ def test_sharing_specs_that_contradict_each_other(tmp_path: Path) -> None:
     assert info.value.field == "dataset.session_column"
 
 
+@pytest.mark.parametrize(
+    ("columns", "field"),
+    [
+        ({"arrival_s": [0.0, float("nan")]}, "arrival_s"),  # NaN once ran as t = 0
+        ({"arrival_s": [float("nan")], "prompt_len": [5], "output_len": [5]}, "arrival_s"),
+        ({"arrival_s": [0.0, float("inf")]}, "arrival_s"),
+        ({"arrival_s": [1.0, 0.5]}, "arrival_s"),
+        ({"prompt_len": [5, "five"]}, "prompt_len"),
+        ({"output_len": [5]}, "output_len"),
+        ({"prompt_len": [5, 0]}, "prompt_len / output_len"),
+    ],
+)
+def test_request_table_refuses_bad_columns(columns: dict[str, list[float]], field: str) -> None:
+    base = {"arrival_s": [0.0, 1.0], "prompt_len": [5, 5], "output_len": [5, 5]}
+    with pytest.raises(SpecError) as err:
+        RequestTable(**{k: np.asarray(v) for k, v in (base | columns).items()})
+    assert err.value.field == field
+
+
 def test_request_table_checks_the_sharing_columns() -> None:
     base = {"arrival_s": [0.0, 0.0], "prompt_len": [10, 20], "output_len": [1, 1]}
     for extra in (
