@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -227,6 +228,14 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         lambda: simulator.deployment(model="llama-3.1-8b", hardware="h100_sxm", entrypoint="x"),  # type: ignore[arg-type]
         "unknown entrypoint 'x'",
     ),
+    "hardware-none": (
+        lambda: simulator.load_hardware(None),  # type: ignore[arg-type]
+        "hardware: expected an id or a path, got None",
+    ),
+    "model-number": (
+        lambda: simulator.deployment(model=123, hardware="h100_sxm"),  # type: ignore[arg-type]
+        "model: expected an id or a path, got 123",
+    ),
     "imbalance-beyond-ep": (  # inf failed every request silently, energy NaN
         lambda: simulator.deployment(
             model="mixtral-8x7b",
@@ -404,3 +413,15 @@ def test_negative_max_num_batched_tokens_is_rejected() -> None:
     )
     assert proc.returncode == 0, f"exit {proc.returncode} (-14: still running after 0.5 s)"
     assert "max_num_batched_tokens" in proc.stdout
+
+
+def test_spec_loaders_take_path_objects() -> None:
+    root = Path(__file__).resolve().parents[1]
+    assert simulator.load_hardware(root / "hardware_specs" / "h100_sxm.yaml").id == "h100_sxm"
+    assert (
+        simulator.load_engine(root / "simulator" / "specs" / "engines" / "vllm.yaml").id == "vllm"
+    )
+    assert (
+        simulator.load_model(root / "simulator" / "specs" / "models" / "llama-2-7b.json").num_layers
+        == 32
+    )

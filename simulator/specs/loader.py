@@ -376,14 +376,22 @@ def calibrated_hardware(hw: str, fitted: Any) -> HardwareSpec:
     return validate(HardwareSpec, data, source=source)
 
 
-def load_hardware(hw: str, *, calibrated: bool = True) -> HardwareSpec:
+def load_hardware(hw: str | os.PathLike[str], *, calibrated: bool = True) -> HardwareSpec:
     """A hardware spec by id (`h100_sxm`) or by path to a YAML file of the same schema, which
     may start from another spec (`base: h100_sxm`) and give only what differs.
 
     Where `calibration/<id>.yaml` sits beside the file (written by `python -m
     simulator.calibrate`), its fitted efficiency factors replace the hand-written ones (a
     base's come with it); `calibrated=False` gives the hand-written spec alone."""
-    return _load_hardware_file(_hardware_path(hw).resolve(), calibrated)
+    _an_id(hw, "hardware")
+    return _load_hardware_file(_hardware_path(os.fspath(hw)).resolve(), calibrated)
+
+
+def _an_id(value: object, field: str) -> None:
+    """An id or path must be text (a path object is one too): None, a number or a list is a
+    SpecError naming `field`, not an AttributeError from deep inside."""
+    if not isinstance(value, str | os.PathLike):
+        raise SpecError(f"expected an id or a path, got {value!r}", field=field)
 
 
 # -- models -----------------------------------------------------------------------------------
@@ -410,8 +418,10 @@ def _load_model_file(path: Path, model_id: str) -> ModelSpec:
     return spec.model_copy(update={"id": model_id})
 
 
-def load_model(model: str) -> ModelSpec:
+def load_model(model: str | os.PathLike[str]) -> ModelSpec:
     """A model by catalogue id (`llama-3.1-8b`) or by path to a Hugging Face config.json."""
+    _an_id(model, "model")
+    model = os.fspath(model)
     builtin = MODELS_DIR / f"{model}.json"
     if builtin.is_file():
         return _load_model_file(builtin, model)
@@ -484,9 +494,10 @@ def calibrated_engine(engine: str, fitted: Any) -> EngineSpec:
     return validate(EngineSpec, _engine_data(path, True, fitted=fitted), source=str(path))
 
 
-def load_engine(engine: str, *, calibrated: bool = True) -> EngineSpec:
+def load_engine(engine: str | os.PathLike[str], *, calibrated: bool = True) -> EngineSpec:
     """An engine profile by id (`vllm`) or by path to a YAML file of the same schema, which may
     start from another profile (`base: vllm`) and give only what differs; a
     `calibration/<id>.yaml` beside it (from `python -m simulator.calibrate`) replaces its
     CPU overheads unless `calibrated=False`."""
-    return _load_engine_file(_engine_path(engine), calibrated)
+    _an_id(engine, "engine")
+    return _load_engine_file(_engine_path(os.fspath(engine)), calibrated)
