@@ -381,13 +381,20 @@ def _duration(
 ) -> float:
     if duration_s is not None:
         if not duration_s >= 0 or math.isinf(duration_s):
-            raise ValueError(f"duration_s must be finite and non-negative, got {duration_s}")
+            raise SpecError(
+                f"must be finite and non-negative, got {duration_s}", field="duration_s"
+            )
         return float(duration_s)
     finish = completed_requests(requests)["finish_s"]
     if finish.empty:
         return 0.0
-    start = requests["arrival_s"].min() if start_s is None else start_s
-    return float(finish.max() - start)
+    first = requests["arrival_s"].min()
+    if start_s is not None and not (math.isfinite(start_s) and start_s <= first):
+        raise SpecError(
+            f"must be finite and no later than the first arrival ({first}), got {start_s}",
+            field="start_s",
+        )
+    return float(finish.max() - (first if start_s is None else start_s))
 
 
 def _rate(count: float, duration: float) -> float:

@@ -411,3 +411,13 @@ def test_weighted_percentile_matches_numpy_on_expanded_sample(
         got = weighted_percentile(values, weights, q, method=method)
         want = np.percentile(expanded, q, method=method)
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-6, err_msg=method)
+
+
+def test_a_start_after_the_first_arrival_is_refused() -> None:
+    # it gave a negative duration (a start 1e6 s after requests of 0-2.3 s)
+    with pytest.raises(SpecError, match="no later than the first arrival") as err:
+        hand_summary(start_s=1e6)
+    assert err.value.field == "start_s"
+    with pytest.raises(SpecError, match="finite"):
+        hand_summary(start_s=NAN)
+    assert hand_summary(start_s=0.0)["duration"] == DURATION
