@@ -18,7 +18,7 @@ import pandas as pd
 from simulator.api import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.engine_args import EngineArgs
-from simulator.errors import SpecError, naming, output_folder
+from simulator.errors import naming, output_folder
 from simulator.metrics.summary import (
     PERCENTILES,
     kv_tier_summary,
@@ -107,13 +107,7 @@ def build_group(
     no penalties by default): a top-p / top-k filter and penalties cost the engine."""
     dep = group_deployment(model, spec)
     overrides = spec.scheduler.model_dump()
-    context = dep.model.max_position_embeddings
-    if spec.max_model_len is not None and spec.max_model_len > context:
-        raise SpecError(
-            f"{spec.max_model_len} is longer than {dep.model.id}'s context length {context}",
-            field="max_model_len",
-        )
-    max_model_len = spec.max_model_len or context
+    max_model_len = dep.model.served_length(spec.max_model_len)
     scheduler = default_scheduler(dep.engine, max_model_len=max_model_len, **overrides)
     group, plan = replica_group(
         model=dep.model,

@@ -21,7 +21,7 @@ from simulator.specs.deployment import QUANTISED_COMPUTE, Precision
 from simulator.specs.hardware import RowKernel
 from simulator.specs.model import DTYPE_BYTES
 
-ATTENTION_DTYPES = ("bf16", "fp16", "fp32")  # what activations (queries) may be held in
+ACTIVATION_DTYPES = ("bf16", "fp16", "fp32")  # what activations may be held in
 
 
 def _hw(hardware: str | HardwareSpec) -> HardwareSpec:
@@ -232,11 +232,11 @@ def attention_cost(
         head_dim=head_dim,
     )
     _grouped(num_heads, num_kv_heads)
-    if dtype not in ATTENTION_DTYPES:
-        raise SpecError(f"unknown dtype {dtype!r} ({', '.join(ATTENTION_DTYPES)})", field="dtype")
+    if dtype not in ACTIVATION_DTYPES:
+        raise SpecError(f"unknown dtype {dtype!r} ({', '.join(ACTIVATION_DTYPES)})", field="dtype")
     kv = dtype if kv_cache_dtype == "auto" else str(kv_cache_dtype)
     kv = "fp8" if kv.startswith("fp8") else kv  # fp8, fp8_e4m3, fp8_e5m2 (vLLM's spellings)
-    if kv not in (*ATTENTION_DTYPES, "fp8"):
+    if kv not in (*ACTIVATION_DTYPES, "fp8"):
         raise SpecError(
             f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8, or the dtype's)",
             field="kv_cache_dtype",
@@ -294,8 +294,8 @@ def elementwise_cost(
     one-block-per-token launch where the engine runs it so (`scalar_row_kernels`; without an
     engine, vLLM's kernels as measured alone: all three). With an engine, an EngineOpCost."""
     _positive(tokens=tokens)
-    if dtype not in ATTENTION_DTYPES:
-        raise SpecError(f"unknown dtype {dtype!r} ({', '.join(ATTENTION_DTYPES)})", field="dtype")
+    if dtype not in ACTIVATION_DTYPES:
+        raise SpecError(f"unknown dtype {dtype!r} ({', '.join(ACTIVATION_DTYPES)})", field="dtype")
     a, t = DTYPE_BYTES[dtype], float(tokens)
     match kernel:
         case "norm":

@@ -289,18 +289,18 @@ def flag_error(exc: SpecError, flags: set[str]) -> SpecError:
 
 
 def _flag_candidates(field: str) -> list[str]:
+    """The flags that may have set scenario `field`, most likely first."""
     keys = field.split(".")
-    if keys[:2] == ["replicas", "0"]:
+    if keys == ["replicas", "0", "count"]:
+        return ["--data-parallel-size"]
+    if keys[:3] == ["replicas", "0", "scheduler"]:
+        keys = keys[3:]
+    elif keys[:2] == ["replicas", "0"]:
         keys = keys[2:]
-        if keys == ["count"]:
-            return ["--data-parallel-size"]
-        if keys[:1] == ["scheduler"]:
-            keys = keys[1:]
     elif keys[:1] == ["sampling"]:
         keys = keys[1:]
-    elif keys[:2] == ["dataset", "random"] and len(keys) == 3:
-        name = keys[2].replace("_", "-")
-        return [f"--random-{name}", f"--{name}"]
-    else:
-        keys = keys if keys[:1] != ["dataset"] else []
-    return [f"--{keys[0].replace('_', '-')}"] if len(keys) == 1 else []
+    elif keys[:1] == ["dataset"]:  # only the random dataset's lengths have flags
+        if keys[:2] != ["dataset", "random"] or len(keys) != 3:
+            return []
+        return [f"--random-{keys[2]}".replace("_", "-"), f"--{keys[2]}".replace("_", "-")]
+    return [f"--{keys[0]}".replace("_", "-")] if len(keys) == 1 else []

@@ -135,22 +135,16 @@ def _check_lengths(
         ("num_iters", num_iters),
     ):
         positive(value, field=name)
-    context = model.max_position_embeddings
     if max_model_len is not None:
         positive(max_model_len, field="max_model_len")
-        if max_model_len > context:
-            raise SpecError(
-                f"{max_model_len} is longer than {model.id}'s context length {context}",
-                field="max_model_len",
-            )
-    if input_len + output_len > (max_model_len or context):
+    served = model.served_length(max_model_len)
+    if input_len + output_len > served:
         what = "max_model_len" if max_model_len else "the model's context length"
         raise SpecError(
-            f"input_len + output_len = {input_len + output_len} exceeds {what} "
-            f"{max_model_len or context}",
+            f"input_len + output_len = {input_len + output_len} exceeds {what} {served}",
             field="max_model_len" if max_model_len else "input_len",
         )
-    return max_model_len or context
+    return served
 
 
 def engine_overhead_rows(

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from simulator.errors import SpecError
 from simulator.specs._base import Frozen
 
 WeightDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
@@ -233,6 +234,18 @@ class ModelSpec(Frozen):
         return self.embedding_params + self._layer_params(active=True) + self._norm_params
 
     # -- KV cache -------------------------------------------------------------------------
+    def served_length(self, max_model_len: int | None) -> int:
+        """vLLM's max_model_len: the longest request (prompt + output) served, `max_model_len`
+        where given (no longer than the context length: a SpecError otherwise), else the
+        model's context length."""
+        context = self.max_position_embeddings
+        if max_model_len is not None and max_model_len > context:
+            raise SpecError(
+                f"{max_model_len} is longer than {self.id}'s context length {context}",
+                field="max_model_len",
+            )
+        return max_model_len or context
+
     def kv_bytes_per_token(self, kv_dtype: str | None = None) -> float:
         """Bytes of KV cache one token occupies across all layers, at `kv_dtype` (default:
         the model's native activation dtype). Sliding-window layers are counted in full: the
