@@ -210,7 +210,7 @@ def _position(cfg: dict[str, Any], model_type: str) -> Literal["rope", "alibi", 
 def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
     """Build a ModelSpec from a parsed Hugging Face config. Raises ConfigKeyError on a missing
     or malformed key and pydantic's ValidationError on inconsistent values."""
-    model_type = cfg.get("model_type", "")
+    model_type = str(cfg.get("model_type", ""))
     if model_type in _NOT_ATTENTION:
         raise ConfigKeyError(
             "model_type",
