@@ -266,10 +266,12 @@ def fleet_energy(
             part = steps.iloc[mine[lo : lo + CHUNK_STEPS]]
             duration = (part["end_s"] - part["start_s"]).to_numpy(dtype=float)
             busy_w = step_power_w(part, group)
-            # a busy stage runs 1/pp of the step; the replica's other stages wait, parked
+            # a busy stage runs 1/pp of the step
             step_j += float(np.sum(duration * busy_w)) / pp
             busy_s += float(duration.sum())
-        waiting_j = parked_w * (busy_s * (pp - 1) / pp + max(group.count * span - busy_s, 0.0))
+        # each GPU runs its stage of every batch (1/pp of the step) and waits parked the rest
+        # of the span: with micro-batching, steps overlap and their durations outrun the span
+        waiting_j = parked_w * max(group.count * span - busy_s / pp, 0.0)
         energy += group.gpus_per_replica * (step_j + waiting_j)
         parked += group.gpus_per_replica * waiting_j
         n = group.gpus_per_replica * group.count
