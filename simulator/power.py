@@ -160,7 +160,7 @@ def steps_batch(steps: pd.DataFrame, *, block_size: int, window: int | None) -> 
     """The batch aggregates of recorded steps (columns num_seqs, prefill_tokens,
     decode_tokens, kv_used_blocks). The record has no chunk offsets or per-sequence contexts:
     chunks are taken as fresh prompts of equal length, and decodes as reading the KV the
-    replica holds after the step less the chunks' tokens (at least one token each)."""
+    replica holds in the step less the chunks' tokens (at least one token each)."""
     prefill = steps["prefill_tokens"].to_numpy(dtype=float)
     decodes = steps["decode_tokens"].to_numpy(dtype=float)
     chunks = np.where(prefill > 0, np.maximum(steps["num_seqs"].to_numpy(float) - decodes, 1), 0)

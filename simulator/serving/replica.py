@@ -205,7 +205,9 @@ class Replica:
     ) -> None:
         """The batch of `plan` (priced as `chunks` and `decodes`) ran from `start` to `end`:
         advance its requests' counters, sample where a prompt or a decode completed, record
-        the step and the inter-token gaps."""
+        the step and the inter-token gaps. The step's KV blocks in use are counted before
+        requests it finished free theirs."""
+        kv_used = self.kv.used
         gaps: list[float] = []
         speculating = self.speculator is not None  # (the loop runs for every request)
         for req, n in plan.entries:
@@ -228,7 +230,7 @@ class Replica:
             num_seqs=len(plan.entries),
             prefill_tokens=sum(c[0] for c in chunks),
             decode_tokens=len(decodes) * self._verify,
-            kv_used_blocks=self.kv.used,
+            kv_used_blocks=kv_used,
         )
         if isinstance(self.kv, TieredBlockManager):
             self.recorder.kv_tiers(replica=self.index, time_s=end, row=self.kv.tier_row())

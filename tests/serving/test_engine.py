@@ -52,6 +52,18 @@ def test_one_request() -> None:
     steps = result.steps
     assert steps["prefill_tokens"].tolist() == [100, 0, 0]
     assert steps["decode_tokens"].tolist() == [0, 1, 1]
+    # what each step held (16-token blocks): 100 -> 7, 101 -> 7, 102 -> 7; the last step's
+    # blocks are freed after it, and the steps' peak is the cache's
+    assert steps["kv_used_blocks"].tolist() == [7, 7, 7]
+    assert steps["kv_used_blocks"].max() / 1000 == result.kv_peak_fraction
+
+
+def test_a_step_that_finishes_requests_counts_the_kv_it_held() -> None:
+    # two 8000-token prompts of one output token, in 2048-token chunks: the step of the first
+    # one's last chunk holds its 500 blocks and the second's first 12, then frees the 500
+    result = run(make_requests((0.0, 8000, 1), (0.0, 8000, 1)))
+    assert result.steps["kv_used_blocks"].tolist()[3] == 512  # counted after the free: 12
+    assert result.steps["kv_used_blocks"].max() / 1000 == result.kv_peak_fraction == 0.512
 
 
 def test_two_requests_contending() -> None:

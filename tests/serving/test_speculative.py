@@ -228,11 +228,12 @@ def test_every_proposal_accepted() -> None:
     # k = 3, all accepted: prefill of 90 tokens (5.9 ms) samples token 1; each decode step
     # verifies 4 tokens (5.04 ms) and yields 4: tokens 5, 9, then 10 (capped at the output).
     # KV (16-token blocks, 4 lookahead slots): 90 -> 6 blocks; step 1 holds 94 -> 6, keeps
-    # 94 computed; step 2 holds 98 -> 7; step 3 holds 102 -> 7, then finishes (0 held).
+    # 94 computed; step 2 holds 98 -> 7; step 3 holds 102 -> 7 (freed when it finishes, after
+    # the step: the steps table counts what the step held).
     result = simulate(make_requests((0.0, 90, 10)), spec=eagle(k=3, rate=1.0))
     steps = result.steps
     assert steps["decode_tokens"].tolist() == [0, 4, 4, 4]
-    assert steps["kv_used_blocks"].tolist() == [6, 6, 7, 0]
+    assert steps["kv_used_blocks"].tolist() == [6, 6, 7, 7]
     assert (steps["end_s"] - steps["start_s"]).to_numpy() / MS == pytest.approx(
         [5.9, 5.04, 5.04, 5.04]
     )
@@ -248,11 +249,11 @@ def test_no_proposal_accepted() -> None:
     # k = 3, none accepted: each decode step still verifies 4 tokens but yields 1: nine
     # decode steps for tokens 2..10. Slots for computed + 4 tokens: the 7th block is taken
     # when 97 slots are needed (decode 4: 93 computed + 4), three steps before plain decoding
-    # would (decode 7: 96 computed + 1).
+    # would (decode 7: 96 computed + 1); the last step still holds its 7.
     result = simulate(make_requests((0.0, 90, 10)), spec=eagle(k=3, rate=0.0))
     steps = result.steps
     assert steps["decode_tokens"].tolist() == [0] + [4] * 9
-    assert steps["kv_used_blocks"].tolist() == [6, 6, 6, 6, 7, 7, 7, 7, 7, 0]
+    assert steps["kv_used_blocks"].tolist() == [6, 6, 6, 6, 7, 7, 7, 7, 7, 7]
     assert result.requests["output_tokens"].tolist() == [10]
 
 
