@@ -49,6 +49,7 @@ from simulator.serving.workload import SamplingSpec
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
+from simulator.units import parse_quantity
 
 if TYPE_CHECKING:
     from simulator.api import Deployment
@@ -112,11 +113,16 @@ class PowerModel:
         return np.clip(watts, self.parked_w, self.ceiling_w)
 
 
-def with_power_cap(hw: HardwareSpec, watts: float) -> HardwareSpec:
-    """`hw` under an operator power limit of `watts` per GPU: the clock (and every dtype's dense
-    peak) scaled by `PowerSpec.clock_factor`, memory bandwidth unchanged, draw capped. A cap at or
-    above TDP leaves the speed alone. A cap at or below idle power is a SpecError."""
+def with_power_cap(hw: HardwareSpec, watts: float | str) -> HardwareSpec:
+    """`hw` under an operator power limit of `watts` per GPU (a number, or text with its unit
+    as a scenario takes it: "350 W"): the clock (and every dtype's dense peak) scaled by
+    `PowerSpec.clock_factor`, memory bandwidth unchanged, draw capped. A cap at or above TDP
+    leaves the speed alone. A cap at or below idle power is a SpecError."""
     power = hw.power
+    try:
+        watts = parse_quantity(watts, dimension="w")
+    except ValueError as exc:
+        raise SpecError(str(exc), field="power_cap_w") from None
     if not watts > power.idle_w:
         raise SpecError(
             f"power cap {watts:g} W must be above the idle draw of {hw.id or hw.name} "

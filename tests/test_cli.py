@@ -265,10 +265,13 @@ def _yaml_with_unknown_field(tmp_path: Path) -> str:
     return str(path)
 
 
-def _nan_host_bandwidth(tmp_path: Path) -> str:
-    path = tmp_path / "nan.yaml"
+def _host_bandwidth(tmp_path: Path, value: str) -> str:
+    """h100_sxm.yaml with its host memory bandwidth written as `value`."""
+    path = tmp_path / "host.yaml"
     spec = (HARDWARE_DIR / "h100_sxm.yaml").read_text(encoding="utf-8")
-    path.write_text(spec.replace("memory_bw_bytes_per_s: 77 GB/s", "memory_bw_bytes_per_s: .nan"))
+    path.write_text(
+        spec.replace("memory_bw_bytes_per_s: 77 GB/s", f"memory_bw_bytes_per_s: {value}")
+    )
     return str(path)
 
 
@@ -348,8 +351,12 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
         lambda p: ["bench", "serve", *LATENCY[2:], "--request-rate", "nan"],
         "request_rate: must be a number, not NaN",
     ),
+    "list-for-a-quantity": (  # an AttributeError traceback before
+        lambda p: ["hardware", "show", _host_bandwidth(p, "[1, 2]")],
+        "host.memory_bw_bytes_per_s: expected a number or a quantity string, got [1, 2]",
+    ),
     "nan-in-yaml": (
-        lambda p: ["hardware", "show", _nan_host_bandwidth(p)],
+        lambda p: ["hardware", "show", _host_bandwidth(p, ".nan")],
         "host: memory_bw_bytes_per_s: must be a number, not NaN",
     ),
     "infinite-kv-transfer-latency": (  # an OverflowError in the summary before

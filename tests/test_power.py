@@ -513,3 +513,12 @@ def test_cli_run_says_how_much_energy_was_parked(
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "of the energy parked between steps" in text
+
+
+def test_a_power_cap_reads_a_quantity_as_scenarios_do() -> None:
+    hw = load_hardware("h100_sxm")
+    assert with_power_cap(hw, "350 W") == with_power_cap(hw, 350.0)
+    for bad in (None, "lots", "350 GB"):
+        with pytest.raises(SpecError) as err:
+            with_power_cap(hw, bad)  # type: ignore[arg-type]
+        assert err.value.field == "power_cap_w"
