@@ -174,6 +174,32 @@ def test_per_second_peaks_count_as_vllm_buckets_them() -> None:
     assert max_concurrency([0.1, 0.6], [0.4, 0.9]) == 1
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0, 50), st.floats(0, 5)), min_size=1, max_size=30),
+    st.lists(st.tuples(st.integers(0, 29), st.floats(0, 1), st.integers(1, 9)), max_size=30),
+)
+def test_per_second_peaks_of_a_long_run_count_only_busy_seconds(
+    requests: list[tuple[float, float]], tokens: list[tuple[int, float, int]]
+) -> None:
+    # the same requests and their tokens, once alone and once with a request 30 years later
+    # (one slot a second would need 7 GiB): the peaks are the larger of the two parts'
+    start = np.array([a for a, _ in requests])
+    end = start + np.array([d for _, d in requests])
+    stamps = [(i % len(requests), f, n) for i, f, n in tokens]
+    token_s = np.array([start[i] + f * (end[i] - start[i]) for i, f, _ in stamps], dtype=float)
+    token_count = np.array([n for _, _, n in stamps], dtype=float)
+    near = per_second_peaks(start, end, token_s, token_count)
+    far = 1e9 + start.min()
+    both = per_second_peaks(
+        np.append(start, far),
+        np.append(end, far + 1),
+        np.append(token_s, far),
+        np.append(token_count, 2.0),
+    )
+    assert both == (max(near[0], 2.0), max(near[1], 1))
+
+
 def test_key_order_follows_vllm_then_extras() -> None:
     keys = list(hand_summary())
     assert keys[:11] == [
