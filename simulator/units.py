@@ -62,12 +62,10 @@ def parse_quantity(value: str | float | int, *, dimension: str) -> float:
 
     A bare number is taken to be in SI units already. Raises UnitError naming the problem.
     """
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise UnitError(f"expected a number or a quantity string, got {value!r}")
     if isinstance(value, int | float):
         return float(value)
-    if not isinstance(value, str):
-        raise UnitError(f"expected a number or a quantity string, got {value!r}")
     match = _QUANTITY.match(value.replace(",", "").replace("_", ""))
     if not match:
         raise UnitError(f"cannot read {value!r} as a quantity (e.g. '80 GiB', '3.35 TB/s')")
