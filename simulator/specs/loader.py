@@ -56,15 +56,18 @@ def read_text(path: Path) -> str:
 def read_yaml(path: Path) -> Any:
     """safe_load a YAML file; errors name the file and the line. A mapping that sets one key
     twice is an error (PyYAML would keep the last silently)."""
-    text = read_text(path)
+    loader = yaml.SafeLoader(read_text(path))  # safe_load's own steps, the node checked between
     try:
-        _refuse_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
-        return yaml.safe_load(text)
+        node = loader.get_single_node()
+        _refuse_duplicate_keys(node)
+        return None if node is None else loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "not valid YAML"
         raise SpecError(f"malformed YAML: {problem}", source=str(path), field=where) from None
+    finally:
+        loader.dispose()
 
 
 def _refuse_duplicate_keys(node: yaml.Node | None) -> None:
