@@ -11,9 +11,10 @@ import argparse
 import resource
 import time
 
-from simulator import runner
-from simulator.engine_args import EngineArgs
-from simulator.serving.workload import RandomDataset, WorkloadSpec
+from simulator.runs import runner
+from simulator.specs.engine_args import EngineArgs
+from simulator.specs.workload import WorkloadSpec
+from simulator.workload.requests import RandomDataset
 
 
 def timed(label: str, scenario: object) -> None:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from simulator import runner
-from simulator.scenario import Scenario
-from simulator.sweeps import execute_sweep, expand, load_sweep
+from simulator.runs import runner
+from simulator.runs.sweeps import execute_sweep, expand, load_sweep
+from simulator.specs.scenario import Scenario
 
 RATES = [1, 2, 4, 8, 16, 32, 64, 128]
 

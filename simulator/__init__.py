@@ -1,54 +1,16 @@
 """llmsim: a performance simulator for LLM serving.
 
-The flat public API: load specs by id, resolve a deployment, cost single operators, predict
-`vllm bench latency`, simulate serving (`run` a scenario, `simulate` a deployment on a
-workload, `sweep` many variants of a scenario, also named `run_sweep`), validate against
-measurements. Everything here is also a CLI command (`llmsim --help`).
+The public API is `simulator.api`'s list, served lazily: `import simulator` is cheap, and the
+first name used imports the facade (and with it numpy, pandas and the cost model). Everything
+here is also a CLI command (`llmsim --help`).
 """
 
-from simulator.api import (
-    Deployment,
-    EngineOpCost,
-    allreduce_cost,
-    attention_cost,
-    deployment,
-    elementwise_cost,
-    estimate,
-    gemm_cost,
-)
-from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.latency import LatencyResult
-from simulator.costmodel.memory import MemoryPlan, plan_memory
-from simulator.costmodel.step import StepCost, step_cost
-from simulator.engine_args import EngineArgs
-from simulator.errors import SpecError
-from simulator.metrics.summary import serve_summary, throughput_summary
-from simulator.plan import PlanResult
-from simulator.plan import plan as run_plan
-from simulator.planning.spec import PlanSpec, load_plan
-from simulator.power import PowerModel, energy_summary, with_power_cap
-from simulator.runner import RunResult, bench_scenario, bench_throughput, run, save_run
-from simulator.scenario import Scenario, load_scenario
-from simulator.serving.cluster import SimResult, simulate
-from simulator.serving.disagg import serve_disaggregated
-from simulator.serving.kv_transfer import KVTransferSpec
-from simulator.serving.speculative import SpeculativeSpec
-from simulator.serving.workload import RequestTable, WorkloadSpec, generate_requests
-from simulator.specs import (
-    EngineSpec,
-    HardwareSpec,
-    ModelSpec,
-    list_engines,
-    list_hardware,
-    list_models,
-    load_engine,
-    load_hardware,
-    load_model,
-)
-from simulator.specs.deployment import Parallelism, Precision, resolve_precision
-from simulator.sweeps import SweepSpec, load_sweep, run_sweep
-from simulator.sweeps import run_sweep as sweep
-from simulator.validate import run_validation
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simulator.api import *  # noqa: F403
 
 __version__ = "0.1.0"
 
@@ -96,11 +58,11 @@ __all__ = [
     "load_plan",
     "load_scenario",
     "load_sweep",
+    "op_json",
+    "plan",
     "plan_memory",
     "resolve_precision",
     "run",
-    "run_plan",
-    "run_sweep",
     "run_validation",
     "save_run",
     "serve_disaggregated",
@@ -111,3 +73,15 @@ __all__ = [
     "throughput_summary",
     "with_power_cap",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from simulator import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'simulator' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

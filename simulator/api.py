@@ -1,21 +1,18 @@
-"""The flat Python API: the same operations as the CLI, taking ids or spec objects. Single
-operators (`gemm_cost`, `attention_cost`, `elementwise_cost`, `allreduce_cost`, `op_json`) live in
-`simulator.single_ops` and are re-exported here."""
+"""The facade: every public operation of llmsim, imported from where it lives. The same
+operations as the CLI, taking ids or spec objects: load specs, resolve a `deployment`, cost
+single operators, predict `vllm bench latency` (`estimate`), simulate serving (`run` a
+scenario, `simulate` a deployment on a workload, `sweep` many variants of a scenario), plan the
+cheapest fleet (`plan`), validate against measurements (`run_validation`).
+
+`import simulator` gives the same names without importing this module until one is used.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, TypedDict
-
-from simulator.costmodel.latency import LatencyResult, bench_latency
+from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan, plan_memory
-from simulator.errors import SpecError
-from simulator.serving.drafter import resolve_drafter
-from simulator.serving.speculative import SpeculativeSpec, parse_speculative_config
-from simulator.serving.steptime import sampler_passes
-from simulator.serving.workload import OFFLINE_BENCH_SAMPLING
-from simulator.single_ops import (
+from simulator.costmodel.single_ops import (
     EngineOpCost,
     allreduce_cost,
     attention_cost,
@@ -23,229 +20,101 @@ from simulator.single_ops import (
     gemm_cost,
     op_json,
 )
+from simulator.costmodel.step import StepCost, step_cost
+from simulator.errors import SpecError
+from simulator.metrics.summary import serve_summary, throughput_summary
+from simulator.planning.plan import PlanResult, plan
+from simulator.planning.spec import PlanSpec, load_plan
+from simulator.runs.energy import PowerModel
+from simulator.runs.latency import LatencyResult, estimate
+from simulator.runs.runner import (
+    RunResult,
+    bench_scenario,
+    bench_throughput,
+    energy_summary,
+    run,
+    save_run,
+)
+from simulator.runs.sweeps import load_sweep, sweep
+from simulator.serving.cluster import SimResult, simulate
+from simulator.serving.disagg import serve_disaggregated
 from simulator.specs import (
     EngineSpec,
     HardwareSpec,
     ModelSpec,
+    list_engines,
+    list_hardware,
+    list_models,
     load_engine,
     load_hardware,
     load_model,
 )
 from simulator.specs.deployment import Parallelism, Precision, resolve_precision
-from simulator.specs.engine import Entrypoint
-from simulator.specs.offload import ExpertOffloadSpec, OffloadLike, OffloadSpec, resolve_offload
+from simulator.specs.engine_args import EngineArgs
+from simulator.specs.hardware import with_power_cap
+from simulator.specs.scenario import Scenario, load_scenario
+from simulator.specs.serving import KVTransferSpec, SpeculativeSpec
+from simulator.specs.sweep import SweepSpec
+from simulator.specs.workload import WorkloadSpec
+from simulator.validate import run_validation
+from simulator.workload.requests import RequestTable, generate_requests
 
 __all__ = [
+    "BatchShape",
     "Deployment",
-    "DeploymentParts",
+    "EngineArgs",
     "EngineOpCost",
+    "EngineSpec",
+    "HardwareSpec",
+    "KVTransferSpec",
+    "LatencyResult",
+    "MemoryPlan",
+    "ModelSpec",
+    "Parallelism",
+    "PlanResult",
+    "PlanSpec",
+    "PowerModel",
+    "Precision",
+    "RequestTable",
+    "RunResult",
+    "Scenario",
+    "SimResult",
+    "SpecError",
+    "SpeculativeSpec",
+    "StepCost",
+    "SweepSpec",
+    "WorkloadSpec",
     "allreduce_cost",
     "attention_cost",
+    "bench_scenario",
+    "bench_throughput",
     "deployment",
     "elementwise_cost",
+    "energy_summary",
     "estimate",
     "gemm_cost",
+    "generate_requests",
+    "list_engines",
+    "list_hardware",
+    "list_models",
+    "load_engine",
+    "load_hardware",
+    "load_model",
+    "load_plan",
+    "load_scenario",
+    "load_sweep",
     "op_json",
+    "plan",
+    "plan_memory",
+    "resolve_precision",
+    "run",
+    "run_validation",
+    "save_run",
+    "serve_disaggregated",
+    "serve_summary",
+    "simulate",
+    "step_cost",
+    "sweep",
+    "throughput_summary",
+    "with_power_cap",
 ]
-
-
-class DeploymentParts(TypedDict):
-    """A deployment as the serving builders take it, by keyword (`cluster.replica_group`,
-    `StepTimer`, `resolve_drafter`, `with_micro_batching`, ...): `builder(**dep.parts, ...)`."""
-
-    model: ModelSpec
-    hw: HardwareSpec
-    layout: Parallelism
-    prec: Precision
-    engine: EngineSpec
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """A model on a device type under a layout, precision and engine: everything resolved.
-    `offload`: weights kept in host memory or on NVMe (None: all on the GPU)."""
-
-    model: ModelSpec
-    hardware: HardwareSpec
-    engine: EngineSpec
-    layout: Parallelism
-    precision: Precision
-    offload: OffloadSpec | None = None
-
-    @property
-    def parts(self) -> DeploymentParts:
-        """The model, hardware, layout, precision and engine, as the serving builders'
-        keywords (`model`, `hw`, `layout`, `prec`, `engine`)."""
-        return DeploymentParts(
-            model=self.model,
-            hw=self.hardware,
-            layout=self.layout,
-            prec=self.precision,
-            engine=self.engine,
-        )
-
-    def memory(
-        self,
-        *,
-        gpu_memory_utilization: float | None = None,
-        max_num_batched_tokens: int | None = None,
-        max_num_seqs: int | None = None,
-    ) -> MemoryPlan:
-        """Per-device memory budget and KV-cache capacity (engine defaults where None)."""
-        return plan_memory(
-            self.model,
-            self.hardware,
-            self.layout,
-            self.precision,
-            self.engine,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            offload=self.offload,
-        )
-
-
-def deployment(
-    *,
-    model: str | ModelSpec,
-    hardware: str | HardwareSpec,
-    engine: str | EngineSpec = "vllm",
-    tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
-    data_parallel_size: int = 1,
-    expert_parallel_size: int = 1,
-    expert_load_imbalance: float = 1.0,
-    dtype: str = "auto",
-    quantization: str | None = None,
-    kv_cache_dtype: str = "auto",
-    cpu_offload_gb: float = 0.0,
-    offload: OffloadLike = None,
-    expert_offload: ExpertOffloadSpec | None = None,
-    entrypoint: Entrypoint = "server",
-    async_scheduling: bool = False,
-) -> Deployment:
-    """Resolve ids into a checked Deployment; raises SpecError for anything impossible.
-    `entrypoint`: the engine runs as an API server or offline (vLLM's LLM class), which with
-    the device picks its batch defaults (`EngineSpec.on_device`). `async_scheduling`: vLLM's
-    --async-scheduling (`EngineSpec.with_async_scheduling`; SpecError on an engine without).
-    `cpu_offload_gb` (vLLM's flag), `offload` (an OffloadSpec, mapping or JSON text) and
-    `expert_offload` keep weights off the GPU (`simulator.specs.offload`).
-    `expert_parallel_size` = tp x dp > tp is DP attention (`Parallelism`);
-    `expert_load_imbalance` is the busiest EP rank's tokens over the mean (1: balanced)."""
-    m = model if isinstance(model, ModelSpec) else load_model(model)
-    hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
-    eng = engine if isinstance(engine, EngineSpec) else load_engine(engine)
-    eng = eng.on_device(
-        hardware_id=hw.id,
-        memory_bytes=hw.memory.capacity_bytes,
-        entrypoint=entrypoint,
-        tensor_parallel=tensor_parallel_size,
-        pipeline_parallel=pipeline_parallel_size,
-    )
-    if async_scheduling:
-        eng = eng.with_async_scheduling()
-    for name, value in (
-        ("tensor_parallel_size", tensor_parallel_size),
-        ("pipeline_parallel_size", pipeline_parallel_size),
-        ("data_parallel_size", data_parallel_size),
-        ("expert_parallel_size", expert_parallel_size),
-    ):
-        if value < 1:
-            raise SpecError(f"must be at least 1, got {value}", field=name)
-    if not expert_load_imbalance >= 1.0:
-        raise SpecError(
-            f"must be at least 1 (max/mean), got {expert_load_imbalance}",
-            field="expert_load_imbalance",
-        )
-    layout = Parallelism(
-        tp=tensor_parallel_size,
-        pp=pipeline_parallel_size,
-        dp=data_parallel_size,
-        ep=expert_parallel_size,
-        expert_load_imbalance=expert_load_imbalance,
-    )
-    layout.check(m, hw)
-    eng.check_runs_on(hw)
-    if quantization is not None and quantization not in eng.quantized_kernels:
-        raise SpecError(
-            f"{eng.name} has no {quantization} kernels "
-            f"(it has: {', '.join(eng.quantized_kernels)})",
-            field="quantization",
-        )
-    prec = resolve_precision(
-        m, hw, dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype
-    )
-    off = resolve_offload(
-        cpu_offload_gb=cpu_offload_gb, offload=offload, expert_offload=expert_offload
-    )
-    return Deployment(m, hw, eng, layout, prec, off)
-
-
-def estimate(
-    *,
-    model: str | ModelSpec,
-    hardware: str | HardwareSpec,
-    batch_size: int = 1,
-    input_len: int = 1024,
-    output_len: int = 128,
-    engine: str | EngineSpec = "vllm",
-    tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
-    dtype: str = "auto",
-    quantization: str | None = None,
-    kv_cache_dtype: str = "auto",
-    enforce_eager: bool = False,
-    async_scheduling: bool = False,
-    gpu_memory_utilization: float | None = None,
-    max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
-    enable_chunked_prefill: bool | None = None,
-    num_iters: int = 30,
-    max_model_len: int | None = None,
-    speculative_config: SpeculativeSpec | Mapping[str, Any] | str | None = None,
-    cpu_offload_gb: float = 0.0,
-    offload: OffloadLike = None,
-) -> LatencyResult:
-    """Predict `vllm bench latency` analytically: TTFT, TPOT, total latency, memory plan and a
-    per-operator breakdown. `speculative_config`: vLLM's --speculative-config (JSON text, a
-    mapping or a SpeculativeSpec) with the acceptance added (serving/speculative.py). A model
-    too large for the GPU runs with weights streamed from host memory when `cpu_offload_gb`
-    or `offload` allows it (see `deployment`). `async_scheduling`: vLLM's --async-scheduling.
-    `max_model_len`: vLLM's --max-model-len (default and upper bound: the model's context).
-    The requests sample as vLLM's benchmark's do (temperature 1.0: OFFLINE_BENCH_SAMPLING), the
-    engine's draw priced every step."""
-    speculative = parse_speculative_config(speculative_config)
-    dep = deployment(
-        model=model,
-        hardware=hardware,
-        engine=engine,
-        tensor_parallel_size=tensor_parallel_size,
-        pipeline_parallel_size=pipeline_parallel_size,
-        dtype=dtype,
-        quantization=quantization,
-        kv_cache_dtype=kv_cache_dtype,
-        cpu_offload_gb=cpu_offload_gb,
-        offload=offload,
-        entrypoint="offline",  # vllm bench latency runs the LLM class
-        async_scheduling=async_scheduling,
-    )
-    return bench_latency(
-        dep.model,
-        dep.hardware,
-        dep.layout,
-        dep.precision,
-        dep.engine,
-        batch_size=batch_size,
-        input_len=input_len,
-        output_len=output_len,
-        enforce_eager=enforce_eager,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        chunked_prefill=enable_chunked_prefill,
-        gpu_memory_utilization=gpu_memory_utilization,
-        num_iters=num_iters,
-        max_model_len=max_model_len,
-        offload=dep.offload,
-        drafter=None if speculative is None else resolve_drafter(speculative, **dep.parts),
-        sampler=sampler_passes(dep.engine, OFFLINE_BENCH_SAMPLING),
-    )

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from simulator.cli.inprocess import run_command
 from simulator.errors import SpecError
 from simulator.regress import Band, Report, Row, check, diff_text, matches, update
 
@@ -46,7 +47,8 @@ class RegressChecker:
         (with --llmsim-update: rewrite the file and pass). Returns the report."""
         path = self.base_dir / golden
         try:
-            report = update(path) if self.update else check(path)
+            run = run_command
+            report = update(path, run=run) if self.update else check(path, run=run)
         except SpecError as exc:
             pytest.fail(f"llmsim: error: {exc.line()}", pytrace=False)
         if not report.ok and not report.updated:

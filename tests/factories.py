@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from simulator.api import Deployment
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.step import StepCost, engine_step_time, step_cost
 from simulator.serving.cluster import ReplicaGroup
-from simulator.serving.scheduler import SchedulerSpec
-from simulator.serving.workload import RequestTable
+from simulator.specs.serving import SchedulerSpec
+from simulator.workload.requests import RequestTable
 
 MS = 1e-3
 

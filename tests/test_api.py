@@ -68,7 +68,11 @@ def test_the_contract_names_of_the_flat_api_are_functions() -> None:
     # submodule of the same name would shadow one (`simulator.sweep` was the sweep module)
     for name in ("load_hardware", "load_model", "load_scenario", "estimate", "run", "sweep"):
         assert callable(getattr(simulator, name)), name
-    assert simulator.sweep is simulator.run_sweep
+
+
+def test_the_package_lists_the_facade() -> None:
+    assert simulator.__all__ == simulator.api.__all__
+    assert len(set(simulator.__all__)) == len(simulator.__all__)  # one name a thing
 
 
 def test_estimate_returns_a_latency_result() -> None:

@@ -18,8 +18,9 @@ import pytest
 from clitools import run_cli
 
 import simulator
-from simulator import api, runner
+from simulator import api
 from simulator.api import op_json
+from simulator.runs import runner
 from simulator.specs.loader import MODELS_DIR
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
+from simulator.specs.engine_args import EngineArgs
 
 
 def test_defaults_leave_the_scheduler_to_the_engine_profile() -> None:

@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 from clitools import run_cli
 
-from simulator import estimate, runner
-from simulator.engine_args import EngineArgs
+from simulator import estimate
 from simulator.errors import SpecError
-from simulator.scenario import Scenario
-from simulator.serving.workload import RandomDataset, WorkloadSpec, generate_requests
+from simulator.runs import runner
 from simulator.specs import load_model
+from simulator.specs.engine_args import EngineArgs
+from simulator.specs.scenario import Scenario
+from simulator.specs.workload import WorkloadSpec
+from simulator.workload.requests import RandomDataset, generate_requests
 
 
 def scenario(input_len: int, output_len: int = 8, **flags: object) -> Scenario:

@@ -18,9 +18,7 @@ from factories import plan_data, request_latencies, write_yaml
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from simulator import runner
 from simulator.errors import SpecError
-from simulator.plan import PlanResult, plan
 from simulator.planning.fleet import (
     FleetOption,
     cheapest_fleet,
@@ -28,11 +26,13 @@ from simulator.planning.fleet import (
     single_layout_fleet,
 )
 from simulator.planning.layouts import Layout, Prepared, prepare, scenario, traffic
+from simulator.planning.plan import PlanResult, plan
 from simulator.planning.search import judge, search_max_rate
 from simulator.planning.spec import PlanSpec, load_plan
 from simulator.planning.tables import pareto_frontier, rank
-from simulator.serving.workload import generate_requests
+from simulator.runs import runner
 from simulator.specs import load_model
+from simulator.workload.requests import generate_requests
 
 FEW = settings(max_examples=40, deadline=None)
 REPO = Path(__file__).resolve().parents[1]

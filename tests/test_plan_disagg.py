@@ -13,12 +13,12 @@ import pytest
 from clitools import run_cli
 from factories import plan_data, request_latencies, write_yaml
 
-from simulator import runner
-from simulator.plan import plan
 from simulator.planning.fleet import FleetOption, cheapest_fleet, single_layout_fleet
 from simulator.planning.layouts import Layout, Prepared, measure, scenario, traffic
+from simulator.planning.plan import plan
 from simulator.planning.spec import PlanSpec, load_plan
 from simulator.planning.units import Unit, build_units
+from simulator.runs import runner
 from simulator.specs import load_model
 
 REPO = Path(__file__).resolve().parents[1]

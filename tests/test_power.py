@@ -1,4 +1,4 @@
-"""Energy, power and cost (`simulator.power`): the power law's bounds and monotonicity, idle
+"""Energy, power and cost (`simulator.runs.energy`): the power law's bounds and monotonicity, idle
 gaps, power caps, a hand-computed step, cost arithmetic, and whole runs."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import simulator as sim
-from simulator.api import Deployment
 from simulator.cli import main
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.step import step_cost
 from simulator.errors import SpecError
 from simulator.metrics.recorder import STEP_COLUMNS
-from simulator.power import (
+from simulator.runs.energy import (
     ENERGY_KEYS,
     GroupAccount,
     PowerModel,
@@ -30,12 +30,12 @@ from simulator.power import (
     step_utilisation,
     step_work_s,
     steps_batch,
-    with_power_cap,
 )
-from simulator.runner import RunResult, run, save_run
-from simulator.scenario import Scenario, load_scenario
-from simulator.serving.workload import SamplingSpec
+from simulator.runs.runner import RunResult, run, save_run
 from simulator.specs import list_hardware, load_hardware
+from simulator.specs.hardware import with_power_cap
+from simulator.specs.scenario import Scenario, load_scenario
+from simulator.specs.workload import SamplingSpec
 from simulator.validate import data
 from simulator.validate.sampler import PATHS as SAMPLER_PATHS
 

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simulator import regress
+from simulator.cli.inprocess import run_command
 from simulator.regress.check import band_of
 from simulator.regress.golden import ScenarioCase, load_golden
 from simulator.specs import load_model
@@ -30,7 +31,7 @@ GEMM = {"name": "gemm", "op": "gemm", "flags": GEMM_FLAGS}
 def recorded(tmp_path: Path, *cases: dict[str, Any], **top: Any) -> Path:
     """A golden file of `cases` whose values `--update` has just recorded."""
     path = write_yaml(tmp_path / "regress.yaml", {**top, "cases": list(cases)})
-    regress.update(path)
+    regress.update(path, run=run_command)
     return path
 
 
@@ -188,35 +189,36 @@ def test_perturbed_golden_exits_1_and_the_diff_names_the_metric(
 def test_change_within_the_band_passes(tmp_path: Path) -> None:
     path = recorded(tmp_path, {**GEMM, "rtol": 0.02})
     perturb(path, 0, "latency_s", 1.019)
-    assert regress.check(path).ok
+    assert regress.check(path, run=run_command).ok
     perturb(path, 0, "latency_s", 1.01)  # now 2.9% off
-    assert not regress.check(path).ok
+    assert not regress.check(path, run=run_command).ok
 
 
 def test_update_round_trips_and_keeps_bands(tmp_path: Path) -> None:
     case = {**GEMM, "atol": 1e-9, "metrics": {"latency_s": {"rtol": 0.5}, "flops": None}}
     path = write_yaml(tmp_path / "regress.yaml", {"rtol": 0.02, "cases": [case]})
-    before = regress.check(path)
+    before = regress.check(path, run=run_command)
     assert [r.status for r in before.rows] == ["new", "new"] and not before.ok
-    report = regress.update(path)
+    report = regress.update(path, run=run_command)
     assert report.updated and [r.status for r in report.rows] == ["new", "new"]
     golden = load_golden(path)
     metrics = golden.cases[0].metrics
     assert metrics["flops"].value == 2 * 1024**3  # 2 m n k, an exact integer
     assert metrics["latency_s"].rtol == 0.5 and golden.rtol == 0.02
     assert golden.cases[0].atol == 1e-9
-    after = regress.check(path)
+    after = regress.check(path, run=run_command)
     assert after.ok and [r.now for r in after.rows] == [r.now for r in report.rows]
     text = path.read_text()
-    regress.update(path)
+    regress.update(path, run=run_command)
     assert path.read_text() == text  # a second update changes nothing
 
 
 def test_a_case_without_metrics_fails_until_updated(tmp_path: Path) -> None:
     path = write_yaml(tmp_path / "regress.yaml", {"cases": [GEMM]})
-    assert [(r.metric, r.status) for r in regress.check(path).rows] == [("(no metrics)", "new")]
-    regress.update(path)
-    assert regress.check(path).ok
+    rows = regress.check(path, run=run_command).rows
+    assert [(r.metric, r.status) for r in rows] == [("(no metrics)", "new")]
+    regress.update(path, run=run_command)
+    assert regress.check(path, run=run_command).ok
 
 
 def test_update_gives_a_new_case_its_default_metrics(tmp_path: Path) -> None:
@@ -239,7 +241,7 @@ def test_a_metric_the_output_lacks_fails_and_update_refuses(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write_yaml(tmp_path / "regress.yaml", {"cases": [{**GEMM, "metrics": {"nope": 1.0}}]})
-    assert regress.check(path).rows[0].status == "missing"
+    assert regress.check(path, run=run_command).rows[0].status == "missing"
     assert run_cli(capsys, "regress", str(path))[0] == 1
     code, _, err = run_cli(capsys, "regress", str(path), "--update")
     assert code == 2 and "cases.0.metrics" in err and "'nope'" in err
@@ -263,7 +265,7 @@ def test_scenario_case_is_relative_to_the_golden_file(tmp_path: Path) -> None:
     path = recorded(tmp_path, {"name": "tiny", "scenario": "sub/tiny.yaml"})
     golden = load_golden(path)
     assert golden.cases[0].metrics["request_throughput"].value == pytest.approx(4, rel=0.5)
-    assert regress.check(path).ok
+    assert regress.check(path, run=run_command).ok
 
 
 def test_flags_become_the_command_line() -> None:
@@ -284,7 +286,8 @@ def test_default_golden_is_the_current_directorys_then_the_projects(tmp_path: Pa
 
 
 def test_project_grid_is_deterministic() -> None:
-    first, second = regress.check(regress.PROJECT_GOLDEN), regress.check(regress.PROJECT_GOLDEN)
+    golden = regress.PROJECT_GOLDEN
+    first, second = regress.check(golden, run=run_command), regress.check(golden, run=run_command)
     assert len(first.rows) >= 50
     assert [(r.case, r.metric, r.now) for r in first.rows] == [
         (r.case, r.metric, r.now) for r in second.rows

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from clitools import run_cli as cli
 
-from simulator import runner
-from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
-from simulator.scenario import Scenario, load_scenario
-from simulator.serving.workload import RandomDataset, RequestTable, WorkloadSpec
+from simulator.runs import runner
+from simulator.specs.engine_args import EngineArgs
+from simulator.specs.scenario import Scenario, load_scenario
+from simulator.specs.workload import WorkloadSpec
+from simulator.workload.requests import RandomDataset, RequestTable
 
 # scenarios/ also holds sweep files (sweep_*.yaml) and plan files (plan_*.yaml).
 SCENARIOS = sorted(

@@ -12,9 +12,9 @@ from clitools import run_cli
 from factories import plan_data, write_yaml
 
 from simulator.planning.spec import load_plan
-from simulator.scenario import load_scenario
 from simulator.specs.loader import MODELS_DIR, beside, list_hardware, load_hardware
-from simulator.sweep_spec import expand, load_sweep, write_sweep
+from simulator.specs.scenario import load_scenario
+from simulator.specs.sweep import expand, load_sweep, write_sweep
 
 RANDOM = {"dataset": {"name": "random", "input_len": 128, "output_len": 16}, "num_prompts": 8}
 

@@ -14,9 +14,9 @@ import pytest
 from clitools import run_cli
 from factories import scenario_data, write_yaml
 
-from simulator import runner
 from simulator.errors import SpecError
-from simulator.sweeps import SweepSpec, execute_sweep, expand, load_sweep, run_sweep
+from simulator.runs import runner
+from simulator.runs.sweeps import SweepSpec, execute_sweep, expand, load_sweep, sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -291,7 +291,7 @@ def test_a_simulation_exception_is_an_error_row(
         return real(scenario)
 
     monkeypatch.setattr(runner, "run", flaky)
-    table = run_sweep(make_sweep(tmp_path, grid={"seed": [0, 1, 2]}), tmp_path / "out", workers=1)
+    table = sweep(make_sweep(tmp_path, grid={"seed": [0, 1, 2]}), tmp_path / "out", workers=1)
     assert list(table["status"]) == ["ok", "error", "ok"]
     assert table["error"].iloc[1] == "ZeroDivisionError: boom second line"
 
@@ -301,7 +301,7 @@ def test_a_killed_sweep_resumes_without_duplicates(
 ) -> None:
     path = make_sweep(tmp_path, grid={"seed": [0, 1, 2, 3, 4], "workload.request_rate": [5]})
     out = tmp_path / "out"
-    first = run_sweep(path, out, workers=1)
+    first = sweep(path, out, workers=1)
     assert len(first) == 5
     # a kill: two whole rows survive, then half of the third
     results = out / "results.csv"
@@ -346,7 +346,7 @@ def test_results_of_another_kind_are_left_untouched(tmp_path: Path, content: byt
     results.parent.mkdir()
     results.write_bytes(content)
     with pytest.raises(SpecError, match="not a sweep's results"):
-        run_sweep(make_sweep(tmp_path, grid={"seed": [0]}), tmp_path / "out", workers=1)
+        sweep(make_sweep(tmp_path, grid={"seed": [0]}), tmp_path / "out", workers=1)
     assert results.read_bytes() == content  # not even a cut-short last line dropped
 
 
@@ -376,9 +376,9 @@ def test_the_process_pool_gives_the_same_results(tmp_path: Path) -> None:
 def test_bad_workers_or_executor_are_spec_errors(tmp_path: Path) -> None:
     path = make_sweep(tmp_path, grid={"seed": [0]})
     with pytest.raises(SpecError, match="at least 1"):
-        run_sweep(path, tmp_path / "out", workers=0)
+        sweep(path, tmp_path / "out", workers=0)
     with pytest.raises(SpecError, match="unknown executor"):
-        run_sweep(path, tmp_path / "out", executor="dask")  # type: ignore[arg-type]
+        sweep(path, tmp_path / "out", executor="dask")  # type: ignore[arg-type]
     assert not (tmp_path / "out").exists()
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from simulator import api, runner
+from simulator import api
 from simulator.cli.bench_flags import (
     PASS_EXTRA,
     AsyncOpt,
@@ -59,8 +59,9 @@ from simulator.metrics.summary import (
     parse_metric_percentiles,
     parse_percentile_metrics,
 )
-from simulator.serving.workload import WorkloadSpec
+from simulator.runs import runner
 from simulator.specs.loader import validate
+from simulator.specs.workload import WorkloadSpec
 from simulator.units import format_bytes, format_seconds
 
 bench_app = typer.Typer(help="Predict `vllm bench latency|throughput|serve`.", no_args_is_help=True)

@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import typer
 
 from simulator.cli.common import note, write_json
-from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
+from simulator.specs.engine_args import EngineArgs
 from simulator.specs.offload import OffloadSpec, parse_offload
 
 ModelOpt = Annotated[str, typer.Option("--model", help="model id or path to config.json")]

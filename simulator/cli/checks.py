@@ -139,9 +139,11 @@ def regress_cmd(
 ) -> None:
     """Recompute golden predictions; exit 1 when one leaves its tolerance band."""
     from simulator import regress
+    from simulator.cli import inprocess
 
     path = golden or regress.default_golden()
-    report = regress.update(path) if update else regress.check(path)
+    run = inprocess.run_command
+    report = regress.update(path, run=run) if update else regress.check(path, run=run)
     if as_json:
         print_json(report.as_json())
     else:

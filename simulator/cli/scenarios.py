@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from simulator import runner
 from simulator.cli.common import PLAN_WIDTH, JsonOpt, ReportOpt, print_json
 from simulator.errors import SpecError, not_a_file
 from simulator.metrics.summary import format_serve_summary
-from simulator.scenario import Scenario
+from simulator.runs import runner
 from simulator.serving.disagg import pool_lines
+from simulator.specs.scenario import Scenario
 
 
 def run_cmd(
@@ -88,7 +88,7 @@ def plan_cmd(
     schema: Annotated[bool, typer.Option("--schema", help="print the plan JSON schema")] = False,
 ) -> None:
     """The cheapest deployments that meet the SLOs: per layout, and the cheapest mixed fleet."""
-    from simulator.plan import plan
+    from simulator.planning.plan import plan
     from simulator.planning.report import print_plan, save_plan
     from simulator.planning.spec import PlanSpec
 
@@ -134,7 +134,7 @@ def sweep_cmd(
     report: ReportOpt = False,
 ) -> None:
     """Run a base scenario over a grid / zip / random sample of values; rerun to resume."""
-    from simulator.sweeps import execute_sweep
+    from simulator.runs.sweeps import execute_sweep
 
     done = execute_sweep(
         sweep_file, out, executor=executor.value, workers=workers, progress=not quiet

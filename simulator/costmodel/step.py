@@ -178,3 +178,41 @@ def launch_time(
         np.asarray(num_tokens) <= engine.cuda_graph_max_tokens
     )
     return np.where(graphed, ov.graph_launch_s, np.asarray(kernels) * ov.launch_eager_s)
+
+
+def engine_overhead_rows(
+    step: StepCost,
+    engine: EngineSpec,
+    *,
+    index: int,
+    num_tokens: float,
+    num_seqs: float,
+    enforce_eager: bool,
+) -> pd.DataFrame:
+    """The engine's lines of step `index` of `step` (kind "engine", bound "cpu"), in the
+    breakdown's columns: `cpu_step` (per-step CPU work), `cpu_per_seq` (per running sequence)
+    and the kernel launches, `launch_graph` (one CUDA-graph replay) or `launch_eager` (one per
+    kernel). The step takes max(GPU, launch) + CPU (`engine_time`), so the launch row's
+    `hidden_s` is the part of its time under GPU work and each row adds total_s - hidden_s."""
+    ov = engine.overhead
+
+    def at(x: np.ndarray) -> float:
+        arr = np.ravel(np.asarray(x, dtype=float))
+        return float(arr[index] if arr.size > 1 else arr[0])
+
+    small = num_tokens <= engine.cuda_graph_max_tokens
+    graphed = engine.cuda_graphs and not enforce_eager and small
+    if graphed:
+        launch = ("launch_graph", 1.0, ov.graph_launch_s)
+    else:
+        launch = ("launch_eager", at(kernel_launches(step)), ov.launch_eager_s)
+    rows = [("cpu_step", 1.0, ov.step_s), ("cpu_per_seq", num_seqs, ov.per_seq_s), launch]
+    df = pd.DataFrame(
+        [
+            {"op": op, "kind": "engine", "count": n, "time_s": t, "total_s": n * t}
+            for op, n, t in rows
+        ]
+    ).assign(flops=0.0, bytes=0.0, bound="cpu", hidden_s=0.0)
+    last = df.index[-1]
+    df.loc[last, "hidden_s"] = min(float(df.loc[last, "total_s"]), at(step.time_s))
+    return df

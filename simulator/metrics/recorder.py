@@ -6,13 +6,27 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
-if TYPE_CHECKING:
-    from simulator.serving.request import Request
+
+class FinishedRequest(Protocol):
+    """What a finished request's row reads (`serving.request.Request` has it)."""
+
+    id: int
+    replica: int
+    arrival_s: float
+    first_scheduled_s: float
+    first_token_s: float
+    finish_s: float
+    prompt_len: int
+    num_output: int
+    preemptions: int
+    cached_tokens: int
+    priority: int
+
 
 STEP_COLUMNS = (
     "replica",
@@ -144,7 +158,7 @@ class Recorder:
         """`tokens` tokens that each came `gap` after their previous one."""
         self._weighted.extend((gap, tokens))
 
-    def request(self, req: Request) -> None:
+    def request(self, req: FinishedRequest) -> None:
         """A finished request's row."""
         self._requests.extend(
             (

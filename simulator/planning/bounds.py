@@ -28,14 +28,14 @@ from typing import Literal
 
 import numpy as np
 
-from simulator.api import Deployment
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.costmodel.ops import step_ops
 from simulator.costmodel.roofline import evaluate, total_time
 from simulator.planning.spec import PlanSLO
-from simulator.serving.scheduler import SchedulerSpec
 from simulator.serving.steptime import StepTimer
+from simulator.specs.serving import SchedulerSpec
 
 FLOOR_CONTEXT_POINTS = 32  # log grid of KV lengths on which the decode floor is tabulated
 TOKEN_GRID_POINTS = 200  # log grid of step sizes for the cheapest prefill token

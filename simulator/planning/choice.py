@@ -8,13 +8,13 @@ from typing import Any
 
 import pandas as pd
 
-from simulator import runner
 from simulator.errors import SpecError
 from simulator.planning.fleet import Fleet, FleetOption, cheapest_fleet, single_layout_fleet
 from simulator.planning.layouts import Candidate, Searched, Traffic, scenario
 from simulator.planning.search import judge
 from simulator.planning.spec import PlanSpec
 from simulator.planning.tables import prepared_row, usd_per_million_tokens
+from simulator.runs import runner
 
 FLEET_ATTEMPTS = 3  # mixes simulated at the target rate before trying single-layout fleets
 

@@ -11,20 +11,21 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from simulator.api import Deployment
+from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.errors import SpecError
 from simulator.planning.bounds import LatencyFloors, capacity_ceiling, hopeless, latency_floors
 from simulator.planning.fleet import FleetOption
 from simulator.planning.search import SearchOutcome, Verdict
 from simulator.planning.spec import HardwareCandidate, PlanSpec, PlanWorkload
-from simulator.runner import build_group
-from simulator.scenario import ReplicaGroupSpec, Scenario, SLOSpec
-from simulator.serving.scheduler import SchedulerSpec
+from simulator.runs.runner import build_group
 from simulator.serving.steptime import StepTimer
-from simulator.serving.workload import RequestTable, WorkloadSpec, generate_requests
 from simulator.specs import ModelSpec, load_hardware
 from simulator.specs.deployment import Quantization
+from simulator.specs.scenario import ReplicaGroupSpec, Scenario, SLOSpec
+from simulator.specs.serving import SchedulerSpec
+from simulator.specs.workload import WorkloadSpec
+from simulator.workload.requests import RequestTable, generate_requests
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from rich.table import Table
 from simulator.errors import output_folder
 
 if TYPE_CHECKING:
-    from simulator.plan import PlanResult
+    from simulator.planning.plan import PlanResult
 
 
 def save_plan(result: PlanResult, out: str | Path) -> Path:

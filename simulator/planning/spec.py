@@ -19,10 +19,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from simulator.errors import SpecError
-from simulator.scenario import SchedulerOverrides, dataset_beside
-from simulator.serving.kv_transfer import KVTransferSpec
-from simulator.serving.router import RouterSpec
-from simulator.serving.workload import DatasetSpec, SamplingSpec, WorkloadSpec
 from simulator.specs import load_engine, load_hardware, load_model
 from simulator.specs._base import Frozen
 from simulator.specs.deployment import Quantization
@@ -34,6 +30,9 @@ from simulator.specs.loader import (
     read_yaml,
     validate,
 )
+from simulator.specs.scenario import SchedulerOverrides, dataset_beside
+from simulator.specs.serving import KVTransferSpec, RouterSpec
+from simulator.specs.workload import DatasetSpec, SamplingSpec, WorkloadSpec
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # what vLLM's --goodput accepts

@@ -34,7 +34,7 @@ from simulator.planning.bounds import (
 )
 from simulator.planning.layouts import Prepared, Traffic
 from simulator.planning.spec import PlanSpec
-from simulator.scenario import ReplicaGroupSpec
+from simulator.specs.scenario import ReplicaGroupSpec
 
 
 @dataclass(frozen=True)

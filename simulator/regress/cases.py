@@ -6,17 +6,18 @@ A bench or op case is exactly the command a user types (`llmsim bench latency --
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from typing_extensions import assert_never
 
-from simulator.errors import SpecError
 from simulator.regress.golden import BenchCase, FlagValue, OpCase, ScenarioCase
+
+# Runs `llmsim ARGV` and returns the JSON object it prints; the CLI passes its own
+# (`simulator.cli.inprocess.run_command`), so that this package needs nothing above it.
+Runner = Callable[[list[str]], dict[str, Any]]
 
 # The metrics a case with none listed gets on `llmsim regress --update`.
 SERVE_METRICS = (
@@ -78,29 +79,6 @@ def command(case: ScenarioCase | BenchCase | OpCase, *, base_dir: Path) -> list[
     if isinstance(case, ScenarioCase):
         return ["run", str(base_dir / case.scenario), "--json"]
     return [*kind(case).split(), *flag_args(case.flags), "--json"]
-
-
-def run_command(argv: list[str]) -> dict[str, Any]:
-    """The JSON object `llmsim ARGV` prints, run in this process. Bad input (a SpecError, or
-    a flag the command does not have) raises SpecError."""
-    from simulator.cli import app, usage_error
-
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buf):
-            app(args=argv, standalone_mode=False)
-    except Exception as exc:
-        message = usage_error(exc)
-        if message is None:
-            raise
-        raise SpecError(message, field="flags") from None
-    try:
-        data = json.loads(buf.getvalue())
-    except json.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict):
-        raise SpecError(f"`llmsim {' '.join(argv)}` printed no JSON object")
-    return data
 
 
 def lookup(output: dict[str, Any], metric: str) -> tuple[bool, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from simulator.errors import SpecError
-from simulator.regress.cases import DEFAULT_METRICS, command, kind, lookup, run_command
+from simulator.regress.cases import DEFAULT_METRICS, Runner, command, kind, lookup
 from simulator.regress.golden import (
     BenchCase,
     Golden,
@@ -139,10 +139,10 @@ def compare(*, case: str, metric: str, golden: Any, output: dict[str, Any], band
     return Row(case, metric, golden, now, band, status)
 
 
-def _case_output(golden_path: Path, index: int, case: AnyCase) -> dict[str, Any]:
+def _case_output(golden_path: Path, index: int, case: AnyCase, run: Runner) -> dict[str, Any]:
     """The case's command output; its bad input names the golden file and the case."""
     try:
-        return run_command(command(case, base_dir=golden_path.parent))
+        return run(command(case, base_dir=golden_path.parent))
     except SpecError as exc:
         raise SpecError(
             f"case {case.name!r}: {exc.line()}", source=str(golden_path), field=f"cases.{index}"
@@ -165,14 +165,15 @@ def _case_rows(golden: Golden, case: AnyCase, output: dict[str, Any]) -> list[Ro
     ]
 
 
-def check(path: str | Path) -> Report:
-    """Recompute every case of the golden file at `path` and compare (nothing is written)."""
+def check(path: str | Path, *, run: Runner) -> Report:
+    """Recompute every case of the golden file at `path` with `run` (the CLI's
+    `inprocess.run_command`) and compare (nothing is written)."""
     path = Path(path)
     golden = load_golden(path)
     rows = [
         row
         for i, case in enumerate(golden.cases)
-        for row in _case_rows(golden, case, _case_output(path, i, case))
+        for row in _case_rows(golden, case, _case_output(path, i, case, run))
     ]
     return Report(path, rows)
 
@@ -192,7 +193,7 @@ def _updated_case(golden_path: Path, index: int, case: AnyCase, rows: list[Row])
     return case.model_copy(update={"metrics": metrics})
 
 
-def update(path: str | Path) -> Report:
+def update(path: str | Path, *, run: Runner) -> Report:
     """Recompute every case and rewrite the golden values in place (bands and cases kept);
     returns the comparison with the values as they were before."""
     path = Path(path)
@@ -200,7 +201,7 @@ def update(path: str | Path) -> Report:
     rows: list[Row] = []
     cases: list[AnyCase] = []
     for i, case in enumerate(golden.cases):
-        output = _case_output(path, i, case)
+        output = _case_output(path, i, case, run)
         if not case.metrics:
             names = [m for m in DEFAULT_METRICS[kind(case)] if lookup(output, m)[0]]
             case = case.model_copy(update={"metrics": {m: MetricGolden() for m in names}})

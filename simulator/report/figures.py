@@ -2,7 +2,7 @@
 
 A run's tables are `RunResult.sim.requests` / `.steps` (or `requests.csv` / `steps.csv` of
 `llmsim run --out`), its ITL sample `itl.csv` (`itl_s`, `weight`: how many tokens came that
-long after their previous one). A sweep's table is `results.csv` (`run_sweep`'s DataFrame).
+long after their previous one). A sweep's table is `results.csv` (`sweep`'s DataFrame).
 Times on the x axes are simulated seconds; latencies are in ms.
 
 Long runs are reduced before plotting (`series.MAX_POINTS` points per trace: CDFs at evenly

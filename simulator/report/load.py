@@ -18,8 +18,8 @@ import pandas as pd
 from simulator.errors import SpecError
 from simulator.metrics.recorder import STEP_COLUMNS
 from simulator.report.figures import require
-from simulator.scenario import Scenario
 from simulator.specs.loader import read_yaml, validate
+from simulator.specs.scenario import Scenario
 
 RUN_FILES = ("summary.json", "requests.csv", "steps.csv")
 SWEEP_FILE = "results.csv"

@@ -19,14 +19,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.api import Deployment
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.latency import engine_overhead_rows
-from simulator.costmodel.step import StepCost, step_cost
-from simulator.runner import group_deployment
-from simulator.scenario import Scenario
+from simulator.costmodel.deployment import Deployment
+from simulator.costmodel.step import StepCost, engine_overhead_rows, step_cost
+from simulator.runs.runner import group_deployment
 from simulator.serving.group import default_scheduler
 from simulator.specs import load_model
+from simulator.specs.scenario import Scenario
 
 OP_COLUMNS = (
     "phase", "op", "kind", "dtype", "count", "time_s", "total_s", "hidden_s", "flops", "bytes",

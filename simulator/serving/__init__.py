@@ -1,1 +1,3 @@
-"""Reserved for the serving layer (see README)."""
+"""The simpy discrete-event serving engine: requests, the paged KV cache and its tiers, schedulers,
+replicas (plain, pipelined, DP-attention groups), disaggregated pools, the router and the
+cluster."""

@@ -44,14 +44,14 @@ from simulator.serving.kv_tiers import (
 )
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
-from simulator.serving.router import Router, RouterSpec
-from simulator.serving.scheduler import SchedulerSpec
-from simulator.serving.speculative import Acceptance, SpeculativeSpec
-from simulator.serving.workload import RequestTable
+from simulator.serving.router import Router
+from simulator.serving.speculative import Acceptance
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
+from simulator.specs.serving import RouterSpec, SchedulerSpec, SpeculativeSpec
+from simulator.workload.requests import RequestTable
 
 
 @dataclass(frozen=True)

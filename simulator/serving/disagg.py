@@ -57,34 +57,16 @@ from simulator.serving.cluster import (
 from simulator.serving.kv_transfer import TransferModel, transfer_links
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
-from simulator.serving.router import Router, RouterSpec
-from simulator.serving.workload import RequestTable
+from simulator.serving.router import Router
+from simulator.specs.scenario import is_disaggregated, role_problem
+from simulator.specs.serving import RouterSpec
+from simulator.workload.requests import RequestTable
 
 if TYPE_CHECKING:
-    from simulator.api import Deployment
-    from simulator.scenario import Scenario
+    from simulator.costmodel.deployment import Deployment
+    from simulator.specs.scenario import Scenario
 
 ROLES = ("both", "prefill", "decode")
-
-
-def role_problem(roles: Sequence[str]) -> str:
-    """Why replica groups with these roles cannot be served together ('' when they can)."""
-    split = [r for r in roles if r != "both"]
-    if not split:
-        return ""
-    if len(split) < len(roles):
-        return (
-            f"group {roles.index('both')} has role 'both' (colocated) among prefill/decode "
-            "groups: a deployment is colocated or disaggregated"
-        )
-    missing = [r for r in ("prefill", "decode") if r not in split]
-    if missing:
-        return f"a disaggregated deployment needs a {missing[0]} group (role: {missing[0]})"
-    return ""
-
-
-def is_disaggregated(roles: Sequence[str]) -> bool:
-    return any(r != "both" for r in roles)
 
 
 def prefill_view(requests: RequestTable) -> RequestTable:

@@ -35,7 +35,6 @@ import numpy as np
 import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.latency import engine_overhead_rows
 from simulator.costmodel.memory import (
     MemoryPlan,
     kv_bytes_per_token_per_device,
@@ -44,17 +43,23 @@ from simulator.costmodel.memory import (
 )
 from simulator.costmodel.ops import step_ops
 from simulator.costmodel.roofline import evaluate, total_launches, total_time
-from simulator.costmodel.step import StepCost, engine_step_time, launch_time, step_cost
+from simulator.costmodel.step import (
+    StepCost,
+    engine_overhead_rows,
+    engine_step_time,
+    launch_time,
+    step_cost,
+)
 from simulator.errors import SpecError
 from simulator.serving.draft_ops import FC_INPUTS, HeadOps, MedusaOps, head_model
-from simulator.serving.speculative import FIELD, SpeculativeSpec
 from simulator.serving.steptime import Chunks, OpList, StepTimer, verify_floor, verify_shape
-from simulator.serving.workload import SamplingSpec
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec, LogitsPass
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.loader import load_model
 from simulator.specs.model import DTYPE_BYTES, ModelSpec
+from simulator.specs.serving import FIELD, SpeculativeSpec
+from simulator.specs.workload import SamplingSpec
 
 
 # -- the proposers' passes in an engine step ------------------------------------------------------

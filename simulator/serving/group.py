@@ -5,27 +5,46 @@ engine with its memory plan, refusing what does not fit or is not modelled.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import simpy
 
 from simulator.costmodel.memory import MemoryPlan, plan_memory, require_fit
 from simulator.errors import SpecError
-from simulator.serving.dp_group import DPAttention
+from simulator.metrics.recorder import Recorder
 from simulator.serving.drafter import resolve_drafter
 from simulator.serving.kv_cache import BlockManager
-from simulator.serving.kv_tiers import KVOffloadSpec, KVTiers, block_manager, plan_tiers
-from simulator.serving.pipeline import MicroBatching
-from simulator.serving.scheduler import SchedulerSpec
-from simulator.serving.speculative import SpeculativeSpec
+from simulator.serving.kv_tiers import KVTiers, block_manager, plan_tiers
+from simulator.serving.replica import Replica
+from simulator.serving.request import Request
 from simulator.serving.steptime import StepTimer
-from simulator.serving.workload import RequestTable, SamplingSpec
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
 from simulator.specs.offload import OffloadSpec
+from simulator.specs.serving import KVOffloadSpec, SchedulerSpec, SpeculativeSpec
+from simulator.specs.workload import SamplingSpec
+from simulator.workload.requests import RequestTable
+
+
+class ReplicaLoop(Protocol):
+    """How `serving.cluster.serve` builds each replica of a group whose engine loop is not the
+    plain Replica's: DP-attention ranks in lockstep (`dp_group.DPAttention`) or pipeline
+    micro-batches in flight (`pipeline.MicroBatching`). Returns the router's targets."""
+
+    def build(
+        self,
+        env: simpy.Environment,
+        *,
+        group: ReplicaGroup,
+        index: int,
+        recorder: Recorder,
+        on_finish: Callable[[Request], None],
+    ) -> list[Replica]: ...
 
 
 @dataclass(frozen=True)
@@ -45,7 +64,7 @@ class ReplicaGroup:
     kv_tiers: KVTiers | None = None  # tiers below HBM (prefix caching on: serving.kv_tiers)
     # How each replica is built when not a plain Replica: DP-attention ranks in lockstep
     # (serving.dp_group) or pipeline micro-batches in flight (serving.pipeline).
-    loop: DPAttention | MicroBatching | None = None
+    loop: ReplicaLoop | None = None
 
     def new_kv(self) -> BlockManager:
         """An empty KV cache for one replica (or attention rank) of the group."""

@@ -42,74 +42,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Literal
-
-from pydantic import Field, model_validator
 
 from simulator.costmodel.memory import MemoryPlan
 from simulator.costmodel.offload import link_bandwidth
 from simulator.errors import SpecError
 from simulator.serving.kv_cache import RUN, BlockManager, PrefixCachingBlockManager
 from simulator.serving.request import BlockKey, Request
-from simulator.specs._base import BytesPerS, Frozen
 from simulator.specs.hardware import HardwareSpec
+from simulator.specs.serving import Backend, KVOffloadSpec
 from simulator.units import GiB
-
-Backend = Literal["native", "lmcache"]
-
-
-class KVOffloadSpec(Frozen):
-    """KV-cache tiers of one replica group (a scenario's `kv_offload:`)."""
-
-    backend: Backend = Field(
-        default="native",
-        description="vLLM's --kv-offloading-backend: native (loads between steps, the request "
-        "waits) or lmcache (loads before the step, the batch waits; CPU and NVMe tiers)",
-    )
-    cpu_gib: float | None = Field(
-        default=None,
-        gt=0,
-        description="host memory for KV blocks per replica, over its tp x pp GPUs (vLLM's "
-        "--kv-offloading-size); None: host memory per GPU less swap space and offloaded weights",
-    )
-    nvme_gib: float = Field(
-        default=0.0, ge=0, description="NVMe tier per replica, over its GPUs (lmcache); 0: none"
-    )
-    cpu_bw_bytes_per_s: BytesPerS | None = Field(
-        default=None,
-        gt=0,
-        description="GPU <-> host copy bandwidth per GPU (None: min(PCIe x host_link_fraction, "
-        "host DRAM bandwidth) from the hardware spec)",
-    )
-    nvme_bw_bytes_per_s: BytesPerS | None = Field(
-        default=None, gt=0, description="NVMe read bandwidth per GPU (None: the hardware spec's)"
-    )
-
-    @model_validator(mode="after")
-    def _native_has_no_disk(self) -> KVOffloadSpec:
-        if self.backend == "native" and self.nvme_gib > 0:
-            raise ValueError("the native backend offloads to CPU memory only; use lmcache for NVMe")
-        return self
-
-
-def kv_offload_problem(
-    *,
-    prefix_caching: bool,
-    role: str,
-    data_parallel_size: int,
-    micro_batching: bool,
-    preemption_mode: str | None,
-) -> str | None:
-    """Why a replica group cannot have KV tiers, or None."""
-    if not prefix_caching:
-        return "kv_offload needs enable_prefix_caching: offloaded blocks are found by their keys"
-    if role != "both":
-        return "kv_offload in disaggregated pools is not modelled"
-    if data_parallel_size > 1 or micro_batching:
-        return "kv_offload with DP attention or pipeline micro-batching is not modelled"
-    if preemption_mode == "swap":
-        return "kv_offload with swap preemption is not modelled (vLLM V1 reloads from the tier)"
-    return None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -45,37 +45,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 
-from simulator.api import Deployment
+from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.memory import kv_bytes_per_token_per_device
 from simulator.errors import SpecError
-from simulator.specs._base import BytesPerS, Frozen, Seconds
+from simulator.specs._base import Frozen, Seconds
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.loader import read_yaml, validate
+from simulator.specs.serving import KVTransferSpec, LinkKind
 
 FACTORS_FILE = Path(__file__).with_name("kv_transfer.yaml")
-LinkKind = Literal["auto", "nvlink", "infiniband", "roce", "pcie"]
-
-
-class KVTransferSpec(Frozen):
-    """How the KV cache travels from the prefill pool to the decode pool."""
-
-    kind: LinkKind = "auto"
-    bandwidth_bytes_per_s: BytesPerS | None = Field(
-        default=None,
-        gt=0,
-        allow_inf_nan=False,
-        description="achieved, per GPU and direction (default: the specs)",
-    )
-    latency_s: Seconds | None = Field(
-        default=None, ge=0, allow_inf_nan=False, description="per transfer"
-    )
-    layerwise: bool = Field(
-        default=False, description="send each layer's KV as the prefill computes it"
-    )
 
 
 class LinkFactors(Frozen):

@@ -16,9 +16,9 @@ from simulator.serving.pipeline import with_micro_batching
 from simulator.specs.model import ModelSpec
 
 if TYPE_CHECKING:
-    from simulator.api import Deployment
-    from simulator.scenario import ReplicaGroupSpec
+    from simulator.costmodel.deployment import Deployment
     from simulator.serving.group import ReplicaGroup
+    from simulator.specs.scenario import ReplicaGroupSpec
 
 
 def expert_layout(model: ModelSpec, spec: ReplicaGroupSpec) -> dict[str, Any]:

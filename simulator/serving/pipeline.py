@@ -52,13 +52,14 @@ from simulator.errors import SpecError
 from simulator.metrics.recorder import Recorder
 from simulator.serving.replica import Chunk, Replica
 from simulator.serving.request import Request
-from simulator.serving.scheduler import SchedulerSpec, StepPlan, schedule
+from simulator.serving.scheduler import StepPlan, schedule
 from simulator.serving.stepping import SteppedReplica, check_plain_steps
 from simulator.serving.steptime import StepTimer
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
+from simulator.specs.serving import SchedulerSpec
 
 if TYPE_CHECKING:
     from simulator.serving.group import ReplicaGroup

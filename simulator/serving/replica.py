@@ -35,9 +35,10 @@ from simulator.metrics.recorder import Recorder
 from simulator.serving.kv_cache import BlockManager
 from simulator.serving.kv_tiers import TieredBlockManager
 from simulator.serving.request import Request
-from simulator.serving.scheduler import SchedulerSpec, StepPlan, enqueue, schedule
+from simulator.serving.scheduler import StepPlan, enqueue, schedule
 from simulator.serving.speculative import Acceptance
 from simulator.serving.steptime import StepTimer
+from simulator.specs.serving import SchedulerSpec
 
 MAX_SEGMENT_STEPS = 4096
 Chunk = tuple[int, int, bool]  # prefill tokens, cached offset, is the prompt's last chunk

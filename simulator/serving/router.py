@@ -11,18 +11,11 @@ router's own latency, prefix-aware (cache-affinity) routing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import numpy as np
 
 from simulator.serving.replica import Replica
-from simulator.specs._base import Frozen
-
-RouterKind = Literal["round_robin", "least_outstanding", "least_kv", "power_of_two"]
-
-
-class RouterSpec(Frozen):
-    kind: RouterKind = "round_robin"
+from simulator.specs.serving import RouterSpec
 
 
 class Router:

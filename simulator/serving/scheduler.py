@@ -51,29 +51,10 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
-
-from pydantic import Field
 
 from simulator.serving.kv_cache import BlockManager
 from simulator.serving.request import Request
-from simulator.specs._base import Frozen
-
-
-class SchedulerSpec(Frozen):
-    kind: Literal["continuous", "prefill_first", "static"] = "continuous"
-    policy: Literal["fcfs", "priority"] = "fcfs"
-    preemption_mode: Literal["recompute", "swap"] = "recompute"
-    max_num_seqs: int = Field(gt=0)
-    max_num_batched_tokens: int = Field(gt=0)
-    chunked_prefill: bool = True
-    watermark: float = Field(default=0.01, ge=0, lt=1)
-    # Speculative decoding: a decoding request also verifies this many proposed tokens per
-    # step, and holds KV slots for them (vLLM's lookahead slots; serving/speculative.py).
-    num_speculative_tokens: int = Field(default=0, ge=0)
-    # Multi-step scheduling (vLLM V0's --num-scheduler-steps): decode batches run in blocks of
-    # this many steps per scheduler call; see serving/replica.py.
-    num_scheduler_steps: int = Field(default=1, ge=1)
+from simulator.specs.serving import SchedulerSpec
 
 
 @dataclass(slots=True)

@@ -43,11 +43,11 @@ from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.ops import Op, batch_ops, sampler_pass_op, step_ops
 from simulator.costmodel.roofline import OpCost, evaluate, total_launches, total_time
 from simulator.costmodel.step import engine_time
-from simulator.serving.workload import SamplingSpec
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec, LogitsPass
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import MLAttention, ModelSpec
+from simulator.specs.workload import SamplingSpec
 
 CONTEXT_GRID_POINTS = 48
 CHUNK_GRID_POINTS = 64

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from simulator.errors import SpecError
 from simulator.specs._base import (
     Bytes,
     BytesPerS,
@@ -22,6 +23,7 @@ from simulator.specs._base import (
     Watts,
     flat,
 )
+from simulator.units import parse_quantity
 
 ComputeDtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
 
@@ -87,7 +89,7 @@ class HostSpec(Frozen):
 
 
 class PowerSpec(Frozen):
-    """Board power and the shape of its draw under load (`simulator.power`).
+    """Board power and the shape of its draw under load (`simulator.runs.energy`).
 
     While a step runs, one GPU draws idle_w + (tdp_w - idle_w) x (active_fraction +
     compute_fraction x u_compute x clock_factor^3 + memory_fraction x u_memory), clamped to
@@ -443,3 +445,30 @@ class HardwareSpec(Frozen):
         """This device as the bundled operator data measured it: GEMMs on uninitialised
         (zero) weights, so no `gemm.data_ceiling` (calibration and the `ops` suite use it)."""
         return self.with_gemm(self.efficiency.gemm.model_copy(update={"data_ceiling": {}}))
+
+
+def with_power_cap(hw: HardwareSpec, watts: float | str) -> HardwareSpec:
+    """`hw` under an operator power limit of `watts` per GPU (a number, or text with its unit
+    as a scenario takes it: "350 W"): the clock (and every dtype's dense peak) scaled by
+    `PowerSpec.clock_factor`, memory bandwidth unchanged, draw capped. A cap at or above TDP
+    leaves the speed alone. A cap at or below idle power is a SpecError."""
+    power = hw.power
+    try:
+        watts = parse_quantity(watts, dimension="w")
+    except ValueError as exc:
+        raise SpecError(str(exc), field="power_cap_w") from None
+    if not watts > power.idle_w:
+        raise SpecError(
+            f"power cap {watts:g} W must be above the idle draw of {hw.id or hw.name} "
+            f"({power.idle_w:g} W)",
+            field="power_cap_w",
+        )
+    capped = power.model_copy(update={"cap_w": float(watts)})
+    factor = capped.clock_factor / power.clock_factor  # relative to any cap already applied
+    compute = hw.compute.model_copy(
+        update={
+            "clock_hz": hw.compute.clock_hz * factor,
+            "peak_flops_per_s": {k: v * factor for k, v in hw.compute.peak_flops_per_s.items()},
+        }
+    )
+    return hw.model_copy(update={"power": capped, "compute": compute})

@@ -36,13 +36,13 @@ from typing import Any
 
 import pandas as pd
 
-from simulator import runner
-from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
-from simulator.scenario import Scenario
-from simulator.serving.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec, WorkloadSpec
+from simulator.runs import runner
 from simulator.specs import HardwareSpec, ModelSpec, load_hardware, load_model
+from simulator.specs.engine_args import EngineArgs
 from simulator.specs.loader import validate
+from simulator.specs.scenario import Scenario
+from simulator.specs.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec, WorkloadSpec
 from simulator.units import GiB
 from simulator.validate import data
 from simulator.validate.frame import finish
@@ -322,7 +322,7 @@ def latency_cases(measured: pd.DataFrame) -> pd.DataFrame:
     output_len - 1 decode steps) against `measured_latency_s`; `kind` is `batch` (from a
     throughput) or `first_token`. A run the memory plan cannot hold is listed in
     `attrs["skipped"]` with the reason, not predicted."""
-    from simulator.api import estimate  # the package's API imports this module's package
+    from simulator.runs.latency import estimate  # the package's API imports this module's package
 
     rows, skipped = [], []
     for _, row in measured.iterrows():

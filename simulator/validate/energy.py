@@ -34,12 +34,13 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from simulator import runner
-from simulator.power import PowerModel, step_utilisation
-from simulator.serving.workload import RequestTable, WorkloadSpec
+from simulator.runs import runner
+from simulator.runs.energy import PowerModel, step_utilisation
+from simulator.specs.workload import WorkloadSpec
 from simulator.validate import data
 from simulator.validate.e2e import row_engine_args
 from simulator.validate.frame import finish
+from simulator.workload.requests import RequestTable
 
 SUITE, FIT_SUITE = "e2e_energy", "e2e_energy_fit"
 # (hardware, checkpoint) of the power rows a device's power shape is fitted to

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize_scalar
 
-from simulator.api import deployment
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import deployment
 from simulator.costmodel.ffn_ops import moe_ops
 from simulator.costmodel.roofline import evaluate, total_time
 from simulator.specs import load_engine

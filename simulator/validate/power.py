@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
-from simulator.power import PowerModel, step_work_s
+from simulator.runs.energy import PowerModel, step_work_s
 from simulator.specs import load_engine, load_hardware, load_model
 from simulator.specs.deployment import Parallelism, resolve_precision
 from simulator.specs.engine import EngineSpec

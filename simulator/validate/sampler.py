@@ -29,9 +29,9 @@ from scipy.optimize import minimize_scalar
 from simulator.costmodel.ops import sampler_op
 from simulator.costmodel.roofline import evaluate, total_time
 from simulator.serving.steptime import logits_pass, sampler_passes
-from simulator.serving.workload import SamplingSpec
 from simulator.specs import load_engine, load_hardware
 from simulator.specs.engine import EngineSpec, LogitsPass
+from simulator.specs.workload import SamplingSpec
 from simulator.validate import data
 from simulator.validate.frame import finish_split
 

@@ -12,11 +12,12 @@ import pytest
 import typer
 from clitools import run_cli
 
-from simulator import runner
 from simulator.cli import app, main
-from simulator.engine_args import EngineArgs
-from simulator.scenario import Scenario
-from simulator.serving.workload import RandomDataset, WorkloadSpec
+from simulator.runs import runner
+from simulator.specs.engine_args import EngineArgs
+from simulator.specs.scenario import Scenario
+from simulator.specs.workload import WorkloadSpec
+from simulator.workload.requests import RandomDataset
 
 FIELDS = [field.name for field in dataclasses.fields(EngineArgs)]
 SPEC = '{"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.6}'

@@ -11,8 +11,9 @@ from clitools import run_cli
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.api import deployment, elementwise_cost
+from simulator.api import elementwise_cost
 from simulator.costmodel.batch import BatchShape, Num
+from simulator.costmodel.deployment import deployment
 from simulator.costmodel.elementwise_kernels import (
     act_launch,
     norm_launch,

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.api import deployment
-from simulator.costmodel.latency import LatencyResult, bench_latency, prefill_schedule
+from simulator.costmodel.deployment import deployment
 from simulator.errors import SpecError
+from simulator.runs.latency import LatencyResult, bench_latency, prefill_schedule
 
 
 def make_run(

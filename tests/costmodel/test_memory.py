@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from simulator.api import Deployment, deployment, estimate
+from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import (
     MemoryPlan,
     kv_bytes_per_token_per_device,
@@ -17,6 +17,7 @@ from simulator.costmodel.memory import (
 )
 from simulator.costmodel.ops import INT4_GROUP_SIZE
 from simulator.errors import SpecError
+from simulator.runs.latency import estimate
 from simulator.units import GiB
 
 

@@ -14,8 +14,8 @@ from factories import cost_model_step_s
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.api import Deployment, deployment, estimate
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.expert_cache import (
     build_expert_cache,
     expected_misses,
@@ -31,9 +31,10 @@ from simulator.costmodel.offload import (
     streamed_layer_bytes,
 )
 from simulator.costmodel.step import step_cost
-from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
+from simulator.runs.latency import estimate
 from simulator.specs import load_model
+from simulator.specs.engine_args import EngineArgs
 from simulator.specs.offload import ExpertOffloadSpec, OffloadSpec, resolve_offload
 from simulator.units import GiB
 
@@ -480,7 +481,7 @@ def test_cli_host_memory_alone_still_applies(capsys: pytest.CaptureFixture[str])
 def test_the_offload_scenarios_run(name: str) -> None:
     from pathlib import Path
 
-    from simulator import runner
+    from simulator.runs import runner
 
     path = Path(__file__).resolve().parents[2] / "scenarios" / name
     result = runner.run(path)
@@ -491,8 +492,9 @@ def test_the_offload_scenarios_run(name: str) -> None:
 
 
 def test_scenario_offload_fields_merge_and_conflict() -> None:
-    from simulator import runner
-    from simulator.serving.workload import RandomDataset, WorkloadSpec
+    from simulator.runs import runner
+    from simulator.specs.workload import WorkloadSpec
+    from simulator.workload.requests import RandomDataset
 
     workload = WorkloadSpec(
         dataset=RandomDataset(input_len=64, output_len=8), num_prompts=4, request_rate=math.inf

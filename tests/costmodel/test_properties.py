@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.api import Deployment, deployment
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import weight_bytes_per_device
 from simulator.costmodel.ops import Op, attention_ops, gemm, step_ops
 from simulator.costmodel.roofline import evaluate

@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.api import Deployment, allreduce_cost, attention_cost, deployment, gemm_cost
+from simulator.api import allreduce_cost, attention_cost, gemm_cost
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import layer_weight_bytes
 from simulator.costmodel.ops import Op, collective, gemm, step_ops
 from simulator.costmodel.roofline import (

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from factories import scenario_data, write_yaml
 
-from simulator import runner
+from simulator.runs import runner
 
 TINY_SCENARIO = scenario_data(
     input_len=256,

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from factories import cost_model_step_s, gpu_step
 
-from simulator.api import Deployment, deployment
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import Deployment, deployment
 from simulator.report import run_op_costs, step_op_costs
 from simulator.report.load import RunFolder, load
 from simulator.report.ops import representative_shapes

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 from clitools import run_cli
 
-from simulator.api import deployment, estimate
+from simulator.costmodel.deployment import deployment
 from simulator.costmodel.step import engine_time
-from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
-from simulator.runner import bench_scenario, run
-from simulator.serving.workload import WorkloadSpec
+from simulator.runs.latency import estimate
+from simulator.runs.runner import bench_scenario, run
 from simulator.specs import load_engine
+from simulator.specs.engine_args import EngineArgs
+from simulator.specs.workload import WorkloadSpec
 
 MS = 1e-3
 

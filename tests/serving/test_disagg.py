@@ -21,17 +21,18 @@ from factories import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import runner
-from simulator.api import deployment
+from simulator.costmodel.deployment import deployment
 from simulator.errors import SpecError
 from simulator.metrics.phases import PHASE_COLUMNS
-from simulator.scenario import Scenario, load_scenario
+from simulator.runs import runner
+from simulator.runs.sweeps import expand, load_sweep
 from simulator.serving.cluster import ReplicaGroup, SimResult, serve
 from simulator.serving.disagg import serve_disaggregated
-from simulator.serving.kv_transfer import KVTransferSpec, TransferModel, transfer_links
-from simulator.serving.workload import RequestTable
+from simulator.serving.kv_transfer import TransferModel, transfer_links
 from simulator.specs.loader import validate
-from simulator.sweeps import expand, load_sweep
+from simulator.specs.scenario import Scenario, load_scenario
+from simulator.specs.serving import KVTransferSpec
+from simulator.workload.requests import RequestTable
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 

@@ -20,11 +20,10 @@ from factories import (
 )
 
 import simulator as sim
-from simulator import runner
 from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.ops import expert_imbalance_from_skew
 from simulator.errors import SpecError
-from simulator.scenario import Scenario, load_scenario
+from simulator.runs import runner
 from simulator.serving.cluster import SimResult, replica_group, serve
 from simulator.serving.dp_group import (
     DPAttention,
@@ -33,9 +32,10 @@ from simulator.serving.dp_group import (
     with_dp_attention,
 )
 from simulator.serving.replica import Chunk
-from simulator.serving.router import RouterSpec
-from simulator.serving.workload import RequestTable
 from simulator.specs import load_model
+from simulator.specs.scenario import Scenario, load_scenario
+from simulator.specs.serving import RouterSpec
+from simulator.workload.requests import RequestTable
 
 SCENARIO = Path(__file__).parents[2] / "scenarios" / "deepseek_v3_ep_h100.yaml"
 

@@ -17,9 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.serving.cluster import SimResult, serve
-from simulator.serving.router import RouterSpec
-from simulator.serving.scheduler import SchedulerSpec
-from simulator.serving.workload import RequestTable
+from simulator.specs.serving import RouterSpec, SchedulerSpec
+from simulator.workload.requests import RequestTable
 
 
 def run(

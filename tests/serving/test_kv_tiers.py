@@ -20,19 +20,19 @@ from clitools import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import runner
-from simulator.api import deployment
+from simulator.costmodel.deployment import deployment
 from simulator.costmodel.memory import plan_memory
 from simulator.errors import SpecError
 from simulator.metrics.summary import kv_tier_summary
-from simulator.scenario import load_scenario
+from simulator.runs import runner
+from simulator.runs.sweeps import expand, load_sweep
 from simulator.serving.cluster import ReplicaGroup, SimResult, serve
 from simulator.serving.kv_cache import RUN
-from simulator.serving.kv_tiers import KVOffloadSpec, KVTiers, Tier, TieredBlockManager, plan_tiers
+from simulator.serving.kv_tiers import KVTiers, Tier, TieredBlockManager, plan_tiers
 from simulator.serving.request import Request
-from simulator.serving.scheduler import SchedulerSpec
-from simulator.serving.workload import RequestTable
-from simulator.sweeps import expand, load_sweep
+from simulator.specs.scenario import load_scenario
+from simulator.specs.serving import KVOffloadSpec, SchedulerSpec
+from simulator.workload.requests import RequestTable
 
 MS = 1e-3
 MiB = 2**20

@@ -16,13 +16,14 @@ from factories import MS, FixedTimer, fixed_group, make_requests, make_scheduler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.engine_args import EngineArgs
 from simulator.errors import SpecError
-from simulator.runner import bench_scenario, run
-from simulator.scenario import Scenario
+from simulator.runs.runner import bench_scenario, run
 from simulator.serving.cluster import SimResult, serve
-from simulator.serving.scheduler import SchedulerSpec
-from simulator.serving.workload import RequestTable, WorkloadSpec
+from simulator.specs.engine_args import EngineArgs
+from simulator.specs.scenario import Scenario
+from simulator.specs.serving import SchedulerSpec
+from simulator.specs.workload import WorkloadSpec
+from simulator.workload.requests import RequestTable
 
 SPEC = '{"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.6}'
 

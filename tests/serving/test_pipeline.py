@@ -25,9 +25,9 @@ from simulator.serving.cluster import ReplicaGroup, SimResult, replica_group, se
 from simulator.serving.kv_tiers import KVTiers
 from simulator.serving.pipeline import BatchTimes, MicroBatching, StageClock, with_micro_batching
 from simulator.serving.replica import Chunk
-from simulator.serving.scheduler import SchedulerSpec
-from simulator.serving.workload import RequestTable
 from simulator.specs import load_hardware
+from simulator.specs.serving import SchedulerSpec
+from simulator.workload.requests import RequestTable
 
 
 class HandClock:

@@ -17,12 +17,12 @@ from factories import FixedTimer, fixed_group, make_requests, make_scheduler, ti
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import runner
-from simulator.engine_args import EngineArgs
+from simulator.runs import runner
 from simulator.serving.cluster import SimResult, serve
 from simulator.serving.kv_cache import RUN, BlockManager, PrefixCachingBlockManager
 from simulator.serving.request import Request
-from simulator.serving.workload import RequestTable
+from simulator.specs.engine_args import EngineArgs
+from simulator.workload.requests import RequestTable
 
 
 def run(

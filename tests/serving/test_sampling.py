@@ -13,16 +13,12 @@ import pytest
 from clitools import run_cli
 
 import simulator as sim
-from simulator.engine_args import EngineArgs
-from simulator.runner import bench_scenario, bench_throughput, build_group, run
+from simulator.runs.runner import bench_scenario, bench_throughput, build_group, run
 from simulator.serving.steptime import StepTimer, sampler_passes
-from simulator.serving.workload import (
-    OFFLINE_BENCH_SAMPLING,
-    SamplingSpec,
-    WorkloadSpec,
-    generate_requests,
-)
 from simulator.specs import load_engine, load_hardware, load_model
+from simulator.specs.engine_args import EngineArgs
+from simulator.specs.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec, WorkloadSpec
+from simulator.workload.requests import generate_requests
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,12 @@ import pytest
 from clitools import run_cli
 from factories import scenario_data, write_yaml
 
-from simulator import runner
 from simulator.errors import SpecError
-from simulator.scenario import load_scenario
-from simulator.serving.datasets import ShareGPTDataset, sharegpt_lengths
-from simulator.serving.sharegpt_file import BYTES_PER_TOKEN, sharegpt_file_lengths
+from simulator.runs import runner
+from simulator.specs.scenario import load_scenario
+from simulator.specs.workload import ShareGPTDataset
+from simulator.workload.datasets import sharegpt_lengths
+from simulator.workload.sharegpt_file import BYTES_PER_TOKEN, sharegpt_file_lengths
 
 RNG = np.random.default_rng(0)
 

@@ -19,16 +19,18 @@ from factories import MS, cost_model_step_s, make_requests, make_scheduler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import api, runner
-from simulator.api import Deployment, deployment
+from simulator import api
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.latency import LatencyResult
+from simulator.costmodel.deployment import Deployment, deployment
 from simulator.errors import SpecError
+from simulator.runs import runner
+from simulator.runs.latency import LatencyResult
 from simulator.serving.cluster import ReplicaGroup, SimResult, replica_group, serve
 from simulator.serving.drafter import resolve_drafter
-from simulator.serving.speculative import Acceptance, SpeculativeSpec, parse_speculative_config
+from simulator.serving.speculative import Acceptance
 from simulator.serving.steptime import verify_shape
-from simulator.serving.workload import RequestTable
+from simulator.specs.serving import SpeculativeSpec, parse_speculative_config
+from simulator.workload.requests import RequestTable
 
 
 def eagle(k: int = 3, rate: float = 0.7) -> SpeculativeSpec:

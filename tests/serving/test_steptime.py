@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from factories import cost_model_step_s
 
-from simulator import runner
-from simulator.api import Deployment, deployment
 from simulator.costmodel.batch import BatchShape
-from simulator.engine_args import EngineArgs
+from simulator.costmodel.deployment import Deployment, deployment
+from simulator.runs import runner
 from simulator.serving.replica import Chunk
 from simulator.serving.steptime import SHORT_RUN_STEPS, StepTimer
-from simulator.serving.workload import RandomDataset, WorkloadSpec
+from simulator.specs.engine_args import EngineArgs
+from simulator.specs.workload import WorkloadSpec
+from simulator.workload.requests import RandomDataset
 
 
 def exact(dep: Deployment, chunks: list[Chunk], decodes: list[int]) -> float:

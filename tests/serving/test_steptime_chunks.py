@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.api import Deployment, deployment
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.ops import Op, batch_ops, step_ops
 from simulator.costmodel.roofline import evaluate, total_launches, total_time
 from simulator.serving.steptime import StepTimer

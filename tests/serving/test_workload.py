@@ -14,12 +14,13 @@ from pydantic import ValidationError
 from scipy import stats
 
 from simulator.errors import SpecError
-from simulator.serving.datasets import (
+from simulator.specs.workload import WorkloadSpec
+from simulator.workload.datasets import (
     SHAREGPT_PROMPT_LOGNORMAL,
     SHAREGPT_PROMPTS_FILE,
     fit_sharegpt_prompts,
 )
-from simulator.serving.workload import RequestTable, WorkloadSpec, generate_requests
+from simulator.workload.requests import RequestTable, generate_requests
 
 
 def make_spec(dataset: dict[str, Any] | None = None, **fields: Any) -> WorkloadSpec:
@@ -263,7 +264,7 @@ def test_azure_lengths_with_generated_arrivals() -> None:
 
 
 def test_bundled_trace_loads_fast() -> None:
-    from simulator.serving import traces
+    from simulator.workload import traces
 
     traces.bundled_trace.cache_clear()
     start = time.perf_counter()

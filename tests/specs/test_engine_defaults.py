@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from simulator import runner
-from simulator.api import deployment, estimate
-from simulator.engine_args import EngineArgs
+from simulator.costmodel.deployment import deployment
 from simulator.errors import SpecError
+from simulator.runs import runner
+from simulator.runs.latency import estimate
 from simulator.serving.group import default_scheduler
-from simulator.serving.workload import RandomDataset, WorkloadSpec
 from simulator.specs import load_engine
+from simulator.specs.engine_args import EngineArgs
+from simulator.specs.workload import WorkloadSpec
+from simulator.workload.requests import RandomDataset
 from tests.clitools import run_cli
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.api import deployment
+from simulator.costmodel.deployment import deployment
 from simulator.errors import SpecError
 from simulator.serving.group import default_scheduler
 from simulator.specs import EngineSpec, list_engines, load_engine

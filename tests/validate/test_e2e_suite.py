@@ -12,8 +12,8 @@ import pytest
 
 from simulator.cli import main
 from simulator.errors import SpecError
-from simulator.serving.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec
 from simulator.specs import load_engine, load_hardware, load_model
+from simulator.specs.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec
 from simulator.validate import data, run_validation
 from simulator.validate.e2e import (
     LATENCY,

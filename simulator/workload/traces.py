@@ -19,56 +19,18 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import model_validator
 
 from simulator.errors import SpecError
-from simulator.specs._base import Frozen
+from simulator.specs.workload import TraceDataset
 
 TRACE_DIR = Path(__file__).resolve().parent.parent / "data" / "traces"
 BUNDLED_FILES = {
     "azure-code": "azure_llm_2023_code.csv",
     "azure-conv": "azure_llm_2023_conv.csv",
 }
-_SUFFIX_FORMATS: dict[str, Literal["csv", "jsonl"]] = {
-    ".csv": "csv",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-}
-
-
-class TraceDataset(Frozen):
-    """A user trace: one request per row. Column defaults are the Azure traces' names. The
-    timestamp column holds seconds (numbers) or datetime strings; None means there is none.
-    The sharing columns (see the module doc) are optional."""
-
-    name: Literal["trace"] = "trace"
-    path: Path
-    timestamp_column: str | None = "TIMESTAMP"
-    prompt_column: str = "ContextTokens"
-    output_column: str = "GeneratedTokens"
-    session_column: str | None = None
-    prefix_column: str | None = None
-    prefix_len_column: str | None = None
-    format: Literal["csv", "jsonl"] | None = None  # None: from the suffix
-
-    @model_validator(mode="after")
-    def _known_format(self) -> TraceDataset:
-        if self.format is None and self.path.suffix.lower() not in _SUFFIX_FORMATS:
-            raise ValueError(
-                f"cannot tell the format of {self.path.name!r} from its suffix: name it "
-                f"{', '.join(_SUFFIX_FORMATS)}, or set the dataset's format (csv or jsonl)"
-            )
-        if (self.prefix_column is None) != (self.prefix_len_column is None):
-            raise ValueError("prefix_column and prefix_len_column go together")
-        return self
-
-    @property
-    def file_format(self) -> Literal["csv", "jsonl"]:
-        return self.format or _SUFFIX_FORMATS[self.path.suffix.lower()]
 
 
 @dataclass(frozen=True)

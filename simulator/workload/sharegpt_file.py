@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from simulator.errors import SpecError
-from simulator.serving.datasets import sharegpt_filter
+from simulator.specs.workload import sharegpt_filter
 
 BYTES_PER_TOKEN = 4.0  # estimate, see the module docstring
 CHUNK = 2048  # entries tokenized at a time (a run needs a few hundred to a few thousand)

@@ -11,7 +11,7 @@ quantization x KV dtype x TP x PP, `simulator.planning.layouts`; with `mode: dis
    `simulator.planning.bounds`), and layouts that cannot be part of the cheapest fleet
    (enough replicas of a layout already found cover any rate they could reach, for less);
 2. find the highest request rate one replica sustains within the SLOs by simulation
-   (`simulator.runner.run` on a scenario built from the plan; bracket and bisect between the
+   (`simulator.runs.runner.run` on a scenario built from the plan; bracket and bisect between the
    layout's capacity ceiling and zero, the same requests at every rate:
    `simulator.planning.search`);
 3. size fleets for the target rate: each layout alone (ceil(target / max rate) replicas) and
@@ -42,7 +42,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator import runner
 from simulator.errors import SpecError
 from simulator.planning.bounds import hopeless
 from simulator.planning.choice import choose_fleet
@@ -71,6 +70,7 @@ from simulator.planning.tables import (
     usd_per_million_tokens,
 )
 from simulator.planning.units import build_units
+from simulator.runs import runner
 from simulator.specs import ModelSpec, load_model
 
 MIN_RATE_FRACTION = 1e-3  # give up on a layout below this fraction of its capacity ceiling

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.errors import SpecError
-from simulator.serving.speculative import SpeculativeSpec, parse_speculative_config
 from simulator.specs.engine import Entrypoint
 from simulator.specs.offload import OffloadLike, parse_offload
+from simulator.specs.serving import SpeculativeSpec, parse_speculative_config
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -43,17 +43,14 @@ import pandas as pd
 
 from simulator.costmodel.batch import BatchShape, attended_pairs
 from simulator.costmodel.ops import step_ops
-from simulator.errors import SpecError
 from simulator.serving.steptime import sampler_passes
-from simulator.serving.workload import SamplingSpec
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
-from simulator.units import parse_quantity
+from simulator.specs.workload import SamplingSpec
 
 if TYPE_CHECKING:
-    from simulator.api import Deployment
-    from simulator.runner import RunResult
+    from simulator.costmodel.deployment import Deployment
 
 ENERGY_KEYS = (
     "num_gpus",
@@ -111,33 +108,6 @@ class PowerModel:
         )
         watts = self.idle_w + (self.tdp_w - self.idle_w) * load
         return np.clip(watts, self.parked_w, self.ceiling_w)
-
-
-def with_power_cap(hw: HardwareSpec, watts: float | str) -> HardwareSpec:
-    """`hw` under an operator power limit of `watts` per GPU (a number, or text with its unit
-    as a scenario takes it: "350 W"): the clock (and every dtype's dense peak) scaled by
-    `PowerSpec.clock_factor`, memory bandwidth unchanged, draw capped. A cap at or above TDP
-    leaves the speed alone. A cap at or below idle power is a SpecError."""
-    power = hw.power
-    try:
-        watts = parse_quantity(watts, dimension="w")
-    except ValueError as exc:
-        raise SpecError(str(exc), field="power_cap_w") from None
-    if not watts > power.idle_w:
-        raise SpecError(
-            f"power cap {watts:g} W must be above the idle draw of {hw.id or hw.name} "
-            f"({power.idle_w:g} W)",
-            field="power_cap_w",
-        )
-    capped = power.model_copy(update={"cap_w": float(watts)})
-    factor = capped.clock_factor / power.clock_factor  # relative to any cap already applied
-    compute = hw.compute.model_copy(
-        update={
-            "clock_hz": hw.compute.clock_hz * factor,
-            "peak_flops_per_s": {k: v * factor for k, v in hw.compute.peak_flops_per_s.items()},
-        }
-    )
-    return hw.model_copy(update={"power": capped, "compute": compute})
 
 
 # -- utilisation of steps -------------------------------------------------------------------------
@@ -310,24 +280,3 @@ def _energy_figures(
         "usd_per_million_output_tokens": per(cost, output, 1e6),
         "usd_per_million_tokens": per(cost, tokens, 1e6),
     }
-
-
-def energy_summary(result: RunResult) -> dict[str, float]:
-    """Energy, power and cost of a run (keys: ENERGY_KEYS): every GPU of every replica group
-    (count x tp x pp, each group its own hardware and price) from the run's start to the last
-    finish. A group's price is its `usd_per_gpu_hour` or its hardware's `price.usd_per_hour`."""
-    if len(result.deployments) != len(result.scenario.replicas):
-        raise ValueError("the run result carries no deployments (build it with runner.run)")
-    groups = [
-        GroupAccount(
-            deployment=dep,
-            count=spec.num_replicas,
-            block_size=plan.block_size,
-            usd_per_gpu_hour=spec.usd_per_gpu_hour or dep.hardware.price.usd_per_hour,
-            sampling=result.scenario.workload.sampling,
-        )
-        for spec, dep, plan in zip(
-            result.scenario.replicas, result.deployments, result.memory, strict=True
-        )
-    ]
-    return fleet_energy(steps=result.sim.steps, requests=result.sim.requests, groups=groups)

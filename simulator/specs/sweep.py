@@ -1,4 +1,4 @@
-"""A sweep: many runs of one base scenario with some values varied (`simulator.sweeps` runs
+"""A sweep: many runs of one base scenario with some values varied (`simulator.runs.sweeps` runs
 them, resumably). Here: the sweep file, and its expansion into runs.
 
 A sweep file (`llmsim sweep SWEEP.yaml --out DIR`):
@@ -48,9 +48,9 @@ import yaml
 from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
 from simulator.errors import SpecError, naming
-from simulator.scenario import ReplicaGroupSpec, Scenario, paths_beside
 from simulator.specs._base import Frozen
 from simulator.specs.loader import UNKNOWN_FIELD, read_yaml, validate
+from simulator.specs.scenario import ReplicaGroupSpec, Scenario, paths_beside
 
 RUN_ID_CHARS = 12
 # Replica-group fields that, as the first key of a path, apply to every replica group.

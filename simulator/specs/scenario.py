@@ -8,19 +8,13 @@ against optional SLOs. The JSON schema is `Scenario.model_json_schema()`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from simulator.errors import SpecError
-from simulator.serving.datasets import ShareGPTDataset
-from simulator.serving.disagg import is_disaggregated, role_problem
-from simulator.serving.kv_tiers import KVOffloadSpec, kv_offload_problem
-from simulator.serving.kv_transfer import KVTransferSpec
-from simulator.serving.router import RouterSpec
-from simulator.serving.speculative import SpeculativeSpec
-from simulator.serving.workload import DatasetSpec, TraceDataset, WorkloadSpec
 from simulator.specs._base import Frozen, Watts
 from simulator.specs.deployment import Quantization
 from simulator.specs.engine import Entrypoint
@@ -34,6 +28,14 @@ from simulator.specs.loader import (
     validate,
 )
 from simulator.specs.offload import ExpertOffloadSpec, OffloadSpec
+from simulator.specs.serving import (
+    KVOffloadSpec,
+    KVTransferSpec,
+    RouterSpec,
+    SpeculativeSpec,
+    kv_offload_problem,
+)
+from simulator.specs.workload import DatasetSpec, ShareGPTDataset, TraceDataset, WorkloadSpec
 
 
 class SchedulerOverrides(Frozen):
@@ -128,7 +130,9 @@ class ReplicaGroupSpec(Frozen):
     )
     scheduler: SchedulerOverrides = Field(default_factory=SchedulerOverrides)
     power_cap_w: Watts | None = Field(
-        default=None, gt=0, description="per-GPU power limit; lowers the clock (simulator.power)"
+        default=None,
+        gt=0,
+        description="per-GPU power limit; lowers the clock (simulator.runs.energy)",
     )
     usd_per_gpu_hour: float | None = Field(
         default=None, gt=0, description="price override (default: the hardware's price)"
@@ -276,3 +280,23 @@ def dataset_beside(ds: DatasetSpec, folder: Path) -> DatasetSpec:
     if not isinstance(ds, TraceDataset | ShareGPTDataset) or ds.path is None:
         return ds
     return ds if ds.path.is_absolute() else ds.model_copy(update={"path": folder / ds.path})
+
+
+def role_problem(roles: Sequence[str]) -> str:
+    """Why replica groups with these roles cannot be served together ('' when they can)."""
+    split = [r for r in roles if r != "both"]
+    if not split:
+        return ""
+    if len(split) < len(roles):
+        return (
+            f"group {roles.index('both')} has role 'both' (colocated) among prefill/decode "
+            "groups: a deployment is colocated or disaggregated"
+        )
+    missing = [r for r in ("prefill", "decode") if r not in split]
+    if missing:
+        return f"a disaggregated deployment needs a {missing[0]} group (role: {missing[0]})"
+    return ""
+
+
+def is_disaggregated(roles: Sequence[str]) -> bool:
+    return any(r != "both" for r in roles)

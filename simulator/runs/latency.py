@@ -17,21 +17,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import deployment
 from simulator.costmodel.memory import MemoryPlan, pick, plan_memory, positive, require_fit
 from simulator.costmodel.offload import OffloadPlan
-from simulator.costmodel.step import StepCost, engine_step_time, kernel_launches, step_cost
+from simulator.costmodel.step import StepCost, engine_overhead_rows, engine_step_time, step_cost
 from simulator.errors import SpecError
+from simulator.serving.drafter import resolve_drafter
+from simulator.serving.steptime import sampler_passes
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec, LogitsPass
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
-from simulator.specs.offload import OffloadSpec
+from simulator.specs.offload import OffloadLike, OffloadSpec
+from simulator.specs.serving import SpeculativeSpec, parse_speculative_config
+from simulator.specs.workload import OFFLINE_BENCH_SAMPLING
 
 if TYPE_CHECKING:
     from simulator.serving.drafter import Drafter
@@ -145,44 +150,6 @@ def _check_lengths(
             field="max_model_len" if max_model_len else "input_len",
         )
     return served
-
-
-def engine_overhead_rows(
-    step: StepCost,
-    engine: EngineSpec,
-    *,
-    index: int,
-    num_tokens: float,
-    num_seqs: float,
-    enforce_eager: bool,
-) -> pd.DataFrame:
-    """The engine's lines of step `index` of `step` (kind "engine", bound "cpu"), in the
-    breakdown's columns: `cpu_step` (per-step CPU work), `cpu_per_seq` (per running sequence)
-    and the kernel launches, `launch_graph` (one CUDA-graph replay) or `launch_eager` (one per
-    kernel). The step takes max(GPU, launch) + CPU (`engine_time`), so the launch row's
-    `hidden_s` is the part of its time under GPU work and each row adds total_s - hidden_s."""
-    ov = engine.overhead
-
-    def at(x: np.ndarray) -> float:
-        arr = np.ravel(np.asarray(x, dtype=float))
-        return float(arr[index] if arr.size > 1 else arr[0])
-
-    small = num_tokens <= engine.cuda_graph_max_tokens
-    graphed = engine.cuda_graphs and not enforce_eager and small
-    if graphed:
-        launch = ("launch_graph", 1.0, ov.graph_launch_s)
-    else:
-        launch = ("launch_eager", at(kernel_launches(step)), ov.launch_eager_s)
-    rows = [("cpu_step", 1.0, ov.step_s), ("cpu_per_seq", num_seqs, ov.per_seq_s), launch]
-    df = pd.DataFrame(
-        [
-            {"op": op, "kind": "engine", "count": n, "time_s": t, "total_s": n * t}
-            for op, n, t in rows
-        ]
-    ).assign(flops=0.0, bytes=0.0, bound="cpu", hidden_s=0.0)
-    last = df.index[-1]
-    df.loc[last, "hidden_s"] = min(float(df.loc[last, "total_s"]), at(step.time_s))
-    return df
 
 
 def _wave(
@@ -406,4 +373,74 @@ def bench_latency(
             "offload": offload.model_dump() if offload is not None and offload.active else None,
             **(drafter.config() if drafter is not None else {}),
         },
+    )
+
+
+def estimate(
+    *,
+    model: str | ModelSpec,
+    hardware: str | HardwareSpec,
+    batch_size: int = 1,
+    input_len: int = 1024,
+    output_len: int = 128,
+    engine: str | EngineSpec = "vllm",
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    dtype: str = "auto",
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+    enforce_eager: bool = False,
+    async_scheduling: bool = False,
+    gpu_memory_utilization: float | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    enable_chunked_prefill: bool | None = None,
+    num_iters: int = 30,
+    max_model_len: int | None = None,
+    speculative_config: SpeculativeSpec | Mapping[str, Any] | str | None = None,
+    cpu_offload_gb: float = 0.0,
+    offload: OffloadLike = None,
+) -> LatencyResult:
+    """Predict `vllm bench latency` analytically: TTFT, TPOT, total latency, memory plan and a
+    per-operator breakdown. `speculative_config`: vLLM's --speculative-config (JSON text, a
+    mapping or a SpeculativeSpec) with the acceptance added (serving/speculative.py). A model
+    too large for the GPU runs with weights streamed from host memory when `cpu_offload_gb`
+    or `offload` allows it (see `deployment`). `async_scheduling`: vLLM's --async-scheduling.
+    `max_model_len`: vLLM's --max-model-len (default and upper bound: the model's context).
+    The requests sample as vLLM's benchmark's do (temperature 1.0: OFFLINE_BENCH_SAMPLING), the
+    engine's draw priced every step."""
+    speculative = parse_speculative_config(speculative_config)
+    dep = deployment(
+        model=model,
+        hardware=hardware,
+        engine=engine,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        dtype=dtype,
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+        cpu_offload_gb=cpu_offload_gb,
+        offload=offload,
+        entrypoint="offline",  # vllm bench latency runs the LLM class
+        async_scheduling=async_scheduling,
+    )
+    return bench_latency(
+        dep.model,
+        dep.hardware,
+        dep.layout,
+        dep.precision,
+        dep.engine,
+        batch_size=batch_size,
+        input_len=input_len,
+        output_len=output_len,
+        enforce_eager=enforce_eager,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        chunked_prefill=enable_chunked_prefill,
+        gpu_memory_utilization=gpu_memory_utilization,
+        num_iters=num_iters,
+        max_model_len=max_model_len,
+        offload=dep.offload,
+        drafter=None if speculative is None else resolve_drafter(speculative, **dep.parts),
+        sampler=sampler_passes(dep.engine, OFFLINE_BENCH_SAMPLING),
     )

@@ -29,18 +29,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
 
-from simulator.specs._base import Frozen
+from simulator.specs.workload import (
+    SHAREGPT_MAX_PROMPT_LEN,
+    SHAREGPT_MIN_LEN,
+    RandomDataset,
+    ShareGPTDataset,
+    sharegpt_filter,
+)
 
-# vLLM's ShareGPT filter: is_valid_sequence() defaults in vllm/benchmarks/dataset_utils.py, applied
-# by ShareGPTDataset.sample (inherited from sample_sharegpt_requests in benchmark_serving.py).
-SHAREGPT_MIN_LEN = 4
-SHAREGPT_MAX_PROMPT_LEN = 1024
-SHAREGPT_MAX_TOTAL_LEN = 2048
 # Lognormals (of token counts, before vLLM's filter) whose filtered means are 215.2 prompt and
 # 199 output tokens (see the module docstring for the sources). Prompts: sigma fitted to the
 # bundled lengths vLLM sends (`fit_sharegpt_prompts`, which a test reruns; its likelihood is flat
@@ -50,57 +49,6 @@ SHAREGPT_PROMPT_MEAN = 215.2
 SHAREGPT_PROMPTS_FILE = Path(__file__).parents[1] / "data/traces/sharegpt_v3_prompt_lens.csv"
 SHAREGPT_PROMPT_LOGNORMAL = (5.878, 3.447)  # (mu, sigma) of ln(prompt tokens)
 SHAREGPT_OUTPUT_LOGNORMAL = (4.912, 0.9)  # (mu, sigma) of ln(output tokens)
-
-
-class RandomDataset(Frozen):
-    """vLLM's `--dataset-name random` (defaults are vLLM's)."""
-
-    name: Literal["random"] = "random"
-    input_len: int = Field(1024, ge=1)
-    output_len: int = Field(128, ge=1)
-    range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
-
-    @model_validator(mode="after")
-    def _nonempty_prompt(self) -> RandomDataset:
-        # vLLM raises "--random-input-len is too small" in the same case.
-        if math.floor(self.input_len * (1.0 - self.range_ratio)) < 1:
-            raise ValueError(
-                f"input_len {self.input_len} with range_ratio {self.range_ratio} allows empty "
-                "prompts; increase input_len or decrease range_ratio"
-            )
-        return self
-
-
-class ShareGPTDataset(Frozen):
-    """ShareGPT's lengths: drawn from the fitted length model (see the module docstring), or,
-    with `path`, read from the ShareGPT JSON as vLLM samples it (`sharegpt_file.py`)."""
-
-    name: Literal["sharegpt"] = "sharegpt"
-    # vLLM's --sharegpt-output-len; at most 2044 so that a 4-token prompt still fits the filter
-    output_len: int | None = Field(None, ge=1, le=SHAREGPT_MAX_TOTAL_LEN - SHAREGPT_MIN_LEN)
-    path: Path | None = Field(
-        None, description="vLLM's --dataset-path: a ShareGPT JSON file; None: the length model"
-    )
-    tokenizer: str | None = Field(
-        None,
-        description="vLLM's --tokenizer, with path: a local tokenizer.json (or a folder holding "
-        "one) to count tokens; None: estimated from the text's bytes",
-    )
-    seed: int = Field(0, ge=0, description="vLLM's --seed, which shuffles the file")
-
-    @model_validator(mode="after")
-    def _file_options(self) -> ShareGPTDataset:
-        if self.tokenizer is not None and self.path is None:
-            raise ValueError("tokenizer counts the tokens of a file: give path too")
-        return self
-
-
-class AzureCodeDataset(Frozen):
-    name: Literal["azure-code"] = "azure-code"
-
-
-class AzureConvDataset(Frozen):
-    name: Literal["azure-conv"] = "azure-conv"
 
 
 def random_lengths(
@@ -120,15 +68,6 @@ def random_lengths(
     return prompt, output
 
 
-def sharegpt_filter(prompt: np.ndarray, output: np.ndarray, *, check_output: bool) -> np.ndarray:
-    """Which (prompt, output) token counts vLLM's is_valid_sequence keeps: prompt 4-1024, output
-    at least 4 unless `check_output` is off (vLLM skips it when the output length is set), the
-    two at most 2048."""
-    ok = (prompt >= SHAREGPT_MIN_LEN) & (prompt <= SHAREGPT_MAX_PROMPT_LEN)
-    ok &= prompt + output <= SHAREGPT_MAX_TOTAL_LEN
-    return ok & (output >= SHAREGPT_MIN_LEN) if check_output else ok
-
-
 def sharegpt_lengths(
     ds: ShareGPTDataset, *, n: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -136,7 +75,7 @@ def sharegpt_lengths(
     (`rng` unused), or lognormal draws kept only where vLLM's ShareGPT filter would keep them
     (rejection)."""
     if ds.path is not None:
-        from simulator.serving.sharegpt_file import sharegpt_file_lengths  # it imports this
+        from simulator.workload.sharegpt_file import sharegpt_file_lengths  # it imports this
 
         return sharegpt_file_lengths(
             ds.path, n=n, seed=ds.seed, tokenizer=ds.tokenizer, output_len=ds.output_len

@@ -1,5 +1,5 @@
 """Sweeps: many runs of one base scenario with some values varied, resumable. The sweep file
-and its runs are `simulator.sweep_spec`'s (re-exported here); this module runs them and keeps
+and its runs are `simulator.specs.sweep`'s (re-exported here); this module runs them and keeps
 their results.
 
 Output: `DIR/results.csv` gets one row per run as it finishes: `run_id`, the varied values (one
@@ -44,10 +44,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from simulator import runner
 from simulator.errors import SpecError, output_folder
-from simulator.scenario import Scenario
-from simulator.sweep_spec import (
+from simulator.runs import runner
+from simulator.specs.scenario import Scenario
+from simulator.specs.sweep import (
     RandomRange,
     SweepRun,
     SweepSpec,
@@ -68,7 +68,7 @@ __all__ = [
     "execute_sweep",
     "expand",
     "load_sweep",
-    "run_sweep",
+    "sweep",
 ]
 
 RESULTS_FILE = "results.csv"
@@ -133,7 +133,7 @@ def _pool(jobs: list[Job], workers: int) -> Iterator[Outcome]:
     except BrokenProcessPool:
         raise SpecError(
             "a worker process died (out of memory? fewer --workers may help; from a script, "
-            "call run_sweep under `if __name__ == '__main__':`); rerun to resume",
+            "call sweep under `if __name__ == '__main__':`); rerun to resume",
             field="workers",
         ) from None
     finally:
@@ -336,7 +336,7 @@ def execute_sweep(
     return SweepReport(table, counts["ok"], counts["error"], skipped, results.path, repeats)
 
 
-def run_sweep(
+def sweep(
     path_or_spec: str | Path | SweepSpec,
     out: str | Path,
     *,

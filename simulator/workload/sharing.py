@@ -19,33 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-from pydantic import Field
 
-from simulator.specs._base import Frozen
-
-
-class SharedPrefix(Frozen):
-    """A system prompt of `tokens` tokens put before the prompts of a `share` of the requests
-    (of the conversations, with sessions), each carrying one of `count` distinct prompts drawn
-    uniformly. vLLM's `--random-prefix-len` is `tokens` with share 1 and count 1."""
-
-    tokens: int = Field(ge=1)
-    share: float = Field(1.0, ge=0, le=1)
-    count: int = Field(1, ge=1)
-
-
-class Sessions(Frozen):
-    """Multi-turn conversations of `turns` requests each (the last one may have fewer). The
-    dataset's lengths become each turn's new user message and reply; the first turns arrive
-    by the workload's arrival process (request_rate counts conversations per second), turn k+1
-    is sent `think_time_s` after turn k finished (a constant, or exponential with that mean)."""
-
-    turns: int = Field(ge=1)
-    think_time_s: float = Field(0.0, ge=0, allow_inf_nan=False)
-    think_time: Literal["constant", "exponential"] = "constant"
+from simulator.specs.workload import Sessions, SharedPrefix
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.api import Deployment, deployment
+from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
-from simulator.engine_args import EngineArgs
 from simulator.errors import naming, output_folder
 from simulator.metrics.summary import (
     PERCENTILES,
@@ -25,8 +24,7 @@ from simulator.metrics.summary import (
     serve_summary,
     throughput_summary,
 )
-from simulator.power import energy_summary, with_power_cap
-from simulator.scenario import ReplicaGroupSpec, Scenario, load_scenario
+from simulator.runs.energy import GroupAccount, fleet_energy
 from simulator.serving.cluster import (
     ReplicaGroup,
     SimResult,
@@ -36,22 +34,20 @@ from simulator.serving.cluster import (
 )
 from simulator.serving.disagg import pool_summary, prefill_view, serve_scenario
 from simulator.serving.loops import engine_loop, expert_layout
-from simulator.serving.workload import (
-    OFFLINE_BENCH_SAMPLING,
-    RequestTable,
-    SamplingSpec,
-    WorkloadSpec,
-    generate_requests,
-)
 from simulator.specs import ModelSpec, load_hardware, load_model
 from simulator.specs.engine import Entrypoint
+from simulator.specs.engine_args import EngineArgs
+from simulator.specs.hardware import with_power_cap
 from simulator.specs.loader import validate
+from simulator.specs.scenario import ReplicaGroupSpec, Scenario, load_scenario
+from simulator.specs.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec, WorkloadSpec
+from simulator.workload.requests import RequestTable, generate_requests
 
 
 @dataclass(frozen=True)
 class RunResult:
     """A scenario's outcome: the simulation's rows, the vLLM-style summary, memory plans, the
-    resolved deployment of each replica group, and energy and cost (`power.energy_summary`)."""
+    resolved deployment of each replica group, and energy and cost (`energy_summary`)."""
 
     scenario: Scenario
     sim: SimResult
@@ -298,3 +294,24 @@ def bench_throughput(
     )
     result = run(scenario)
     return result, throughput_summary(result.sim.requests)
+
+
+def energy_summary(result: RunResult) -> dict[str, float]:
+    """Energy, power and cost of a run (keys: ENERGY_KEYS): every GPU of every replica group
+    (count x tp x pp, each group its own hardware and price) from the run's start to the last
+    finish. A group's price is its `usd_per_gpu_hour` or its hardware's `price.usd_per_hour`."""
+    if len(result.deployments) != len(result.scenario.replicas):
+        raise ValueError("the run result carries no deployments (build it with runner.run)")
+    groups = [
+        GroupAccount(
+            deployment=dep,
+            count=spec.num_replicas,
+            block_size=plan.block_size,
+            usd_per_gpu_hour=spec.usd_per_gpu_hour or dep.hardware.price.usd_per_hour,
+            sampling=result.scenario.workload.sampling,
+        )
+        for spec, dep, plan in zip(
+            result.scenario.replicas, result.deployments, result.memory, strict=True
+        )
+    ]
+    return fleet_energy(steps=result.sim.steps, requests=result.sim.requests, groups=groups)

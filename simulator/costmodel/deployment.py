@@ -1,0 +1,154 @@
+"""The resolved object every layer above the cost model passes around: a model on a device type
+under a parallel layout, a precision and an engine (`Deployment`), and `deployment(...)`, which
+resolves ids and flags into one and refuses what cannot run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypedDict
+
+from simulator.costmodel.memory import MemoryPlan, plan_memory
+from simulator.errors import SpecError
+from simulator.specs import (
+    EngineSpec,
+    HardwareSpec,
+    ModelSpec,
+    load_engine,
+    load_hardware,
+    load_model,
+)
+from simulator.specs.deployment import Parallelism, Precision, resolve_precision
+from simulator.specs.engine import Entrypoint
+from simulator.specs.offload import ExpertOffloadSpec, OffloadLike, OffloadSpec, resolve_offload
+
+
+class DeploymentParts(TypedDict):
+    """A deployment as the serving builders take it, by keyword (`cluster.replica_group`,
+    `StepTimer`, `resolve_drafter`, `with_micro_batching`, ...): `builder(**dep.parts, ...)`."""
+
+    model: ModelSpec
+    hw: HardwareSpec
+    layout: Parallelism
+    prec: Precision
+    engine: EngineSpec
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A model on a device type under a layout, precision and engine: everything resolved.
+    `offload`: weights kept in host memory or on NVMe (None: all on the GPU)."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    engine: EngineSpec
+    layout: Parallelism
+    precision: Precision
+    offload: OffloadSpec | None = None
+
+    @property
+    def parts(self) -> DeploymentParts:
+        """The model, hardware, layout, precision and engine, as the serving builders'
+        keywords (`model`, `hw`, `layout`, `prec`, `engine`)."""
+        return DeploymentParts(
+            model=self.model,
+            hw=self.hardware,
+            layout=self.layout,
+            prec=self.precision,
+            engine=self.engine,
+        )
+
+    def memory(
+        self,
+        *,
+        gpu_memory_utilization: float | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_num_seqs: int | None = None,
+    ) -> MemoryPlan:
+        """Per-device memory budget and KV-cache capacity (engine defaults where None)."""
+        return plan_memory(
+            self.model,
+            self.hardware,
+            self.layout,
+            self.precision,
+            self.engine,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            offload=self.offload,
+        )
+
+
+def deployment(
+    *,
+    model: str | ModelSpec,
+    hardware: str | HardwareSpec,
+    engine: str | EngineSpec = "vllm",
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    data_parallel_size: int = 1,
+    expert_parallel_size: int = 1,
+    expert_load_imbalance: float = 1.0,
+    dtype: str = "auto",
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+    cpu_offload_gb: float = 0.0,
+    offload: OffloadLike = None,
+    expert_offload: ExpertOffloadSpec | None = None,
+    entrypoint: Entrypoint = "server",
+    async_scheduling: bool = False,
+) -> Deployment:
+    """Resolve ids into a checked Deployment; raises SpecError for anything impossible.
+    `entrypoint`: the engine runs as an API server or offline (vLLM's LLM class), which with
+    the device picks its batch defaults (`EngineSpec.on_device`). `async_scheduling`: vLLM's
+    --async-scheduling (`EngineSpec.with_async_scheduling`; SpecError on an engine without).
+    `cpu_offload_gb` (vLLM's flag), `offload` (an OffloadSpec, mapping or JSON text) and
+    `expert_offload` keep weights off the GPU (`simulator.specs.offload`).
+    `expert_parallel_size` = tp x dp > tp is DP attention (`Parallelism`);
+    `expert_load_imbalance` is the busiest EP rank's tokens over the mean (1: balanced)."""
+    m = model if isinstance(model, ModelSpec) else load_model(model)
+    hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+    eng = engine if isinstance(engine, EngineSpec) else load_engine(engine)
+    eng = eng.on_device(
+        hardware_id=hw.id,
+        memory_bytes=hw.memory.capacity_bytes,
+        entrypoint=entrypoint,
+        tensor_parallel=tensor_parallel_size,
+        pipeline_parallel=pipeline_parallel_size,
+    )
+    if async_scheduling:
+        eng = eng.with_async_scheduling()
+    for name, value in (
+        ("tensor_parallel_size", tensor_parallel_size),
+        ("pipeline_parallel_size", pipeline_parallel_size),
+        ("data_parallel_size", data_parallel_size),
+        ("expert_parallel_size", expert_parallel_size),
+    ):
+        if value < 1:
+            raise SpecError(f"must be at least 1, got {value}", field=name)
+    if not expert_load_imbalance >= 1.0:
+        raise SpecError(
+            f"must be at least 1 (max/mean), got {expert_load_imbalance}",
+            field="expert_load_imbalance",
+        )
+    layout = Parallelism(
+        tp=tensor_parallel_size,
+        pp=pipeline_parallel_size,
+        dp=data_parallel_size,
+        ep=expert_parallel_size,
+        expert_load_imbalance=expert_load_imbalance,
+    )
+    layout.check(m, hw)
+    eng.check_runs_on(hw)
+    if quantization is not None and quantization not in eng.quantized_kernels:
+        raise SpecError(
+            f"{eng.name} has no {quantization} kernels "
+            f"(it has: {', '.join(eng.quantized_kernels)})",
+            field="quantization",
+        )
+    prec = resolve_precision(
+        m, hw, dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype
+    )
+    off = resolve_offload(
+        cpu_offload_gb=cpu_offload_gb, offload=offload, expert_offload=expert_offload
+    )
+    return Deployment(m, hw, eng, layout, prec, off)

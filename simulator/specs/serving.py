@@ -1,0 +1,207 @@
+"""How a replica group serves, as a scenario states it: the scheduler, the router, speculative
+decoding, the KV transfer of disaggregated serving, and KV tiers below HBM. Pure data; what each
+setting does is documented where it is simulated (`simulator.serving`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from simulator.errors import SpecError
+from simulator.specs._base import BytesPerS, Frozen, Seconds
+from simulator.specs.loader import validate
+
+
+class SchedulerSpec(Frozen):
+    kind: Literal["continuous", "prefill_first", "static"] = "continuous"
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    max_num_seqs: int = Field(gt=0)
+    max_num_batched_tokens: int = Field(gt=0)
+    chunked_prefill: bool = True
+    watermark: float = Field(default=0.01, ge=0, lt=1)
+    # Speculative decoding: a decoding request also verifies this many proposed tokens per
+    # step, and holds KV slots for them (vLLM's lookahead slots; serving/speculative.py).
+    num_speculative_tokens: int = Field(default=0, ge=0)
+    # Multi-step scheduling (vLLM V0's --num-scheduler-steps): decode batches run in blocks of
+    # this many steps per scheduler call; see serving/replica.py.
+    num_scheduler_steps: int = Field(default=1, ge=1)
+
+
+RouterKind = Literal["round_robin", "least_outstanding", "least_kv", "power_of_two"]
+
+
+class RouterSpec(Frozen):
+    kind: RouterKind = "round_robin"
+
+
+Method = Literal["ngram", "eagle", "eagle3", "draft_model", "mtp", "deepseek_mtp", "medusa"]
+
+
+FIELD = "speculative_config"
+
+
+Rate = Annotated[float, Field(ge=0, le=1)]
+
+
+class SpeculativeSpec(Frozen):
+    """vLLM's speculative config plus the acceptance: `acceptance_rate` (every position, each
+    conditional on the previous one being accepted) or `acceptance_rates` (one per position)."""
+
+    method: Method
+    num_speculative_tokens: int = Field(ge=1)
+    model: str | None = Field(default=None, description="draft model (draft_model)")
+    draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
+    prompt_lookup_min: int | None = Field(default=None, ge=1)
+    prompt_lookup_max: int | None = Field(default=None, ge=1)
+    acceptance_rate: Rate | None = None
+    acceptance_rates: tuple[Rate, ...] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _infer_method(cls, data: Any) -> Any:
+        """As vLLM: without a method, a model "ngram" means ngram, any other a draft model."""
+        if isinstance(data, dict) and data.get("method") is None and data.get("model"):
+            ngram = data["model"] in ("ngram", "[ngram]")
+            data = {**data, "method": "ngram" if ngram else "draft_model"}
+            if ngram:
+                data.pop("model")
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculativeSpec:
+        k = self.num_speculative_tokens
+        if (self.acceptance_rate is None) == (self.acceptance_rates is None):
+            raise ValueError(
+                "give acceptance_rate (per position, given the previous accepted) or "
+                "acceptance_rates (one per position), not both: it depends on the data"
+            )
+        if self.acceptance_rates is not None and len(self.acceptance_rates) != k:
+            raise ValueError(
+                f"acceptance_rates has {len(self.acceptance_rates)} values for "
+                f"num_speculative_tokens {k}"
+            )
+        if self.kind == "draft_model" and not self.model:
+            raise ValueError("method draft_model needs model (the draft model's id or config)")
+        if self.kind != "ngram" and (self.prompt_lookup_min or self.prompt_lookup_max):
+            raise ValueError("prompt_lookup_min/max apply to method ngram only")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"prompt_lookup_min {lo} exceeds prompt_lookup_max {hi}")
+        if self.kind in ("ngram", "medusa") and self.draft_tensor_parallel_size is not None:
+            raise ValueError(f"method {self.method} has no draft model to parallelise")
+        return self
+
+    @property
+    def kind(self) -> Literal["ngram", "eagle", "eagle3", "draft_model", "mtp", "medusa"]:
+        return "mtp" if self.method == "deepseek_mtp" else self.method
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        """P(position i accepted | position i - 1 accepted), one per proposal."""
+        if self.acceptance_rates is not None:
+            return self.acceptance_rates
+        return (self.acceptance_rate or 0.0,) * self.num_speculative_tokens
+
+    @property
+    def expected_tokens(self) -> float:
+        """Tokens a verification yields on average: 1 + sum over i of prod(rates[:i + 1])."""
+        return 1.0 + float(np.cumprod(self.rates).sum())
+
+
+def parse_speculative_config(
+    value: SpeculativeSpec | Mapping[str, Any] | str | None, *, source: str = FIELD
+) -> SpeculativeSpec | None:
+    """A SpeculativeSpec from vLLM's JSON text, a mapping or a spec (None stays None)."""
+    if value is None or isinstance(value, SpeculativeSpec):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"not valid JSON ({exc.msg})", source=source, field=FIELD) from None
+    return validate(
+        SpeculativeSpec, dict(value) if isinstance(value, Mapping) else value, source=source
+    )
+
+
+LinkKind = Literal["auto", "nvlink", "infiniband", "roce", "pcie"]
+
+
+class KVTransferSpec(Frozen):
+    """How the KV cache travels from the prefill pool to the decode pool."""
+
+    kind: LinkKind = "auto"
+    bandwidth_bytes_per_s: BytesPerS | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="achieved, per GPU and direction (default: the specs)",
+    )
+    latency_s: Seconds | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="per transfer"
+    )
+    layerwise: bool = Field(
+        default=False, description="send each layer's KV as the prefill computes it"
+    )
+
+
+Backend = Literal["native", "lmcache"]
+
+
+class KVOffloadSpec(Frozen):
+    """KV-cache tiers of one replica group (a scenario's `kv_offload:`)."""
+
+    backend: Backend = Field(
+        default="native",
+        description="vLLM's --kv-offloading-backend: native (loads between steps, the request "
+        "waits) or lmcache (loads before the step, the batch waits; CPU and NVMe tiers)",
+    )
+    cpu_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="host memory for KV blocks per replica, over its tp x pp GPUs (vLLM's "
+        "--kv-offloading-size); None: host memory per GPU less swap space and offloaded weights",
+    )
+    nvme_gib: float = Field(
+        default=0.0, ge=0, description="NVMe tier per replica, over its GPUs (lmcache); 0: none"
+    )
+    cpu_bw_bytes_per_s: BytesPerS | None = Field(
+        default=None,
+        gt=0,
+        description="GPU <-> host copy bandwidth per GPU (None: min(PCIe x host_link_fraction, "
+        "host DRAM bandwidth) from the hardware spec)",
+    )
+    nvme_bw_bytes_per_s: BytesPerS | None = Field(
+        default=None, gt=0, description="NVMe read bandwidth per GPU (None: the hardware spec's)"
+    )
+
+    @model_validator(mode="after")
+    def _native_has_no_disk(self) -> KVOffloadSpec:
+        if self.backend == "native" and self.nvme_gib > 0:
+            raise ValueError("the native backend offloads to CPU memory only; use lmcache for NVMe")
+        return self
+
+
+def kv_offload_problem(
+    *,
+    prefix_caching: bool,
+    role: str,
+    data_parallel_size: int,
+    micro_batching: bool,
+    preemption_mode: str | None,
+) -> str | None:
+    """Why a replica group cannot have KV tiers, or None."""
+    if not prefix_caching:
+        return "kv_offload needs enable_prefix_caching: offloaded blocks are found by their keys"
+    if role != "both":
+        return "kv_offload in disaggregated pools is not modelled"
+    if data_parallel_size > 1 or micro_batching:
+        return "kv_offload with DP attention or pipeline micro-batching is not modelled"
+    if preemption_mode == "swap":
+        return "kv_offload with swap preemption is not modelled (vLLM V1 reloads from the tier)"
+    return None
