@@ -56,7 +56,7 @@ from simulator.specs.scenario import Scenario, load_scenario
 from simulator.specs.serving import KVTransferSpec, SpeculativeSpec
 from simulator.specs.sweep import SweepSpec
 from simulator.specs.workload import WorkloadSpec
-from simulator.validate import run_validation
+from simulator.validate.summary import run_validation
 from simulator.workload.requests import RequestTable, generate_requests
 
 __all__ = [

@@ -18,9 +18,8 @@ import pytest
 from clitools import run_cli
 
 import simulator
-from simulator import api
 from simulator.api import op_json
-from simulator.runs import runner
+from simulator.runs import latency, runner
 from simulator.specs.loader import MODELS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -553,7 +552,7 @@ def test_running_out_of_memory_is_one_line(
     def too_big(**_: object) -> None:
         raise MemoryError("Unable to allocate 37.3 GiB for an array")
 
-    monkeypatch.setattr(api, "estimate", too_big)
+    monkeypatch.setattr(latency, "estimate", too_big)  # the CLI reads it there
     code, out, err = run_cli(capsys, *LATENCY)
     assert (code, out) == (2, "")
     assert_one_error_line(err)

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from simulator import api
 from simulator.cli.bench_flags import (
     PASS_EXTRA,
     AsyncOpt,
@@ -52,16 +51,6 @@ from simulator.cli.bench_flags import (
 )
 from simulator.cli.common import HardwareOpt, JsonOpt, note, out, print_json, write_json
 from simulator.errors import SpecError
-from simulator.metrics.summary import (
-    format_serve_summary,
-    format_throughput_summary,
-    parse_goodput,
-    parse_metric_percentiles,
-    parse_percentile_metrics,
-)
-from simulator.runs import runner
-from simulator.specs.loader import validate
-from simulator.specs.workload import WorkloadSpec
 from simulator.units import format_bytes, format_seconds
 
 bench_app = typer.Typer(help="Predict `vllm bench latency|throughput|serve`.", no_args_is_help=True)
@@ -97,12 +86,14 @@ def bench_latency_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Latency of one batch: prefill, then decode to the output length (analytic)."""
+    from simulator.runs.latency import estimate
+
     ignored_flags(ctx)
     if data_parallel_size != 1:
         raise SpecError(
             "bench latency runs one replica; drop --data-parallel-size", field="data_parallel_size"
         )
-    result = api.estimate(
+    result = estimate(
         model=model,
         hardware=hardware,
         batch_size=batch_size,
@@ -260,6 +251,9 @@ def bench_throughput_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Offline throughput: every prompt submitted at t=0, served to completion (simulated)."""
+    from simulator.metrics.summary import format_throughput_summary
+    from simulator.runs import runner
+
     ignored_flags(ctx)
     dataset: dict[str, Any] | None = None
     if dataset_name is ThroughputDataset.sharegpt:
@@ -427,6 +421,16 @@ def bench_serve_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Online serving: requests arrive at --request-rate (simulated), vLLM's metrics out."""
+    from simulator.metrics.summary import (
+        format_serve_summary,
+        parse_goodput,
+        parse_metric_percentiles,
+        parse_percentile_metrics,
+    )
+    from simulator.runs import runner
+    from simulator.specs.loader import validate
+    from simulator.specs.workload import WorkloadSpec
+
     ignored_flags(ctx)
     dataset: dict[str, Any] = {"name": dataset_name.value}
     if dataset_name is DatasetName.random:

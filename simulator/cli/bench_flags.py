@@ -12,14 +12,16 @@ import dataclasses
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from simulator.cli.common import note, write_json
 from simulator.errors import SpecError
-from simulator.specs.engine_args import EngineArgs
-from simulator.specs.offload import OffloadSpec, parse_offload
+
+if TYPE_CHECKING:
+    from simulator.specs.engine_args import EngineArgs
+    from simulator.specs.offload import OffloadSpec
 
 ModelOpt = Annotated[str, typer.Option("--model", help="model id or path to config.json")]
 TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", "-tp")]
@@ -181,6 +183,8 @@ SpecOpt = Annotated[
 def engine_args(ctx: typer.Context) -> EngineArgs:
     """The EngineArgs of a bench command's parsed flags: each field from the parameter of the
     same name (a choice as its value); a field the command has no flag for keeps its default."""
+    from simulator.specs.engine_args import EngineArgs
+
     names = {field.name for field in dataclasses.fields(EngineArgs)}
     values = {
         name: value.value if isinstance(value, Enum) else value
@@ -221,6 +225,8 @@ def save_result(
 
 def parse_offload_flag(text: str | None) -> OffloadSpec | None:
     """--offload-config as an OffloadSpec (None when not given); bad JSON is a SpecError."""
+    from simulator.specs.offload import parse_offload
+
     return parse_offload(text, source="--offload-config") if text else None
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 from rich.table import Table
 
 from simulator.cli.common import JsonOpt, out, print_json, wide_console
 from simulator.units import format_seconds
-from simulator.validate.summary import SUITE_NAMES  # loaded with the package already
+from simulator.validate.names import SUITE_NAMES
 
 
 def validate_cmd(
@@ -46,8 +45,13 @@ def validate_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Error tables of predicted vs measured against the bundled measurements."""
-    from simulator.validate import kind_stats, run_validation, worst_cases, write_rows
-    from simulator.validate.summary import STAT_KEYS
+    from simulator.validate.summary import (
+        STAT_KEYS,
+        kind_stats,
+        run_validation,
+        worst_cases,
+        write_rows,
+    )
 
     summary, df = run_validation(suite)
     if rows:
@@ -108,6 +112,8 @@ def validate_cmd(
 def _sweep_outlier(row: Any) -> bool:
     """Whether a validation row is marked as contradicted by its own sweep (ops and layers
     rows; other suites have no such column, or NaN in it)."""
+    import numpy as np
+
     value = getattr(row, "sweep_outlier", False)
     return isinstance(value, bool | np.bool_) and bool(value)
 

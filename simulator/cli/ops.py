@@ -7,7 +7,6 @@ from typing import Annotated, Any
 
 import typer
 
-from simulator import api
 from simulator.cli.common import HardwareOpt, JsonOpt, out, print_json
 from simulator.units import format_bytes, format_seconds
 
@@ -41,7 +40,9 @@ OpEagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="with --engine
 
 
 def _print_op(cost: Any, as_json: bool) -> None:
-    data = api.op_json(cost)
+    from simulator.costmodel import single_ops
+
+    data = single_ops.op_json(cost)
     if as_json:
         print_json(data)
         return
@@ -78,7 +79,9 @@ def op_gemm(
     as_json: JsonOpt = False,
 ) -> None:
     """One GEMM: (m x k) times (k x n)."""
-    cost = api.gemm_cost(
+    from simulator.costmodel import single_ops
+
+    cost = single_ops.gemm_cost(
         hardware=hardware,
         m=m,
         n=n,
@@ -107,8 +110,10 @@ def op_attention(
     as_json: JsonOpt = False,
 ) -> None:
     """One attention layer call (flash-style prefill or paged decode)."""
+    from simulator.costmodel import single_ops
+
     _print_op(
-        api.attention_cost(
+        single_ops.attention_cost(
             hardware=hardware,
             phase=phase.value,
             batch_size=batch_size,
@@ -144,8 +149,10 @@ def op_elementwise(
     as_json: JsonOpt = False,
 ) -> None:
     """One elementwise kernel of a layer (one thread block per token where the engine's is)."""
+    from simulator.costmodel import single_ops
+
     _print_op(
-        api.elementwise_cost(
+        single_ops.elementwise_cost(
             hardware=hardware,
             kernel=kernel.value,
             tokens=tokens,
@@ -171,7 +178,9 @@ def op_allreduce(
     as_json: JsonOpt = False,
 ) -> None:
     """One all-reduce among GPUs of a node."""
-    cost = api.allreduce_cost(
+    from simulator.costmodel import single_ops
+
+    cost = single_ops.allreduce_cost(
         hardware=hardware,
         num_devices=num_devices,
         size_bytes=size_bytes,

@@ -11,10 +11,6 @@ from rich.console import Console
 
 from simulator.cli.common import PLAN_WIDTH, JsonOpt, ReportOpt, print_json
 from simulator.errors import SpecError, not_a_file
-from simulator.metrics.summary import format_serve_summary
-from simulator.runs import runner
-from simulator.serving.disagg import pool_lines
-from simulator.specs.scenario import Scenario
 
 
 def run_cmd(
@@ -29,6 +25,11 @@ def run_cmd(
     report: ReportOpt = False,
 ) -> None:
     """A full what-if from a scenario file: replica groups, router, workload, SLOs."""
+    from simulator.metrics.summary import format_serve_summary
+    from simulator.runs import runner
+    from simulator.serving.disagg import pool_lines
+    from simulator.specs.scenario import Scenario
+
     if schema:
         print_json(Scenario.model_json_schema())
         return

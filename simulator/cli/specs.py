@@ -9,15 +9,6 @@ from rich.table import Table
 
 from simulator.cli.common import out, print_json
 from simulator.errors import SpecError
-from simulator.specs import (
-    hardware_provenance,
-    list_engines,
-    list_hardware,
-    list_models,
-    load_engine,
-    load_hardware,
-    load_model,
-)
 from simulator.units import GiB, format_bytes
 
 hardware_app = typer.Typer(help="Accelerator specs.", no_args_is_help=True)
@@ -28,6 +19,8 @@ engines_app = typer.Typer(help="Serving-engine profiles.", no_args_is_help=True)
 @hardware_app.command("list")
 def hardware_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the hardware ids."""
+    from simulator.specs import list_hardware, load_hardware
+
     specs = [load_hardware(h) for h in list_hardware()]
     if as_json:
         print_json([{"id": s.id, "name": s.name} for s in specs])
@@ -53,6 +46,8 @@ def hardware_show(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Show one hardware spec."""
+    from simulator.specs import hardware_provenance, load_hardware
+
     spec = load_hardware(hw_id)
     origin = hardware_provenance(hw_id)
     data = {
@@ -109,6 +104,8 @@ def _efficiency_origin(origin: dict[str, str | None], libraries: list[str]) -> s
 @models_app.command("list")
 def models_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the built-in model ids."""
+    from simulator.specs import list_models, load_model
+
     specs = [load_model(m) for m in list_models()]
     if as_json:
         print_json([{"id": s.id, "num_params": s.num_params} for s in specs])
@@ -133,6 +130,8 @@ def models_show(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Show one model (a catalogue id or a path to a Hugging Face config.json)."""
+    from simulator.specs import load_model
+
     spec = load_model(model_id)
     data = {
         "id": spec.id,
@@ -155,6 +154,8 @@ def models_show(
 @engines_app.command("list")
 def engines_list() -> None:
     """List the serving-engine profiles."""
+    from simulator.specs import list_engines, load_engine
+
     for e in list_engines():
         spec = load_engine(e)
         out.print(f"{spec.id:10} {spec.name} {spec.version}")
@@ -177,6 +178,8 @@ def engines_show(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Show one engine profile."""
+    from simulator.specs import load_engine, load_hardware
+
     spec = load_engine(engine_id)
     if hardware is not None:
         hw = load_hardware(hardware)

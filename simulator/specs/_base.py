@@ -18,7 +18,9 @@ class Frozen(BaseModel):
     no field takes NaN (YAML's `.nan`, a flag's `nan`), which every bound check would let pass
     or reject with a message about the bound."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # defer_build: a model's validator is built when first used, so a command pays only for the
+    # specs it reads (start-up time)
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     @model_validator(mode="before")
     @classmethod

@@ -4,37 +4,41 @@ Suites (each a pure function returning one row per measured case; see their modu
 `ops` (aiconfigurator kernels: GEMM, prefill/decode attention, all-reduce; the rows
 calibration fits), `layers` (Vidur per-layer projection GEMMs), `iteration_prefill` and
 `iteration_decode` (Splitwise whole engine steps; `iteration` is their union), and the
-others `SUITE_NAMES` lists (elementwise kernels, end-to-end benchmarks, board power).
+others `names.SUITE_NAMES` lists (elementwise kernels, end-to-end benchmarks, board power).
 This package only measures the error; it never changes a parameter.
+
+`run_validation` and the names below import their suites on first use, so that importing a
+light module of this package (`names`) stays cheap.
 """
 
-from simulator.validate.iteration import iteration_cases, iteration_suite
-from simulator.validate.layers import layer_cases, layers_suite
-from simulator.validate.operators import attention_cases, collective_cases, gemm_cases, ops_suite
-from simulator.validate.summary import (
-    SUITE_NAMES,
-    error_stats,
-    kind_stats,
-    run_validation,
-    summarize,
-    worst_cases,
-    write_rows,
-)
+from __future__ import annotations
 
-__all__ = [
-    "SUITE_NAMES",
-    "attention_cases",
-    "collective_cases",
-    "error_stats",
-    "gemm_cases",
-    "iteration_cases",
-    "iteration_suite",
-    "kind_stats",
-    "layer_cases",
-    "layers_suite",
-    "ops_suite",
-    "run_validation",
-    "summarize",
-    "worst_cases",
-    "write_rows",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "iteration_cases": "iteration",
+    "iteration_suite": "iteration",
+    "layer_cases": "layers",
+    "layers_suite": "layers",
+    "attention_cases": "operators",
+    "collective_cases": "operators",
+    "gemm_cases": "operators",
+    "ops_suite": "operators",
+    "SUITE_NAMES": "names",
+    "error_stats": "summary",
+    "kind_stats": "summary",
+    "run_validation": "summary",
+    "summarize": "summary",
+    "worst_cases": "summary",
+    "write_rows": "summary",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'simulator.validate' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"simulator.validate.{home}"), name)

@@ -45,24 +45,14 @@ from simulator.validate.layers import layers_suite
 from simulator.validate.moe import FIT_SUITE as MOE_FIT
 from simulator.validate.moe import SUITE as MOE
 from simulator.validate.moe import moe_suite
+from simulator.validate.names import SUITE_NAMES, UNIONS
 from simulator.validate.operators import ops_suite
 from simulator.validate.power import POWER, POWER_FIT, power_suite
 from simulator.validate.sampler import FIT_SUITE as SAMPLER_FIT
 from simulator.validate.sampler import SUITE as SAMPLER
 from simulator.validate.sampler import sampler_suite
 
-# Every name `--suite` accepts, in output order; a union names the suites it is made of.
-UNIONS: dict[str, tuple[str, ...]] = {"iteration": (PREFILL, DECODE)}
-SUITE_NAMES = (
-    "ops", GEMM_LIBRARY_FIT,  # kernels (fitted): aiconfigurator's, and this project's GEMMs
-    MOE, MOE_FIT,  # the fused MoE kernel (held out / fitted)
-    SAMPLER, SAMPLER_FIT,  # vLLM's sampler (held out / fitted)
-    LAYERS, LAYERS_FIT,  # a layer's GEMMs (held out / fitted)
-    ELEMENTWISE, ELEMENTWISE_FIT,  # a layer's memory-bound kernels (held out / fitted)
-    "iteration", PREFILL, DECODE, ENGINE_FIT,  # engine steps (held out / fitted)
-    THROUGHPUT, SERVING, LATENCY, ENERGY,  # whole benchmarks, published results (held out)
-    POWER, POWER_FIT, ENERGY_FIT,  # board power (fractions of TDP, not time; fitted or not)
-)  # fmt: skip
+# `names` holds SUITE_NAMES and UNIONS (light to import: the CLI's help lists them).
 STAT_KEYS = ("mape_pct", "median_ape_pct", "p90_ape_pct", "worst_ape_pct")
 
 

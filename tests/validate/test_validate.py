@@ -437,3 +437,28 @@ def test_no_suite_doubles_its_committed_error() -> None:
     for (suite_name, device), committed in COMMITTED_MAPE_PCT.items():
         got = summary["suites"][suite_name]["by_device"][device]["mape_pct"]
         assert got < 2 * committed, (suite_name, device, got, committed)
+
+
+def test_the_light_list_of_suite_names_is_the_suites_own() -> None:
+    from simulator.validate import (
+        e2e,
+        elementwise,
+        energy,
+        gemm_library,
+        iteration,
+        layers,
+        moe,
+        power,
+        sampler,
+    )
+    from simulator.validate.names import SUITE_NAMES, UNIONS
+
+    own = (
+        "ops", gemm_library.SUITE, moe.SUITE, moe.FIT_SUITE, sampler.SUITE, sampler.FIT_SUITE,
+        layers.SUITE, layers.FIT, elementwise.SUITE, elementwise.FIT,
+        "iteration", iteration.PREFILL, iteration.DECODE, iteration.ENGINE_FIT,
+        e2e.THROUGHPUT, e2e.SERVING, e2e.LATENCY, energy.SUITE,
+        power.POWER, power.POWER_FIT, energy.FIT_SUITE,
+    )  # fmt: skip
+    assert own == SUITE_NAMES
+    assert UNIONS == {"iteration": (iteration.PREFILL, iteration.DECODE)}
