@@ -5,7 +5,6 @@ resolves ids and flags into one and refuses what cannot run."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
 
 from simulator.costmodel.memory import MemoryPlan, plan_memory
 from simulator.errors import SpecError
@@ -22,17 +21,6 @@ from simulator.specs.engine import Entrypoint
 from simulator.specs.offload import ExpertOffloadSpec, OffloadLike, OffloadSpec, resolve_offload
 
 
-class DeploymentParts(TypedDict):
-    """A deployment as the serving builders take it, by keyword (`cluster.replica_group`,
-    `StepTimer`, `resolve_drafter`, `with_micro_batching`, ...): `builder(**dep.parts, ...)`."""
-
-    model: ModelSpec
-    hw: HardwareSpec
-    layout: Parallelism
-    prec: Precision
-    engine: EngineSpec
-
-
 @dataclass(frozen=True)
 class Deployment:
     """A model on a device type under a layout, precision and engine: everything resolved.
@@ -46,15 +34,12 @@ class Deployment:
     offload: OffloadSpec | None = None
 
     @property
-    def parts(self) -> DeploymentParts:
-        """The model, hardware, layout, precision and engine, as the serving builders'
-        keywords (`model`, `hw`, `layout`, `prec`, `engine`)."""
-        return DeploymentParts(
-            model=self.model,
-            hw=self.hardware,
-            layout=self.layout,
-            prec=self.precision,
-            engine=self.engine,
+    def label(self) -> str:
+        """ "llama-3.1-8b on h100_sxm (tp=1, pp=1, bf16)": what a does-not-fit error names."""
+        layout = self.layout
+        return (
+            f"{self.model.id} on {self.hardware.id} (tp={layout.tp}, pp={layout.pp}, "
+            f"{self.precision.weights})"
         )
 
     def memory(

@@ -23,18 +23,17 @@ import numpy as np
 import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.deployment import deployment
+from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan, pick, plan_memory, positive, require_fit
 from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.step import StepCost, engine_overhead_rows, engine_step_time, step_cost
 from simulator.errors import SpecError
 from simulator.serving.drafter import resolve_drafter
 from simulator.serving.steptime import sampler_passes
-from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec, LogitsPass
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
-from simulator.specs.offload import OffloadLike, OffloadSpec
+from simulator.specs.offload import OffloadLike
 from simulator.specs.serving import SpeculativeSpec, parse_speculative_config
 from simulator.specs.workload import OFFLINE_BENCH_SAMPLING
 
@@ -153,11 +152,7 @@ def _check_lengths(
 
 
 def _wave(
-    model: ModelSpec,
-    hw: HardwareSpec,
-    layout: Parallelism,
-    prec: Precision,
-    engine: EngineSpec,
+    dep: Deployment,
     *,
     batch_size: int,
     input_len: int,
@@ -171,7 +166,7 @@ def _wave(
 ) -> tuple[np.ndarray, np.ndarray, StepCost, StepCost, pd.DataFrame]:
     """Prefill and decode step times of one batch that runs to completion together, and the
     engine's breakdown lines of its first prefill and middle decode step."""
-    window = model.attention.sliding_window
+    window = dep.model.attention.sliding_window
     schedule = prefill_schedule(
         batch_size=batch_size, input_len=input_len, max_tokens=max_tokens, chunked=chunked
     )
@@ -180,18 +175,25 @@ def _wave(
         **{f: np.array([getattr(b, f) for b in shapes]) for f in BatchShape.__slots__}
     )
     pre_cost = step_cost(
-        model, hw, layout, prec, stacked, engine=engine, offload=offload, sampler=sampler
+        dep.model,
+        dep.hardware,
+        dep.layout,
+        dep.precision,
+        stacked,
+        engine=dep.engine,
+        offload=offload,
+        sampler=sampler,
     )
     prefill = engine_step_time(
         pre_cost,
-        engine,
+        dep.engine,
         num_tokens=stacked.num_tokens,
         num_seqs=stacked.prefill_seqs,
         enforce_eager=enforce_eager,
     )
     pre_rows = engine_overhead_rows(
         pre_cost,
-        engine,
+        dep.engine,
         index=0,
         num_tokens=float(sum(t for t, _, _ in schedule[0])),
         num_seqs=float(len(schedule[0])),
@@ -212,11 +214,18 @@ def _wave(
         batch_size=np.full(context.shape, float(batch_size)), context_len=context, window=window
     )
     dec_cost = step_cost(
-        model, hw, layout, prec, dec, engine=engine, offload=offload, sampler=sampler
+        dep.model,
+        dep.hardware,
+        dep.layout,
+        dep.precision,
+        dec,
+        engine=dep.engine,
+        offload=offload,
+        sampler=sampler,
     )
     decode = engine_step_time(
         dec_cost,
-        engine,
+        dep.engine,
         num_tokens=float(batch_size),
         num_seqs=float(batch_size),
         enforce_eager=enforce_eager,
@@ -226,7 +235,7 @@ def _wave(
         lines.append(
             engine_overhead_rows(
                 dec_cost,
-                engine,
+                dep.engine,
                 index=(output_len - 1) // 2,
                 num_tokens=float(batch_size),
                 num_seqs=float(batch_size),
@@ -238,11 +247,7 @@ def _wave(
 
 
 def bench_latency(
-    model: ModelSpec,
-    hw: HardwareSpec,
-    layout: Parallelism,
-    prec: Precision,
-    engine: EngineSpec,
+    dep: Deployment,
     *,
     batch_size: int,
     input_len: int,
@@ -254,7 +259,6 @@ def bench_latency(
     gpu_memory_utilization: float | None = None,
     num_iters: int = 30,
     max_model_len: int | None = None,
-    offload: OffloadSpec | None = None,
     drafter: Drafter | None = None,
     sampler: Mapping[str, LogitsPass] | None = None,
 ) -> LatencyResult:
@@ -269,7 +273,7 @@ def bench_latency(
     by name. `max_model_len`: vLLM's --max-model-len (default the model's context length),
     which sets the step budget without chunked prefill."""
     max_model_len = _check_lengths(
-        model,
+        dep.model,
         batch_size=batch_size,
         input_len=input_len,
         output_len=output_len,
@@ -282,24 +286,24 @@ def bench_latency(
     ):
         if knob is not None:
             positive(knob, field=name)
-    layout.check(model, hw)
-    sched = engine.scheduler
+    dep.layout.check(dep.model, dep.hardware)
+    sched = dep.engine.scheduler
     chunked = sched.chunked_prefill if chunked_prefill is None else chunked_prefill
     max_tokens = pick(
         max_num_batched_tokens,
-        engine.step_tokens(chunked=chunked, max_model_len=max_model_len),
+        dep.engine.step_tokens(chunked=chunked, max_model_len=max_model_len),
     )
     max_seqs = pick(max_num_seqs, sched.max_num_seqs)
     plan = plan_memory(
-        model,
-        hw,
-        layout,
-        prec,
-        engine,
+        dep.model,
+        dep.hardware,
+        dep.layout,
+        dep.precision,
+        dep.engine,
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_batched_tokens=max_tokens,
         max_num_seqs=max_seqs,
-        offload=offload,
+        offload=dep.offload,
     )
     if drafter is not None:
         if plan.offload is not None:
@@ -309,7 +313,8 @@ def bench_latency(
             )
         plan = drafter.memory(plan)
     require_fit(
-        plan, what=f"{model.id} on {hw.id} (tp={layout.tp}, pp={layout.pp}, {prec.weights})"
+        plan,
+        what=dep.label,
     )
     wave = min(batch_size, max_seqs)
     lookahead = drafter.spec.num_speculative_tokens if drafter is not None else 0
@@ -327,11 +332,7 @@ def bench_latency(
     sizes = [wave] * (batch_size // wave) + ([batch_size % wave] if batch_size % wave else [])
     runs = {
         size: _wave(
-            model,
-            hw,
-            layout,
-            prec,
-            engine,
+            dep,
             batch_size=size,
             input_len=input_len,
             output_len=output_len,
@@ -359,18 +360,20 @@ def bench_latency(
         num_iters=num_iters,
         engine_rows=engine_rows,
         config={
-            "model": model.id,
-            "hardware": hw.id,
-            "engine": engine.id,
-            "tp": layout.tp,
-            "pp": layout.pp,
-            "precision": prec.model_dump(),
+            "model": dep.model.id,
+            "hardware": dep.hardware.id,
+            "engine": dep.engine.id,
+            "tp": dep.layout.tp,
+            "pp": dep.layout.pp,
+            "precision": dep.precision.model_dump(),
             "batch_size": batch_size,
             "input_len": input_len,
             "output_len": output_len,
             "enforce_eager": enforce_eager,
             "waves": len(sizes),
-            "offload": offload.model_dump() if offload is not None and offload.active else None,
+            "offload": dep.offload.model_dump()
+            if dep.offload is not None and dep.offload.active
+            else None,
             **(drafter.config() if drafter is not None else {}),
         },
     )
@@ -425,11 +428,7 @@ def estimate(
         async_scheduling=async_scheduling,
     )
     return bench_latency(
-        dep.model,
-        dep.hardware,
-        dep.layout,
-        dep.precision,
-        dep.engine,
+        dep,
         batch_size=batch_size,
         input_len=input_len,
         output_len=output_len,
@@ -440,7 +439,6 @@ def estimate(
         gpu_memory_utilization=gpu_memory_utilization,
         num_iters=num_iters,
         max_model_len=max_model_len,
-        offload=dep.offload,
-        drafter=None if speculative is None else resolve_drafter(speculative, **dep.parts),
+        drafter=None if speculative is None else resolve_drafter(speculative, dep),
         sampler=sampler_passes(dep.engine, OFFLINE_BENCH_SAMPLING),
     )

@@ -106,11 +106,7 @@ def build_group(
     max_model_len = dep.model.served_length(spec.max_model_len)
     scheduler = default_scheduler(dep.engine, max_model_len=max_model_len, **overrides)
     group, plan = replica_group(
-        model=dep.model,
-        hw=dep.hardware,
-        layout=dep.layout,
-        prec=dep.precision,
-        engine=dep.engine,
+        dep,
         requests=requests,
         scheduler=scheduler,
         enforce_eager=spec.enforce_eager,
@@ -118,7 +114,6 @@ def build_group(
         swap_space_gib=spec.swap_space_gib,
         enable_prefix_caching=spec.prefix_caching,
         speculative=spec.speculative,
-        offload=dep.offload,
         kv_offload=spec.kv_offload,
         sampling=sampling,
         max_model_len=spec.max_model_len,

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.errors import SpecError
 from simulator.metrics.phases import with_phases
@@ -46,10 +47,6 @@ from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 from simulator.serving.router import Router
 from simulator.serving.speculative import Acceptance
-from simulator.specs.deployment import Parallelism, Precision
-from simulator.specs.engine import EngineSpec
-from simulator.specs.hardware import HardwareSpec
-from simulator.specs.model import ModelSpec
 from simulator.specs.serving import RouterSpec, SchedulerSpec, SpeculativeSpec
 from simulator.workload.requests import RequestTable
 
@@ -72,12 +69,8 @@ class SimResult:
 
 
 def simulate(
+    dep: Deployment,
     *,
-    model: ModelSpec,
-    hw: HardwareSpec,
-    layout: Parallelism,
-    prec: Precision,
-    engine: EngineSpec,
     requests: RequestTable,
     scheduler: SchedulerSpec | None = None,
     router: RouterSpec | None = None,
@@ -92,25 +85,17 @@ def simulate(
     replica of `layout.dp` DP-attention ranks (`serving.dp_group`)."""
     wall = time.perf_counter()
     group, plan = replica_group(
-        model=model,
-        hw=hw,
-        layout=layout,
-        prec=prec,
-        engine=engine,
+        dep,
         requests=requests,
         scheduler=scheduler,
         enforce_eager=enforce_eager,
         gpu_memory_utilization=gpu_memory_utilization,
         speculative=speculative,
     )
-    if layout.ep > layout.tp:
+    if dep.layout.ep > dep.layout.tp:
         group = with_dp_attention(
             group,
-            model=model,
-            hw=hw,
-            layout=layout,
-            prec=prec,
-            engine=engine,
+            dep,
             count=1,
             enforce_eager=enforce_eager,
         )

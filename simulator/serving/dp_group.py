@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
+from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.ops import (
     Op,
     dispatch_ops,
@@ -48,7 +49,6 @@ from simulator.serving.request import Request
 from simulator.serving.scheduler import StepPlan, schedule
 from simulator.serving.stepping import SteppedReplica, check_plain_steps
 from simulator.serving.steptime import StepTimer
-from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
@@ -64,32 +64,24 @@ class EPGroupTimes:
     busiest rank, tabulated over the group's token count (0 to ranks x `max_rank_tokens`),
     and the all-to-alls, costed per distinct size and kept."""
 
-    def __init__(
-        self,
-        *,
-        model: ModelSpec,
-        hw: HardwareSpec,
-        layout: Parallelism,
-        prec: Precision,
-        engine: EngineSpec,
-        max_rank_tokens: int,
-    ) -> None:
-        self._args = (model, hw, layout, prec, engine)
-        tokens = np.arange(layout.dp * max_rank_tokens + 1, dtype=float)
-        ffn = expert_ffn_ops(model, layout, prec, group_tokens=tokens)
-        gpu, kernels = _totals(ffn, hw, engine)
+    def __init__(self, dep: Deployment, *, max_rank_tokens: int) -> None:
+        self._dep = dep
+        tokens = np.arange(dep.layout.dp * max_rank_tokens + 1, dtype=float)
+        ffn = expert_ffn_ops(dep.model, dep.layout, dep.precision, group_tokens=tokens)
+        gpu, kernels = _totals(ffn, dep.hardware, dep.engine)
         self._ffn_gpu, self._ffn_k = gpu.tolist(), kernels.tolist()
         self._a2a: dict[float, tuple[float, float]] = {}
 
     def cost(self, *, group_tokens: int, sender_tokens: int) -> tuple[float, float]:
         """(GPU seconds, kernel launches) for `group_tokens` tokens over all ranks, the largest
         rank holding `sender_tokens`."""
-        model, hw, layout, prec, engine = self._args
+        dep = self._dep
         moved = float(
-            dispatch_tokens(layout, group_tokens=group_tokens, sender_tokens=sender_tokens)
+            dispatch_tokens(dep.layout, group_tokens=group_tokens, sender_tokens=sender_tokens)
         )
         if moved not in self._a2a:
-            gpu, kernels = _totals(dispatch_ops(model, layout, prec, tokens=moved), hw, engine)
+            ops = dispatch_ops(dep.model, dep.layout, dep.precision, tokens=moved)
+            gpu, kernels = _totals(ops, dep.hardware, dep.engine)
             self._a2a[moved] = (float(gpu[0]), float(kernels[0]))
         a2a_gpu, a2a_k = self._a2a[moved]
         return self._ffn_gpu[group_tokens] + a2a_gpu, self._ffn_k[group_tokens] + a2a_k
@@ -250,12 +242,8 @@ class DPAttention:
 
 def with_dp_attention(
     group: ReplicaGroup,
+    dep: Deployment,
     *,
-    model: ModelSpec,
-    hw: HardwareSpec,
-    layout: Parallelism,
-    prec: Precision,
-    engine: EngineSpec,
     count: int,
     enforce_eager: bool = False,
 ) -> ReplicaGroup:
@@ -264,17 +252,15 @@ def with_dp_attention(
     check_plain_steps(group, what="DP attention")
     spec = group.scheduler
     shared = EPGroupTimes(
-        model=model,
-        hw=hw,
-        layout=layout,
-        prec=prec,
-        engine=engine,
+        dep,
         max_rank_tokens=max(spec.max_num_batched_tokens, spec.max_num_seqs),
     )
     timer = LockstepTimer(
-        local=group.timer, shared=shared, engine=engine, enforce_eager=enforce_eager
+        local=group.timer, shared=shared, engine=dep.engine, enforce_eager=enforce_eager
     )
-    return dataclasses.replace(group, count=count, loop=DPAttention(ranks=layout.dp, timer=timer))
+    return dataclasses.replace(
+        group, count=count, loop=DPAttention(ranks=dep.layout.dp, timer=timer)
+    )
 
 
 def expert_parallel_sizes(

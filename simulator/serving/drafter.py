@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.memory import (
     MemoryPlan,
     kv_bytes_per_token_per_device,
@@ -161,9 +162,6 @@ class Drafter:
         the target's sampler passes over the logits of every verified position for requests
         sampling as `sampling` (the drafter's proposals are its greedy picks)."""
         sizes: dict[str, Any] = {
-            "hw": self.hw,
-            "prec": self.prec,
-            "engine": self.engine,
             "max_num_seqs": max_num_seqs,
             "max_num_batched_tokens": max_num_batched_tokens,
             "max_context": max_context,
@@ -171,22 +169,18 @@ class Drafter:
         }
         draft = None
         if self.network is not None:
+            network = Deployment(self.network, self.hw, self.engine, self.network_layout, self.prec)
             timer = StepTimer(
-                model=self.network,
-                layout=self.network_layout,
+                network,
                 verify_tokens=self.verify_tokens if self.catch_up else 1,
                 verify_logits=False,
                 ops=self.ops,
                 **sizes,
             )
             draft = DraftPasses(timer=timer, passes=self.passes, catch_up=self.catch_up)
+        target = Deployment(self.target, self.hw, self.engine, self.layout, self.prec)
         return StepTimer(
-            model=self.target,
-            layout=self.layout,
-            verify_tokens=self.verify_tokens,
-            draft=draft,
-            sampling=sampling,
-            **sizes,
+            target, verify_tokens=self.verify_tokens, draft=draft, sampling=sampling, **sizes
         )
 
     # -- `bench latency`, analytically ----------------------------------------------------------
@@ -301,50 +295,49 @@ class Drafter:
         return np.maximum(total_time(costs), launch)
 
 
-def resolve_drafter(
-    spec: SpeculativeSpec,
-    *,
-    model: ModelSpec,
-    hw: HardwareSpec,
-    layout: Parallelism,
-    prec: Precision,
-    engine: EngineSpec,
-) -> Drafter:
+def resolve_drafter(spec: SpeculativeSpec, dep: Deployment) -> Drafter:
     """`spec` on the target deployment; SpecError if it cannot run there."""
-    if layout.pp > 1:
+    if dep.layout.pp > 1:
         raise SpecError(
             "speculative decoding with pipeline parallelism is not modelled", field=FIELD
         )
-    base = Drafter(spec=spec, target=model, hw=hw, layout=layout, prec=prec, engine=engine)
+    base = Drafter(
+        spec=spec,
+        target=dep.model,
+        hw=dep.hardware,
+        layout=dep.layout,
+        prec=dep.precision,
+        engine=dep.engine,
+    )
     k, tp = spec.num_speculative_tokens, spec.draft_tensor_parallel_size
     match spec.kind:
         case "ngram":
             return base
         case "medusa":
             return dataclasses.replace(
-                base, network=model, network_layout=layout, ops=MedusaOps(heads=k), passes=1
+                base, network=dep.model, network_layout=dep.layout, ops=MedusaOps(heads=k), passes=1
             )
         case "eagle" | "eagle3" | "mtp":
-            if tp is not None and tp != layout.tp:
+            if tp is not None and tp != dep.layout.tp:
                 raise SpecError(
                     f"the {spec.method} head runs at the target's tensor parallel size "
-                    f"{layout.tp}, not {tp}",
+                    f"{dep.layout.tp}, not {tp}",
                     field=f"{FIELD}.draft_tensor_parallel_size",
                 )
             return dataclasses.replace(
                 base,
-                network=head_model(model, spec.kind),
-                network_layout=layout,
+                network=head_model(dep.model, spec.kind),
+                network_layout=dep.layout,
                 ops=HeadOps(fc_inputs=FC_INPUTS[spec.kind]),
                 passes=k,
                 catch_up=True,
             )
         case "draft_model":
-            draft = _draft_model(spec, model)
+            draft = _draft_model(spec, dep.model)
             return dataclasses.replace(
                 base,
                 network=draft,
-                network_layout=_draft_layout(spec, draft=draft, hw=hw, layout=layout),
+                network_layout=_draft_layout(spec, draft=draft, hw=dep.hardware, layout=dep.layout),
                 passes=k,
                 catch_up=True,
             )

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 import simpy
 
+from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.memory import MemoryPlan, plan_memory, require_fit
 from simulator.errors import SpecError
 from simulator.metrics.recorder import Recorder
@@ -21,11 +22,8 @@ from simulator.serving.kv_tiers import KVTiers, block_manager, plan_tiers
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 from simulator.serving.steptime import StepTimer
-from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec
-from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
-from simulator.specs.offload import OffloadSpec
 from simulator.specs.serving import KVOffloadSpec, SchedulerSpec, SpeculativeSpec
 from simulator.specs.workload import SamplingSpec
 from simulator.workload.requests import RequestTable
@@ -144,12 +142,8 @@ def _check_requests(
 
 
 def replica_group(
+    dep: Deployment,
     *,
-    model: ModelSpec,
-    hw: HardwareSpec,
-    layout: Parallelism,
-    prec: Precision,
-    engine: EngineSpec,
     requests: RequestTable,
     scheduler: SchedulerSpec | None = None,
     enforce_eager: bool = False,
@@ -157,7 +151,6 @@ def replica_group(
     swap_space_gib: float = 4.0,
     speculative: SpeculativeSpec | None = None,
     enable_prefix_caching: bool = False,
-    offload: OffloadSpec | None = None,
     kv_offload: KVOffloadSpec | None = None,
     sampling: SamplingSpec | None = None,
     max_model_len: int | None = None,
@@ -171,29 +164,30 @@ def replica_group(
     min-p pass and penalties are priced (not with speculative decoding); `max_model_len`:
     vLLM's --max-model-len, the longest request served (default: the model's context
     length)."""
-    layout.check(model, hw)
+    dep.layout.check(dep.model, dep.hardware)
     spec = scheduler or default_scheduler(
-        engine, max_model_len=max_model_len or model.max_position_embeddings
+        dep.engine, max_model_len=max_model_len or dep.model.max_position_embeddings
     )
-    _check_multi_step(spec, engine, speculative=speculative is not None)
+    _check_multi_step(spec, dep.engine, speculative=speculative is not None)
     drafter = None
     if speculative is not None:
         drafter = resolve_drafter(
-            speculative, model=model, hw=hw, layout=layout, prec=prec, engine=engine
+            speculative,
+            dep,
         )
         spec = spec.model_copy(
             update={"num_speculative_tokens": speculative.num_speculative_tokens}
         )
     plan = plan_memory(
-        model,
-        hw,
-        layout,
-        prec,
-        engine,
+        dep.model,
+        dep.hardware,
+        dep.layout,
+        dep.precision,
+        dep.engine,
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_batched_tokens=spec.max_num_batched_tokens,
         max_num_seqs=spec.max_num_seqs,
-        offload=offload,
+        offload=dep.offload,
         host_reserved_bytes=swap_space_gib * 2**30,
     )
     if drafter is not None and plan.offload is not None:
@@ -203,10 +197,11 @@ def replica_group(
     if drafter is not None:
         plan = drafter.memory(plan)
     require_fit(
-        plan, what=f"{model.id} on {hw.id} (tp={layout.tp}, pp={layout.pp}, {prec.weights})"
+        plan,
+        what=dep.label,
     )
     if len(requests):
-        _check_requests(requests, model, plan, spec, max_model_len)
+        _check_requests(requests, dep.model, plan, spec, max_model_len)
     longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 1
     if drafter is not None:  # decodes verify 1 + k tokens; the drafter's passes are added
         timer = drafter.step_timer(
@@ -218,27 +213,23 @@ def replica_group(
         )
     else:
         timer = StepTimer(
-            model=model,
-            hw=hw,
-            layout=layout,
-            prec=prec,
-            engine=engine,
+            dep,
+            offload=plan.offload,
             max_num_seqs=spec.max_num_seqs,
             max_num_batched_tokens=spec.max_num_batched_tokens,
             max_context=longest,
             enforce_eager=enforce_eager,
-            offload=plan.offload,
             sampling=sampling,
         )
     # vLLM's --swap-space is per GPU; a replica's devices each hold their share of a block.
     block_bytes = plan.kv_bytes_per_token * plan.block_size
-    host_link = hw.host.pcie_bw_bytes_per_s * hw.efficiency.host_link_fraction
+    host_link = dep.hardware.host.pcie_bw_bytes_per_s * dep.hardware.efficiency.host_link_fraction
     group = ReplicaGroup(
         scheduler=spec,
         timer=timer,
         num_blocks=plan.kv_capacity_blocks,
         block_size=plan.block_size,
-        count=layout.dp,
+        count=dep.layout.dp,
         host_blocks=int(swap_space_gib * 2**30 // block_bytes),
         swap_s_per_block=block_bytes / host_link,
         speculative=speculative,
@@ -246,7 +237,11 @@ def replica_group(
         kv_tiers=None
         if kv_offload is None
         else plan_tiers(
-            kv_offload, hw=hw, plan=plan, gpus=layout.tp * layout.pp, swap_space_gib=swap_space_gib
+            kv_offload,
+            hw=dep.hardware,
+            plan=plan,
+            gpus=dep.layout.tp * dep.layout.pp,
+            swap_space_gib=swap_space_gib,
         ),
     )
     return group, plan

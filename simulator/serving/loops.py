@@ -61,7 +61,5 @@ def engine_loop(group: ReplicaGroup, *, spec: ReplicaGroupSpec, dep: Deployment)
             field="pipeline_micro_batching",
         )
     if dp:
-        return with_dp_attention(
-            group, **dep.parts, count=spec.count, enforce_eager=spec.enforce_eager
-        )
-    return with_micro_batching(group, **dep.parts)
+        return with_dp_attention(group, dep, count=spec.count, enforce_eager=spec.enforce_eager)
+    return with_micro_batching(group, dep)

@@ -46,6 +46,7 @@ import numpy as np
 import simpy
 
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.ops import stage_boundaries, step_ops
 from simulator.costmodel.roofline import evaluate, total_time
 from simulator.errors import SpecError
@@ -55,10 +56,6 @@ from simulator.serving.request import Request
 from simulator.serving.scheduler import StepPlan, schedule
 from simulator.serving.stepping import SteppedReplica, check_plain_steps
 from simulator.serving.steptime import StepTimer
-from simulator.specs.deployment import Parallelism, Precision
-from simulator.specs.engine import EngineSpec
-from simulator.specs.hardware import HardwareSpec
-from simulator.specs.model import ModelSpec
 from simulator.specs.serving import SchedulerSpec
 
 if TYPE_CHECKING:
@@ -88,39 +85,35 @@ class StageClock:
 
     def __init__(
         self,
+        dep: Deployment,
         *,
         timer: StepTimer,
-        model: ModelSpec,
-        hw: HardwareSpec,
-        layout: Parallelism,
-        prec: Precision,
-        engine: EngineSpec,
         max_tokens: int,
         max_seqs: int,
     ) -> None:
         self.timer = timer
-        self.stages = layout.pp
-        gpn = hw.interconnect.gpus_per_node
-        self._crosses = stage_boundaries(layout, gpus_per_node=gpn)
+        self.stages = dep.layout.pp
+        gpn = dep.hardware.interconnect.gpus_per_node
+        self._crosses = stage_boundaries(dep.layout, gpus_per_node=gpn)
         tokens = BatchShape(prefill_tokens=np.arange(max_tokens + 1, dtype=float))
         sampled = BatchShape(sampled=np.arange(max_seqs + 1, dtype=float))
         sends = [
             op
-            for op in step_ops(model, layout, prec, tokens, gpus_per_node=gpn)
+            for op in step_ops(dep.model, dep.layout, dep.precision, tokens, gpus_per_node=gpn)
             if op.collective == "send_recv"
         ]
         self._send = {  # one boundary's transfer, inside a node (False) or between nodes
             c.op.scale_out: np.broadcast_to(c.time_s, (max_tokens + 1,)).tolist()
-            for c in evaluate(sends, hw, engine)
+            for c in evaluate(sends, dep.hardware, dep.engine)
         }
         tail_ops = [
             op
-            for op in step_ops(model, layout, prec, sampled, gpus_per_node=gpn)
+            for op in step_ops(dep.model, dep.layout, dep.precision, sampled, gpus_per_node=gpn)
             if op.scales_with == "sampled"
         ]
-        tail = np.zeros(max_seqs + 1) + total_time(evaluate(tail_ops, hw, engine))
+        tail = np.zeros(max_seqs + 1) + total_time(evaluate(tail_ops, dep.hardware, dep.engine))
         self._tail = tail.tolist()
-        self._step_s, self._per_seq_s = engine.overhead.step_s, engine.overhead.per_seq_s
+        self._step_s, self._per_seq_s = dep.engine.overhead.step_s, dep.engine.overhead.per_seq_s
 
     def times(self, *, chunks: list[Chunk], decodes: list[int]) -> BatchTimes:
         tokens = sum(c[0] for c in chunks) + len(decodes)
@@ -255,18 +248,10 @@ class MicroBatching:
         return [replica]
 
 
-def with_micro_batching(
-    group: ReplicaGroup,
-    *,
-    model: ModelSpec,
-    hw: HardwareSpec,
-    layout: Parallelism,
-    prec: Precision,
-    engine: EngineSpec,
-) -> ReplicaGroup:
+def with_micro_batching(group: ReplicaGroup, dep: Deployment) -> ReplicaGroup:
     """`group` (built by `cluster.replica_group` for `layout`) with pp micro-batches in
     flight per replica. Needs pp > 1 and a continuous or prefill-first scheduler."""
-    if layout.pp < 2:
+    if dep.layout.pp < 2:
         raise SpecError(
             "pipeline micro-batching needs pipeline_parallel_size > 1",
             field="pipeline_micro_batching",
@@ -279,12 +264,8 @@ def with_micro_batching(
             field="pipeline_micro_batching",
         )
     clock = StageClock(
+        dep,
         timer=group.timer,
-        model=model,
-        hw=hw,
-        layout=layout,
-        prec=prec,
-        engine=engine,
         max_tokens=max(spec.max_num_batched_tokens, spec.max_num_seqs),
         max_seqs=spec.max_num_seqs,
     )

@@ -39,6 +39,7 @@ from typing import Protocol
 import numpy as np
 
 from simulator.costmodel.batch import BatchShape, Num, attended_pairs
+from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.ops import Op, batch_ops, sampler_pass_op, step_ops
 from simulator.costmodel.roofline import OpCost, evaluate, total_launches, total_time
@@ -174,12 +175,8 @@ class StepTimer:
 
     def __init__(
         self,
+        dep: Deployment,
         *,
-        model: ModelSpec,
-        hw: HardwareSpec,
-        layout: Parallelism,
-        prec: Precision,
-        engine: EngineSpec,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_context: int,
@@ -191,11 +188,11 @@ class StepTimer:
         offload: OffloadPlan | None = None,
         sampling: SamplingSpec | None = None,
     ) -> None:
-        self._args = (model, hw, layout, prec)
+        self._dep = dep
         self._ops = ops
-        self._engine = engine
+        self._engine = dep.engine
         self._eager = enforce_eager
-        self._window = model.attention.sliding_window
+        self._window = dep.model.attention.sliding_window
         self._q = verify_tokens
         self._logits = verify_tokens if verify_logits else 1
         self._draft = draft
@@ -208,16 +205,22 @@ class StepTimer:
                 context_len=float(min(max_context, 1024)),
                 window=self._window,
             )
-            ref_ops = ops(model, layout, prec, ref, gpus_per_node=hw.interconnect.gpus_per_node)
-            ref_costs = evaluate(ref_ops, hw, engine)
-            self._stream = offload.streaming_curve(model, ref_costs)
-        ov = engine.overhead
-        self._graphs = engine.cuda_graphs and not enforce_eager
-        self._graph_max = engine.cuda_graph_max_tokens
+            ref_ops = ops(
+                dep.model,
+                dep.layout,
+                dep.precision,
+                ref,
+                gpus_per_node=dep.hardware.interconnect.gpus_per_node,
+            )
+            ref_costs = evaluate(ref_ops, dep.hardware, dep.engine)
+            self._stream = offload.streaming_curve(dep.model, ref_costs)
+        ov = dep.engine.overhead
+        self._graphs = dep.engine.cuda_graphs and not enforce_eager
+        self._graph_max = dep.engine.cuda_graph_max_tokens
         self._graph_s, self._eager_s = ov.graph_launch_s, ov.launch_eager_s
         self._step_s, self._per_seq_s = ov.step_s, ov.per_seq_s
         # async scheduling: the CPU work overlaps the GPU, this much stays exposed (None: off)
-        self._async_s = (ov.async_residual_s or 0.0) if engine.async_scheduling else None
+        self._async_s = (ov.async_residual_s or 0.0) if dep.engine.async_scheduling else None
 
         max_tokens = max(max_num_batched_tokens, max_num_seqs * verify_tokens)
         tok_gpu, tok_k = self._table(
@@ -228,12 +231,18 @@ class StepTimer:
         )
         sampling = sampling or SamplingSpec()
         rows = np.arange(len(smp_gpu), dtype=float)
-        passes = sampler_passes(engine, sampling)
+        passes = sampler_passes(dep.engine, sampling)
         for name, work in passes.items():
-            gpu_s, launches = logits_pass(name, work, rows=rows, vocab=model.vocab_size, hw=hw,
-                                          engine=engine)  # fmt: skip
+            gpu_s, launches = logits_pass(
+                name,
+                work,
+                rows=rows,
+                vocab=dep.model.vocab_size,
+                hw=dep.hardware,
+                engine=dep.engine,
+            )
             smp_gpu, smp_k = smp_gpu + gpu_s, smp_k + launches
-        pen = engine.penalties if "penalties" in passes else None
+        pen = dep.engine.penalties if "penalties" in passes else None
         # host seconds per output token and per padded element (None: no penalties priced)
         self._pen = None if pen is None else (pen.host_s_per_token, pen.host_s_per_padded)
         self._tok_gpu, self._tok_k = tok_gpu.tolist(), tok_k.tolist()
@@ -253,7 +262,7 @@ class StepTimer:
         self._dec_gpu, self._dec_k = self._one_gpu, self._one_k
         if verify_tokens > 1:  # decoding sequences verify proposals: their own table
             verify = verify_shape(
-                model=model, num_seqs=seqs.ravel(), context=ctx.ravel(), tokens=verify_tokens
+                model=dep.model, num_seqs=seqs.ravel(), context=ctx.ravel(), tokens=verify_tokens
             )
             v_gpu, v_k = (a.reshape(seqs.shape) for a in self._table(verify, "batch"))
             # A verification reads every KV token the plain decode of the same sequences reads,
@@ -269,7 +278,12 @@ class StepTimer:
         dec_k = kernels + (tok_k[rows] + smp_k[rows])[:, None]
         self._decode = np.asarray(
             engine_time(
-                dec_gpu, dec_k, engine, num_tokens=seqs, num_seqs=seqs, enforce_eager=enforce_eager
+                dec_gpu,
+                dec_k,
+                dep.engine,
+                num_tokens=seqs,
+                num_seqs=seqs,
+                enforce_eager=enforce_eager,
             ),
             dtype=float,
         )
@@ -289,8 +303,10 @@ class StepTimer:
         # op list is filtered whole, as in `_table`).
         self._no_decode: list[OpCost] | None = None
         if ops is step_ops:
-            no_decode = batch_ops(model, layout, prec, BatchShape(), parts=("decode",))
-            self._no_decode = evaluate(no_decode, hw, engine)
+            no_decode = batch_ops(
+                dep.model, dep.layout, dep.precision, BatchShape(), parts=("decode",)
+            )
+            self._no_decode = evaluate(no_decode, dep.hardware, dep.engine)
         self._pre_q = np.log(chunk_grid).tolist()
         self._pre_off = np.log1p(offset_grid).tolist()
         self._pre_log_gpu = np.log(np.maximum(gpu, 1e-12)).reshape(q.shape).tolist()
@@ -300,22 +316,23 @@ class StepTimer:
     def _table(self, batch: BatchShape, scales_with: str) -> tuple[np.ndarray, np.ndarray]:
         """(GPU seconds, kernel launches) of the ops that scale with `scales_with`, per element
         of the vectorised `batch`."""
-        model, hw, layout, prec = self._args
+        dep = self._dep
         if scales_with == "batch" and self._ops is step_ops:  # those alone: the same ops
-            ops = batch_ops(model, layout, prec, batch)
+            ops = batch_ops(dep.model, dep.layout, dep.precision, batch)
         else:
+            gpus_per_node = dep.hardware.interconnect.gpus_per_node
             ops = [
                 op
                 for op in self._ops(
-                    model, layout, prec, batch, gpus_per_node=hw.interconnect.gpus_per_node
+                    dep.model, dep.layout, dep.precision, batch, gpus_per_node=gpus_per_node
                 )
                 if op.scales_with == scales_with
             ]
-        costs = evaluate(ops, hw, self._engine)
+        costs = evaluate(ops, dep.hardware, self._engine)
         size = np.broadcast_shapes(*(np.shape(getattr(batch, f)) for f in BatchShape.__slots__))
         gpu, kernels = np.zeros(size) + total_time(costs), np.zeros(size) + total_launches(costs)
         if self._offload is not None and scales_with == "tokens":
-            gpu = gpu + self._offload.expert_extra_s(model, costs, batch.num_tokens)
+            gpu = gpu + self._offload.expert_extra_s(dep.model, costs, batch.num_tokens)
         return gpu, kernels
 
     def _chunks_part(self, chunks: Chunks) -> tuple[float, float]:
@@ -326,9 +343,9 @@ class StepTimer:
         if self._no_decode is None:
             gpu, kernels = self._table(batch, "batch")
         else:
-            model, hw, layout, prec = self._args
-            ops = batch_ops(model, layout, prec, batch, parts=("prefill",))
-            costs = evaluate(ops, hw, self._engine) + self._no_decode
+            dep = self._dep
+            ops = batch_ops(dep.model, dep.layout, dep.precision, batch, parts=("prefill",))
+            costs = evaluate(ops, dep.hardware, self._engine) + self._no_decode
             gpu, kernels = total_time(costs), total_launches(costs)
         return float(np.ravel(gpu)[0]), float(np.ravel(kernels)[0])
 

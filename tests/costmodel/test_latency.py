@@ -3,6 +3,7 @@ graphs versus eager, and the errors for runs that cannot happen."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -28,11 +29,7 @@ def make_run(
 ) -> LatencyResult:
     dep = deployment(model=model, hardware=hardware, tensor_parallel_size=tp)
     return bench_latency(
-        dep.model,
-        dep.hardware,
-        dep.layout,
-        dep.precision,
-        dep.engine,
+        dep,
         batch_size=batch_size,
         input_len=input_len,
         output_len=output_len,
@@ -108,11 +105,7 @@ def test_enforce_eager_slows_launch_bound_decode() -> None:
 
     def tpot(enforce_eager: bool) -> float:
         return bench_latency(
-            dep.model,
-            dep.hardware,
-            dep.layout,
-            dep.precision,
-            slow_launch,
+            dataclasses.replace(dep, engine=slow_launch),
             batch_size=1,
             input_len=128,
             output_len=16,

@@ -422,7 +422,7 @@ def test_the_step_timer_matches_the_cost_model_with_offload(knobs: dict[str, Any
     dep = make_deployment(**knobs)
     plan = dep.memory(max_num_batched_tokens=2048, max_num_seqs=64).offload
     timer = StepTimer(
-        **dep.parts, max_num_seqs=64, max_num_batched_tokens=2048, max_context=4096, offload=plan
+        dep, max_num_seqs=64, max_num_batched_tokens=2048, max_context=4096, offload=plan
     )
     for chunks, decodes in [([], [700] * 8), ([(512, 0, True)], [300] * 20), ([], [2000])]:
         batch = BatchShape.mixed(chunks=chunks, decode_context_lens=decodes)

@@ -97,11 +97,11 @@ def deepseek() -> tuple[sim.Deployment, LockstepTimer]:
         expert_parallel_size=16,
     )
     group, _ = replica_group(
-        **dep.parts,
+        dep,
         requests=make_requests((0.0, 4000, 100)),
         scheduler=make_scheduler(max_num_seqs=64, max_num_batched_tokens=2048),
     )
-    wide = with_dp_attention(group, **dep.parts, count=1)
+    wide = with_dp_attention(group, dep, count=1)
     assert isinstance(wide.loop, DPAttention) and wide.count == 1
     return dep, wide.loop.timer
 
@@ -145,11 +145,7 @@ def test_imbalance_slows_the_shared_part() -> None:
             expert_load_imbalance=imbalance,
         )
         times = EPGroupTimes(
-            model=dep.model,
-            hw=dep.hardware,
-            layout=dep.layout,
-            prec=dep.precision,
-            engine=dep.engine,
+            dep,
             max_rank_tokens=64,
         )
         return times.cost(group_tokens=16 * 64, sender_tokens=64)[0]
@@ -242,6 +238,6 @@ def test_simulate_runs_a_wide_ep_layout_as_one_dp_group() -> None:
     dep = sim.deployment(
         model="deepseek-v3", hardware="h100_sxm", data_parallel_size=16, expert_parallel_size=16
     )
-    result = sim.simulate(**dep.parts, requests=make_requests(*[(0.0, 500, 8)] * 32))
+    result = sim.simulate(dep, requests=make_requests(*[(0.0, 500, 8)] * 32))
     assert result.num_replicas == 16
     assert (result.steps.groupby("end_s").start_s.nunique() == 1).all()

@@ -113,8 +113,8 @@ def pipeline_groups(
     dep: sim.Deployment, requests: RequestTable
 ) -> tuple[ReplicaGroup, ReplicaGroup]:
     """`dep`'s replica group for `requests` without, then with micro-batching."""
-    group, _ = replica_group(**dep.parts, requests=requests)
-    return group, with_micro_batching(group, **dep.parts)
+    group, _ = replica_group(dep, requests=requests)
+    return group, with_micro_batching(group, dep)
 
 
 def stage_clock(dep: sim.Deployment, requests: RequestTable) -> StageClock:
@@ -212,4 +212,4 @@ def test_micro_batching_refuses_kv_tiers() -> None:
     tiers = KVTiers(backend="native", replica_block_bytes=1.0, cpu_blocks=8, cpu_s_per_block=1e-3)
     tiered = dataclasses.replace(plain, enable_prefix_caching=True, kv_tiers=tiers)
     with pytest.raises(SpecError, match="KV offload tiers"):
-        with_micro_batching(tiered, **dep.parts)
+        with_micro_batching(tiered, dep)

@@ -153,7 +153,7 @@ def exact_verify_step(dep: Deployment, contexts: Sequence[int], q: int) -> float
 def test_the_verification_table_is_within_a_percent(model: str, hardware: str, tp: int) -> None:
     dep = deployment(model=model, hardware=hardware, tensor_parallel_size=tp)
     spec = SpeculativeSpec(method="ngram", num_speculative_tokens=3, acceptance_rate=0.5)
-    drafter = resolve_drafter(spec, **dep.parts)
+    drafter = resolve_drafter(spec, dep)
     timer = drafter.step_timer(max_num_seqs=128, max_num_batched_tokens=4096, max_context=16384)
     rng = np.random.default_rng(1)
     for _ in range(40):
@@ -172,8 +172,8 @@ def test_a_verification_step_costs_more_than_the_plain_decode() -> None:
     dep = deployment(model="llama-3.1-8b", hardware="h100_sxm")
     sizes = {"max_num_seqs": 8, "max_num_batched_tokens": 2048, "max_context": 4096}
     spec = SpeculativeSpec(method="ngram", num_speculative_tokens=3, acceptance_rate=0.0)
-    verify = resolve_drafter(spec, **dep.parts).step_timer(**sizes)
-    plain = StepTimer(**dep.parts, **sizes)
+    verify = resolve_drafter(spec, dep).step_timer(**sizes)
+    plain = StepTimer(dep, **sizes)
     for ctx in (513, 2000):
         assert verify.mixed(chunks=[], decode_contexts=[ctx]) > plain.mixed(
             chunks=[], decode_contexts=[ctx]
@@ -266,7 +266,7 @@ def test_the_real_cost_model_prices_the_steps() -> None:
     dep = deployment(model="llama-3.1-8b", hardware="h100_sxm")
     spec = SpeculativeSpec(method="ngram", num_speculative_tokens=2, acceptance_rate=1.0)
     requests = make_requests((0.0, 200, 10))
-    group, _ = replica_group(**dep.parts, requests=requests, speculative=spec)
+    group, _ = replica_group(dep, requests=requests, speculative=spec)
     steps = serve(requests, groups=[group]).steps
     durations = (steps["end_s"] - steps["start_s"]).tolist()
     assert steps["decode_tokens"].tolist() == [0, 3, 3, 3]
@@ -329,7 +329,7 @@ def test_runs_repeat_with_the_seed() -> None:
 def test_an_eagle_head_costs_one_layer_of_memory() -> None:
     dep = deployment(model="llama-3.1-8b", hardware="h100_sxm")
     plan = dep.memory()
-    with_head = resolve_drafter(eagle(), **dep.parts).memory(plan)
+    with_head = resolve_drafter(eagle(), dep).memory(plan)
     # one layer's KV: 8 KV heads x 128 x (K, V) x 2 bytes = 4 KiB a token (32 layers: 128 KiB)
     assert with_head.kv_bytes_per_token - plan.kv_bytes_per_token == 4096
     # one decoder layer (attention 4096 x 6144 + 4096 x 4096, MLP 3 x 4096 x 14336, two
@@ -349,12 +349,12 @@ def test_a_draft_model_brings_its_weights_and_kv() -> None:
         draft_tensor_parallel_size=1,
     )
     plan = dep.memory()
-    more = resolve_drafter(spec, **dep.parts).memory(plan)
+    more = resolve_drafter(spec, dep).memory(plan)
     assert more.weights_bytes - plan.weights_bytes > 15e9  # the whole 8B draft on one GPU
     assert more.kv_capacity_tokens < plan.kv_capacity_tokens
     bad = spec.model_copy(update={"draft_tensor_parallel_size": 2})
     with pytest.raises(SpecError, match="1 or the target's"):
-        resolve_drafter(bad, **dep.parts)
+        resolve_drafter(bad, dep)
 
 
 # -- bench latency ------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ def test_the_timer_is_within_a_percent_of_the_cost_model(
     model: str, hardware: str, tp: int
 ) -> None:
     dep = deployment(model=model, hardware=hardware, tensor_parallel_size=tp)
-    timer = StepTimer(**dep.parts, max_num_seqs=128, max_num_batched_tokens=4096, max_context=16384)
+    timer = StepTimer(dep, max_num_seqs=128, max_num_batched_tokens=4096, max_context=16384)
     rng = np.random.default_rng(0)
     errors = []
     for _ in range(150):
@@ -62,7 +62,7 @@ def test_the_timer_is_within_a_percent_of_the_cost_model(
 )
 def test_decode_runs_match_single_steps(model: str, context: int) -> None:
     dep = deployment(model=model, hardware="h100_sxm")
-    timer = StepTimer(**dep.parts, max_num_seqs=64, max_num_batched_tokens=2048, max_context=16384)
+    timer = StepTimer(dep, max_num_seqs=64, max_num_batched_tokens=2048, max_context=16384)
     run = timer.decode_run(num_seqs=8, total_context=8.0 * context, steps=5)
     for i, t in enumerate(run):
         step = exact(dep, [], [context + i] * 8)
@@ -79,7 +79,7 @@ def test_short_decode_runs_give_numpys_floats(model: str) -> None:
     rounding where numpy's build fuses interp's multiply-add, as ARM compilers may)."""
     exact = platform.machine().lower() in ("x86_64", "amd64")
     dep = deployment(model=model, hardware="h100_sxm")
-    timer = StepTimer(**dep.parts, max_num_seqs=64, max_num_batched_tokens=2048, max_context=16384)
+    timer = StepTimer(dep, max_num_seqs=64, max_num_batched_tokens=2048, max_context=16384)
     grid = timer._ctx_list
     rng = np.random.default_rng(0)
     for _ in range(400):

@@ -89,8 +89,8 @@ def test_batch_ops_are_step_ops_shape_dependent_ops(case: dict) -> None:
 def test_several_chunks_cost_the_same_floats_as_the_whole_op_list(case: dict) -> None:
     dep = deployment(**case)
     sizes = dict(max_num_seqs=64, max_num_batched_tokens=20000, max_context=32768)
-    fast = StepTimer(**dep.parts, **sizes)
-    general = StepTimer(**dep.parts, **sizes, ops=whole_step_ops)
+    fast = StepTimer(dep, **sizes)
+    general = StepTimer(dep, **sizes, ops=whole_step_ops)
     assert fast._no_decode is not None and general._no_decode is None  # the two paths
     rng = np.random.default_rng(0)
     for _ in range(60):
