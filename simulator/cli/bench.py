@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -52,6 +52,9 @@ from simulator.cli.bench_flags import (
 from simulator.cli.common import HardwareOpt, JsonOpt, note, out, print_json, write_json
 from simulator.errors import SpecError
 from simulator.units import format_bytes, format_seconds
+
+if TYPE_CHECKING:
+    from simulator.specs.workload import WorkloadSpec
 
 bench_app = typer.Typer(help="Predict `vllm bench latency|throughput|serve`.", no_args_is_help=True)
 
@@ -428,65 +431,12 @@ def bench_serve_cmd(
         parse_percentile_metrics,
     )
     from simulator.runs import runner
-    from simulator.specs.loader import validate
-    from simulator.specs.workload import WorkloadSpec
 
     ignored_flags(ctx)
-    dataset: dict[str, Any] = {"name": dataset_name.value}
-    if dataset_name is DatasetName.random:
-        dataset |= {
-            "input_len": random_input_len,
-            "output_len": random_output_len,
-            "range_ratio": random_range_ratio,
-        }
-    if sharegpt_output_len is not None:
-        if dataset_name is not DatasetName.sharegpt:
-            raise SpecError("applies to --dataset-name sharegpt", field="sharegpt_output_len")
-        dataset["output_len"] = sharegpt_output_len
-    if dataset_name is DatasetName.trace:
-        if not dataset_path:
-            raise SpecError("--dataset-name trace needs --dataset-path", field="dataset_path")
-        dataset["path"] = dataset_path
-    elif dataset_name is DatasetName.sharegpt:  # with a path, as vLLM samples the file
-        dataset |= sharegpt_file(dataset_path, tokenizer=tokenizer, seed=seed)
-    elif dataset_path:  # a vllm command pasted as it is: say what stands in for the file
-        stand_in = {
-            DatasetName.random: "draws random lengths",
-        }.get(dataset_name, "replays its bundled copy of that trace")
-        note(
-            f"--dataset-path is not read for --dataset-name "
-            f"{dataset_name.value}: llmsim {stand_in} (--dataset-name trace reads a file)"
-        )
-    if dataset_name is not DatasetName.sharegpt:
-        tokenizer_unused(tokenizer)
-    if random_prefix_len and dataset_name is not DatasetName.random:
-        raise SpecError("applies to --dataset-name random", field="random_prefix_len")
-    workload = validate(
-        WorkloadSpec,
-        {
-            "dataset": dataset,
-            "num_prompts": num_prompts,
-            "request_rate": request_rate,
-            "burstiness": burstiness,
-            "ramp_up": ramp_up(ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps),
-            "prefix": {"tokens": random_prefix_len} if random_prefix_len else None,
-            "sampling": {
-                "temperature": temperature,
-                "top_p": top_p,
-                "top_k": top_k,
-                "min_p": min_p,
-                "logprobs": logprobs,
-                "repetition_penalty": repetition_penalty,
-                "frequency_penalty": frequency_penalty,
-                "presence_penalty": presence_penalty,
-            },
-        },
-        source="bench serve",
-    )
     scenario = runner.bench_scenario(
         model=model,
         hardware=hardware,
-        workload=workload,
+        workload=serve_workload(ctx.params),
         engine_args=engine_args(ctx),
         max_concurrency=max_concurrency,
         goodput=parse_goodput(goodput) if goodput else None,
@@ -497,20 +447,11 @@ def bench_serve_cmd(
     result = runner.run(scenario, percentiles=parse_metric_percentiles(metric_percentiles))
     write_json(output_json, result.summary)
     if save:
-        setup = {
-            "backend": engine,
-            "model_id": model,
-            "num_prompts": num_prompts,
-            "request_rate": request_rate if request_rate < float("inf") else "inf",  # as vLLM
-            "burstiness": burstiness,
-            "max_concurrency": max_concurrency,
-        }
-        if ramp_up_strategy is not None:  # vLLM's keys
-            setup["ramp_up_strategy"] = ramp_up_strategy.value
-            setup["ramp_up_start_rps"] = ramp_up_start_rps
-            setup["ramp_up_end_rps"] = ramp_up_end_rps
         save_result(
-            result.summary, result_dir=result_dir, result_filename=result_filename, setup=setup
+            result.summary,
+            result_dir=result_dir,
+            result_filename=result_filename,
+            setup=saved_setup(ctx.params),
         )
     if as_json:
         print_json(result.summary)
@@ -522,3 +463,92 @@ def bench_serve_cmd(
             request_rate=request_rate,
         )
         sys.stdout.write(text + "\n")
+
+
+# The sampling flags of `bench serve`, each the SamplingSpec field of its name.
+SAMPLING_FLAGS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "logprobs",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+)
+
+
+def serve_workload(flags: dict[str, Any]) -> WorkloadSpec:
+    """The WorkloadSpec of `bench serve`'s parsed flags (by parameter name)."""
+    from simulator.specs.loader import validate
+    from simulator.specs.workload import WorkloadSpec
+
+    dataset = serve_dataset(flags)
+    prefix = flags["random_prefix_len"]
+    if prefix and flags["dataset_name"] is not DatasetName.random:
+        raise SpecError("applies to --dataset-name random", field="random_prefix_len")
+    rate_flags = ("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps")
+    return validate(
+        WorkloadSpec,
+        {
+            "dataset": dataset,
+            "num_prompts": flags["num_prompts"],
+            "request_rate": flags["request_rate"],
+            "burstiness": flags["burstiness"],
+            "ramp_up": ramp_up(*(flags[name] for name in rate_flags)),
+            "prefix": {"tokens": prefix} if prefix else None,
+            "sampling": {name: flags[name] for name in SAMPLING_FLAGS},
+        },
+        source="bench serve",
+    )
+
+
+def serve_dataset(flags: dict[str, Any]) -> dict[str, Any]:
+    """The workload's `dataset` of `bench serve`'s --dataset-* and --random-* flags."""
+    name, path, tokenizer = flags["dataset_name"], flags["dataset_path"], flags["tokenizer"]
+    dataset: dict[str, Any] = {"name": name.value}
+    if name is DatasetName.random:
+        dataset |= {
+            "input_len": flags["random_input_len"],
+            "output_len": flags["random_output_len"],
+            "range_ratio": flags["random_range_ratio"],
+        }
+    if flags["sharegpt_output_len"] is not None:
+        if name is not DatasetName.sharegpt:
+            raise SpecError("applies to --dataset-name sharegpt", field="sharegpt_output_len")
+        dataset["output_len"] = flags["sharegpt_output_len"]
+    if name is DatasetName.trace:
+        if not path:
+            raise SpecError("--dataset-name trace needs --dataset-path", field="dataset_path")
+        dataset["path"] = path
+    elif name is DatasetName.sharegpt:  # with a path, as vLLM samples the file
+        dataset |= sharegpt_file(path, tokenizer=tokenizer, seed=flags["seed"])
+    elif path:  # a vllm command pasted as it is: say what stands in for the file
+        stand_in = {
+            DatasetName.random: "draws random lengths",
+        }.get(name, "replays its bundled copy of that trace")
+        note(
+            f"--dataset-path is not read for --dataset-name "
+            f"{name.value}: llmsim {stand_in} (--dataset-name trace reads a file)"
+        )
+    if name is not DatasetName.sharegpt:
+        tokenizer_unused(tokenizer)
+    return dataset
+
+
+def saved_setup(flags: dict[str, Any]) -> dict[str, Any]:
+    """What vLLM's --save-result writes of the run's setup, from `bench serve`'s flags."""
+    rate = flags["request_rate"]
+    setup = {
+        "backend": flags["engine"],
+        "model_id": flags["model"],
+        "num_prompts": flags["num_prompts"],
+        "request_rate": rate if rate < float("inf") else "inf",  # as vLLM
+        "burstiness": flags["burstiness"],
+        "max_concurrency": flags["max_concurrency"],
+    }
+    if flags["ramp_up_strategy"] is not None:  # vLLM's keys
+        setup["ramp_up_strategy"] = flags["ramp_up_strategy"].value
+        setup["ramp_up_start_rps"] = flags["ramp_up_start_rps"]
+        setup["ramp_up_end_rps"] = flags["ramp_up_end_rps"]
+    return setup
