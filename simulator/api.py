@@ -11,21 +11,19 @@ from __future__ import annotations
 
 from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.deployment import Deployment, deployment
-from simulator.costmodel.memory import MemoryPlan, plan_memory
+from simulator.costmodel.memory import MemoryPlan
 from simulator.costmodel.single_ops import (
     EngineOpCost,
     allreduce_cost,
     attention_cost,
     elementwise_cost,
     gemm_cost,
-    op_json,
 )
 from simulator.costmodel.step import StepCost, step_cost
 from simulator.errors import SpecError
 from simulator.metrics.summary import serve_summary, throughput_summary
 from simulator.planning.plan import PlanResult, plan
 from simulator.planning.spec import PlanSpec, load_plan
-from simulator.runs.energy import PowerModel
 from simulator.runs.latency import LatencyResult, estimate
 from simulator.runs.runner import (
     RunResult,
@@ -49,7 +47,7 @@ from simulator.specs import (
     load_hardware,
     load_model,
 )
-from simulator.specs.deployment import Parallelism, Precision, resolve_precision
+from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine_args import EngineArgs
 from simulator.specs.hardware import with_power_cap
 from simulator.specs.scenario import Scenario, load_scenario
@@ -73,7 +71,6 @@ __all__ = [
     "Parallelism",
     "PlanResult",
     "PlanSpec",
-    "PowerModel",
     "Precision",
     "RequestTable",
     "RunResult",
@@ -103,10 +100,7 @@ __all__ = [
     "load_plan",
     "load_scenario",
     "load_sweep",
-    "op_json",
     "plan",
-    "plan_memory",
-    "resolve_precision",
     "run",
     "run_validation",
     "save_run",

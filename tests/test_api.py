@@ -14,8 +14,8 @@ import pytest
 
 import simulator
 from simulator import SpecError
-from simulator.api import op_json
 from simulator.costmodel.roofline import OpCost
+from simulator.costmodel.single_ops import op_json
 
 OP_KEYS = {"latency_s", "bound", "flops", "bytes"}
 

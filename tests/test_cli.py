@@ -18,7 +18,7 @@ import pytest
 from clitools import run_cli
 
 import simulator
-from simulator.api import op_json
+from simulator.costmodel.single_ops import op_json
 from simulator.runs import latency, runner
 from simulator.specs.loader import MODELS_DIR
 
