@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import difflib
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +24,19 @@ class SpecError(ValueError):
     def line(self) -> str:
         where = ": ".join(part for part in (self.source, self.field) if part)
         return f"{where}: {self.reason}" if where else self.reason
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """A hint for a mistyped `word`: "; did you mean 'x'?" (or "'x' or 'y'"), naming the choices
+    it begins (`h100`: h100_pcie, h100_sxm), else difflib's closest at a ratio of at least 0.6;
+    "" when none is close. Case is ignored."""
+    by_lower = {c.lower(): c for c in choices}
+    key = word.lower()
+    close = sorted(c for c in by_lower if c.startswith(key) and c != key)[:2]
+    close = close or difflib.get_close_matches(key, list(by_lower), n=2, cutoff=0.6)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(by_lower[c]) for c in close) + "?"
 
 
 @contextmanager

@@ -8,6 +8,7 @@ end to check the entry point, the exit status and the real stderr.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,6 +22,8 @@ import simulator
 from simulator.costmodel.single_ops import op_json
 from simulator.runs import latency, runner
 from simulator.specs.loader import MODELS_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
 
 REPO = Path(__file__).resolve().parents[1]
 HARDWARE_DIR = REPO / "hardware_specs"
@@ -557,3 +560,93 @@ def test_running_out_of_memory_is_one_line(
     assert (code, out) == (2, "")
     assert_one_error_line(err)
     assert "out of memory (Unable to allocate 37.3 GiB for an array)" in err
+
+
+# -- as a new user meets it ---------------------------------------------------------------------
+LATENCY_8B = ("bench", "latency", "--hardware", "h100_sxm", "--model", "llama-3.1-8b")
+
+
+@pytest.mark.parametrize(
+    "args,hint",
+    [
+        (("models", "show", "llama3-8b"), "did you mean 'llama-3.1-8b'"),
+        (("hardware", "show", "h100"), "did you mean 'h100_pcie' or 'h100_sxm'?"),
+        (
+            (*LATENCY_8B, "--engine", "vlm"),
+            "did you mean 'vllm'?",
+        ),
+        (
+            ("bench", "serve", *LATENCY_8B[2:], "--num-prompt", "5"),
+            "did you mean '--num-prompts'?",
+        ),
+        (
+            (*LATENCY_8B, "--tp", "2"),
+            "did you mean '-tp'",
+        ),
+    ],
+)
+def test_a_mistyped_id_or_flag_gets_a_suggestion(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], hint: str
+) -> None:
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2
+    assert_one_error_line(err)
+    assert hint in err
+
+
+def test_nothing_close_gets_no_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "models", "show", "zzzzzz")
+    assert code == 2
+    assert "did you mean" not in err
+
+
+def test_a_hugging_face_id_of_a_bundled_model_is_that_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    by_id = simulator.load_model("meta-llama/Llama-3.1-8B-Instruct")
+    assert by_id == simulator.load_model("llama-3.1-8b")
+    assert simulator.load_model("META-LLAMA/llama-3.1-8b-instruct").id == "llama-3.1-8b"
+    code, out, _ = run_cli(
+        capsys, "models", "show", "mistralai/Mixtral-8x7B-Instruct-v0.1", "--json"
+    )
+    assert code == 0
+    assert json.loads(out)["id"] == "mixtral-8x7b"
+
+
+def test_a_hugging_face_id_is_read_from_the_local_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snapshot = tmp_path / "models--acme--tiny-llama" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    config = json.loads((MODELS_DIR / "llama-3.1-8b.json").read_text())
+    (snapshot / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    assert simulator.load_model("acme/tiny-llama").num_layers == 2
+    code, _, err = run_cli(capsys, "models", "show", "acme/other")
+    assert code == 2
+    assert_one_error_line(err)
+    assert str(tmp_path) in err and "pass --model path/to/config.json" in err
+
+
+def test_ids_and_flags_are_never_cut_on_80_columns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    from simulator.cli import common
+
+    monkeypatch.setattr(common.out, "_width", 80)
+    _, out, _ = run_cli(capsys, "hardware", "list")
+    for hw in simulator.list_hardware():
+        assert f" {hw} " in out, hw
+    _, out, _ = run_cli(capsys, "models", "list")
+    for model in simulator.list_models():
+        assert f" {model} " in out, model
+
+
+def test_help_never_cuts_a_flag_on_80_columns() -> None:
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "simulator", "bench", "serve", "--help"]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    for flag in ("--random-input-len", "--random-output-len", "--sharegpt-output-len"):
+        assert flag in out, flag
+    assert "…" not in out

@@ -56,7 +56,11 @@ from simulator.units import format_bytes, format_seconds
 if TYPE_CHECKING:
     from simulator.specs.workload import WorkloadSpec
 
-bench_app = typer.Typer(help="Predict `vllm bench latency|throughput|serve`.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Predict `vllm bench latency|throughput|serve`.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 
 
 @bench_app.command("latency", context_settings=PASS_EXTRA)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from simulator.cli.common import note, write_json
-from simulator.errors import SpecError
+from simulator.errors import SpecError, did_you_mean
 
 if TYPE_CHECKING:
     from simulator.specs.engine_args import EngineArgs
@@ -268,7 +268,9 @@ def ignored_flags(ctx: typer.Context) -> None:
     while i < len(args):
         name, eq, _ = args[i].partition("=")
         if name not in NOOP_FLAGS:
-            raise SpecError(f"no such option: {args[i]}", field=ctx.info_name or "")
+            flags = [o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts)]
+            hint = did_you_mean(name, [*flags, *NOOP_FLAGS])
+            raise SpecError(f"no such option: {args[i]}{hint}", field=ctx.info_name or "")
         takes_value = NOOP_FLAGS[name] and not eq
         if takes_value and (i + 1 >= len(args) or args[i + 1].startswith("--")):
             raise SpecError(f"{name} needs a value", field=ctx.info_name or "")

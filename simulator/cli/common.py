@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.table import Column, Table
 
 out = Console()
 
@@ -18,6 +20,16 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print the contract's JSON
 ReportOpt = Annotated[
     bool, typer.Option("--report", help="also write DIR/report.html (llmsim report DIR)")
 ]
+
+
+def id_table(key: str, rows: Sequence[Sequence[str]], *columns: str, **options: Any) -> Table:
+    """A table whose first column (`key`: ids) is never cut or wrapped, however narrow the
+    terminal: the other columns wrap around it."""
+    width = max([len(key), *(len(row[0]) for row in rows)])
+    table = Table(Column(key, no_wrap=True, min_width=width), *columns, **options)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 # Notes on flags that change nothing or on estimates, written to stderr once the command has

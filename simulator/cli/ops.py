@@ -10,7 +10,9 @@ import typer
 from simulator.cli.common import HardwareOpt, JsonOpt, out, print_json
 from simulator.units import format_bytes, format_seconds
 
-op_app = typer.Typer(help="Cost of one operator on one device.", no_args_is_help=True)
+op_app = typer.Typer(
+    help="Cost of one operator on one device.", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 class GemmDtype(str, Enum):

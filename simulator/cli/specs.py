@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from simulator.cli.common import out, print_json
+from simulator.cli.common import id_table, out, print_json
 from simulator.errors import SpecError
 from simulator.units import GiB, format_bytes
 
-hardware_app = typer.Typer(help="Accelerator specs.", no_args_is_help=True)
-models_app = typer.Typer(help="Model catalogue.", no_args_is_help=True)
-engines_app = typer.Typer(help="Serving-engine profiles.", no_args_is_help=True)
+hardware_app = typer.Typer(help="Accelerator specs.", no_args_is_help=True, rich_markup_mode=None)
+models_app = typer.Typer(help="Model catalogue.", no_args_is_help=True, rich_markup_mode=None)
+engines_app = typer.Typer(
+    help="Serving-engine profiles.", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 @hardware_app.command("list")
@@ -25,19 +26,20 @@ def hardware_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> N
     if as_json:
         print_json([{"id": s.id, "name": s.name} for s in specs])
         return
-    table = Table("id", "name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory", "bandwidth", "$/h")
-    for s in specs:
-        fp8 = s.peak_flops("fp8")
-        table.add_row(
-            s.id,
+    rows = [
+        (
+            s.id or "",
             s.name,
             f"{s.peak_flops('bf16') / 1e12:,.0f}",
-            f"{fp8 / 1e12:,.0f}" if fp8 else "-",
+            f"{fp8 / 1e12:,.0f}" if (fp8 := s.peak_flops("fp8")) else "-",
             f"{s.memory.capacity_bytes / GiB:.0f} GiB",
             f"{s.memory.bandwidth_bytes_per_s / 1e12:.2f} TB/s",
             f"{s.price.usd_per_hour:.2f}",
         )
-    out.print(table)
+        for s in specs
+    ]
+    columns = ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory", "bandwidth", "$/h")
+    out.print(id_table("id", rows, *columns))
 
 
 @hardware_app.command("show")
@@ -110,10 +112,9 @@ def models_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
     if as_json:
         print_json([{"id": s.id, "num_params": s.num_params} for s in specs])
         return
-    table = Table("id", "params", "active", "layers", "hidden", "attention", "KV/token")
-    for s in specs:
-        table.add_row(
-            s.id,
+    rows = [
+        (
+            s.id or "",
             f"{s.num_params / 1e9:.1f}B",
             f"{s.num_active_params / 1e9:.1f}B",
             str(s.num_layers),
@@ -121,7 +122,10 @@ def models_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
             s.attention.kind,
             format_bytes(s.kv_bytes_per_token()),
         )
-    out.print(table)
+        for s in specs
+    ]
+    columns = ("params", "active", "layers", "hidden", "attention", "KV/token")
+    out.print(id_table("id", rows, *columns))
 
 
 @models_app.command("show")

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from simulator.errors import SpecError
+from simulator.errors import SpecError, did_you_mean
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import EfficiencySpec, HardwareSpec
 from simulator.specs.hf import ConfigKeyError, from_hf_config
@@ -21,6 +21,7 @@ from simulator.specs.model import ModelSpec
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 MODELS_DIR = _PACKAGE_DIR / "models"
+HF_IDS_FILE = MODELS_DIR / "hf_ids.yaml"
 ENGINES_DIR = _PACKAGE_DIR / "engines"
 # The hardware specs live at the top of the repository (`hardware_specs/`); an installed wheel
 # carries a copy inside the package (simulator/hardware_specs). LLMSIM_HARDWARE_PATH adds
@@ -141,8 +142,12 @@ def _hardware_path(hw: str) -> Path:
     for d in hardware_dirs():
         if (d / f"{hw}.yaml").is_file():
             return d / f"{hw}.yaml"
-    known = ", ".join(list_hardware())
-    raise SpecError(f"unknown hardware id (known: {known})", source=hw, field="hardware")
+    known = list_hardware()
+    raise SpecError(
+        f"unknown hardware id{did_you_mean(hw, known)} (known: {', '.join(known)})",
+        source=hw,
+        field="hardware",
+    )
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -440,9 +445,64 @@ def load_model(model: str | os.PathLike[str]) -> ModelSpec:
         if not path.is_file():
             raise SpecError("no such file", source=str(path), field="model")
         return _load_model_file(path.resolve(), str(path))
-    known = ", ".join(list_models())
+    hf = _hugging_face_config(model)
+    if hf is not None:
+        return hf
+    known = list_models()
     raise SpecError(
-        f"unknown model id (known: {known}; or a path to config.json)", source=model, field="model"
+        f"unknown model id{did_you_mean(model, [*known, *hf_repos()])} (known: {', '.join(known)}; "
+        "a Hugging Face id of one of them; or a path to config.json)",
+        source=model,
+        field="model",
+    )
+
+
+@cache
+def hf_repos() -> dict[str, str]:
+    """Hugging Face repository ids of the bundled configs (`models/hf_ids.yaml`) to their
+    catalogue ids."""
+    return {str(k): str(v) for k, v in read_yaml(HF_IDS_FILE).items()}
+
+
+def hf_ids() -> dict[str, str]:
+    """`hf_repos` with the repository ids lower-cased (Hugging Face ids ignore case)."""
+    return {k.lower(): v for k, v in hf_repos().items()}
+
+
+def hf_cache_dirs() -> list[Path]:
+    """Where a local Hugging Face cache may hold model configs: HF_HUB_CACHE, HF_HOME/hub,
+    ~/.cache/huggingface/hub (what huggingface_hub reads, in its order)."""
+    dirs = []
+    if os.environ.get("HF_HUB_CACHE"):
+        dirs.append(Path(os.environ["HF_HUB_CACHE"]))
+    if os.environ.get("HF_HOME"):
+        dirs.append(Path(os.environ["HF_HOME"]) / "hub")
+    dirs.append(Path.home() / ".cache" / "huggingface" / "hub")
+    return dirs
+
+
+def _hugging_face_config(repo: str) -> ModelSpec | None:
+    """A model named by its Hugging Face id (`org/name`): the bundled config it maps to, else
+    its config.json in a local Hugging Face cache (the newest snapshot); None when neither.
+    A repo id that is neither is a SpecError saying what to pass."""
+    if repo.count("/") != 1 or repo.startswith(("/", ".")) or repo.endswith("/"):
+        return None
+    bundled = hf_ids().get(repo.lower())
+    if bundled is not None:
+        return _load_model_file(MODELS_DIR / f"{bundled}.json", bundled)
+    folder = "models--" + repo.replace("/", "--")
+    for hub in hf_cache_dirs():
+        configs = sorted(
+            (hub / folder / "snapshots").glob("*/config.json"), key=lambda p: p.stat().st_mtime
+        )
+        if configs:
+            return _load_model_file(configs[-1].resolve(), repo)
+    raise SpecError(
+        "no bundled config for this Hugging Face id and none in a local Hugging Face cache "
+        f"({', '.join(str(d) for d in hf_cache_dirs())}): download its config.json and pass "
+        f"--model path/to/config.json{did_you_mean(repo, hf_repos())}",
+        source=repo,
+        field="model",
     )
 
 
@@ -462,8 +522,12 @@ def _engine_path(engine: str) -> Path:
         return Path(engine).resolve()
     path = ENGINES_DIR / f"{engine}.yaml"
     if not path.is_file():
-        known = ", ".join(list_engines())
-        raise SpecError(f"unknown engine (known: {known})", source=engine, field="engine")
+        known = list_engines()
+        raise SpecError(
+            f"unknown engine{did_you_mean(engine, known)} (known: {', '.join(known)})",
+            source=engine,
+            field="engine",
+        )
     return path
 
 

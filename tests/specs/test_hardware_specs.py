@@ -460,4 +460,5 @@ def test_cli_runs_a_spec_on_a_base_and_refuses_a_bad_one(
     bad = _write(tmp_path / "bad.yaml", "base: h100_sxn\n")
     code, out, err = run_cli(capsys, "hardware", "show", bad)
     assert code == 2 and out == "" and len(err.splitlines()) == 1
-    assert err.startswith(f"llmsim: error: {bad}: base: unknown hardware id (known: ")
+    assert err.startswith(f"llmsim: error: {bad}: base: unknown hardware id")
+    assert "(known: " in err
