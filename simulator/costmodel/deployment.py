@@ -137,3 +137,75 @@ def deployment(
         cpu_offload_gb=cpu_offload_gb, offload=offload, expert_offload=expert_offload
     )
     return Deployment(m, hw, eng, layout, prec, off)
+
+
+def fitting_layouts(
+    dep: Deployment,
+    *,
+    gpu_memory_utilization: float | None = None,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+    host_reserved_bytes: float = 0.0,
+) -> str:
+    """Where `dep` does not fit its GPUs: the fewest GPUs of the same hardware that hold it at
+    its precision, and with fp8 weights where that takes fewer and the engine has the kernels,
+    as flags and scenario fields: "fits with -tp 8 (tensor_parallel_size: 8), or -tp 4 with
+    --quantization fp8 (quantization: fp8)". Tensor parallelism fills a node before pipeline
+    stages are added (up to 16); "" when nothing up to that fits, and for expert-parallel
+    layouts (their memory depends on the EP split)."""
+    if dep.layout.ep > 1:
+        return ""
+    precisions = [("", dep.precision)]
+    if dep.precision.weights in ("bf16", "fp16") and "fp8" in dep.engine.quantized_kernels:
+        fp8 = "fp8" if dep.hardware.supports("fp8") else dep.precision.activations
+        precisions.append(
+            (
+                " with --quantization fp8",
+                dep.precision.model_copy(update={"weights": "fp8", "compute": fp8}),
+            )
+        )
+    found: list[tuple[int, str]] = []
+    for flag, prec in precisions:
+        for tp, pp in _layouts_by_size(dep.hardware.interconnect.gpus_per_node):
+            layout = Parallelism(tp=tp, pp=pp)
+            if tp * pp < dep.layout.tp * dep.layout.pp or (layout, prec) == (
+                dep.layout,
+                dep.precision,
+            ):
+                continue
+            try:
+                layout.check(dep.model, dep.hardware)
+            except SpecError:
+                continue
+            plan = plan_memory(
+                dep.model,
+                dep.hardware,
+                layout,
+                prec,
+                dep.engine,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs,
+                host_reserved_bytes=host_reserved_bytes,
+            )
+            if plan.fits:
+                if not found or tp * pp < found[0][0]:
+                    found.append((tp * pp, _layout_flags(tp, pp) + flag))
+                break
+    if not found:
+        return ""
+    hints = ", or ".join(text for _, text in found)
+    return f"fits with {hints} on {dep.hardware.id}"
+
+
+def _layouts_by_size(gpus_per_node: int) -> list[tuple[int, int]]:
+    """(tp, pp) by total GPUs, then fewer stages: powers of two, tp within a node, pp <= 16."""
+    powers = [2**i for i in range(5)]
+    layouts = [(tp, pp) for tp in powers if tp <= gpus_per_node for pp in powers]
+    return sorted(layouts, key=lambda lp: (lp[0] * lp[1], lp[1]))
+
+
+def _layout_flags(tp: int, pp: int) -> str:
+    flags = [f"-tp {tp} (tensor_parallel_size: {tp})"] if tp > 1 else []
+    flags += [f"-pp {pp} (pipeline_parallel_size: {pp})"] if pp > 1 else []
+    return " ".join(flags) or "one GPU"

@@ -346,18 +346,19 @@ def least_cpu_offload_gib(
     return hi
 
 
-def require_fit(plan: MemoryPlan, *, what: str) -> None:
-    """Raise SpecError with the breakdown if the model does not fit, naming the least
-    `--cpu-offload-gb` that would make it fit where streaming weights can."""
+def require_fit(plan: MemoryPlan, *, what: str, alternatives: str = "") -> None:
+    """Raise SpecError with the breakdown if the model does not fit: `alternatives` first
+    (layouts that fit, `deployment.fitting_layouts`), then the least `--cpu-offload-gb` that
+    would make it fit where streaming weights can."""
     if plan.fits:
         return
-    hint = ""
+    hint = f"; {alternatives}" if alternatives else ""
     if plan.min_cpu_offload_gib is not None:
         n = plan.min_cpu_offload_gib
-        hint = (
-            f"; --cpu-offload-gb {n} (scenario: cpu_offload_gb: {n}) would stream "
-            "weights from host memory"
+        hint += (
+            f"{'; or' if hint else ';'} --cpu-offload-gb {n} (scenario: cpu_offload_gb: {n}) "
+            "would stream weights from host memory"
         )
     elif plan.offload is None or plan.offload.spec.resident_layers is None:
-        hint = "; it would not fit even with every layer streamed from host memory"
+        hint += "; it would not fit even with every layer streamed from host memory"
     raise SpecError(f"does not fit: {plan.summary()}{hint}", source=what, field="memory")

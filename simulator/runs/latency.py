@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.deployment import Deployment, deployment
+from simulator.costmodel.deployment import Deployment, deployment, fitting_layouts
 from simulator.costmodel.memory import MemoryPlan, pick, plan_memory, positive, require_fit
 from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.step import StepCost, engine_overhead_rows, engine_step_time, step_cost
@@ -312,10 +312,14 @@ def bench_latency(
                 field="speculative_config",
             )
         plan = drafter.memory(plan)
-    require_fit(
-        plan,
-        what=dep.label,
-    )
+    if not plan.fits:
+        fits = fitting_layouts(
+            dep,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_batched_tokens=max_tokens,
+            max_num_seqs=max_seqs,
+        )
+        require_fit(plan, what=dep.label, alternatives=fits)
     wave = min(batch_size, max_seqs)
     lookahead = drafter.spec.num_speculative_tokens if drafter is not None else 0
     needed = wave * -(-(input_len + output_len + lookahead) // plan.block_size)

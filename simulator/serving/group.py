@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 import simpy
 
-from simulator.costmodel.deployment import Deployment
+from simulator.costmodel.deployment import Deployment, fitting_layouts
 from simulator.costmodel.memory import MemoryPlan, plan_memory, require_fit
 from simulator.errors import SpecError
 from simulator.metrics.recorder import Recorder
@@ -196,10 +196,15 @@ def replica_group(
         )
     if drafter is not None:
         plan = drafter.memory(plan)
-    require_fit(
-        plan,
-        what=dep.label,
-    )
+    if not plan.fits:
+        fits = fitting_layouts(
+            dep,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
+            max_num_seqs=spec.max_num_seqs,
+            host_reserved_bytes=swap_space_gib * 2**30,
+        )
+        require_fit(plan, what=dep.label, alternatives=fits)
     if len(requests):
         _check_requests(requests, dep.model, plan, spec, max_model_len)
     longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 1

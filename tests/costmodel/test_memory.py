@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from simulator.costmodel.deployment import Deployment, deployment
+from simulator.costmodel.deployment import Deployment, deployment, fitting_layouts
 from simulator.costmodel.memory import (
     MemoryPlan,
     kv_bytes_per_token_per_device,
@@ -227,3 +227,33 @@ def test_free_budget_shrinks_with_activations_a_static_one_does_not() -> None:
         grown = large.activation_bytes - small.activation_bytes
         assert grown > 0
         assert small.kv_cache_bytes - large.kv_cache_bytes == pytest.approx(share * grown)
+
+
+def test_a_model_that_does_not_fit_names_the_fewest_gpus_that_hold_it() -> None:
+    # 70B in bf16 is 131 GiB of weights: two H100s (72 GiB usable each) hold it, one does not;
+    # fp8 weights on one would leave no room beside the activations (67.7 + 5 + 1.5 > 71.7)
+    with pytest.raises(SpecError) as err:
+        estimate(model="llama-3.1-70b", hardware="h100_sxm")
+    reason = err.value.reason
+    assert "fits with -tp 2 (tensor_parallel_size: 2) on h100_sxm" in reason
+    assert "--quantization fp8" not in reason
+    # it comes before the offload hint, which stays as the fallback
+    assert reason.index("fits with") < reason.index("--cpu-offload-gb")
+
+
+def test_the_layout_hint_offers_fp8_where_it_takes_fewer_gpus() -> None:
+    dep = deployment(model="llama-3.1-70b", hardware="rtx_4090")
+    hint = fitting_layouts(dep)
+    assert hint == (
+        "fits with -tp 8 (tensor_parallel_size: 8), or -tp 4 (tensor_parallel_size: 4) with "
+        "--quantization fp8 on rtx_4090"
+    )
+    # and each layout it names does fit
+    for tp, quantization in ((8, None), (4, "fp8")):
+        fits = deployment(
+            model="llama-3.1-70b",
+            hardware="rtx_4090",
+            tensor_parallel_size=tp,
+            quantization=quantization,
+        )
+        assert fits.memory().fits
