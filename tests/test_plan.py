@@ -444,7 +444,13 @@ def test_cli_plan_prints_writes_and_reports_json(
 ) -> None:
     path = write_yaml(tmp_path / "plan.yaml", plan_data(candidates={"hardware": ["h100_sxm"]}))
     code, out, err = run_cli(capsys, "plan", str(path), "--out", str(tmp_path / "o"), "--json")
-    assert (code, err) == (0, "")
+    # stderr is not a terminal: each stage and candidate as a plain line, with counts
+    assert code == 0
+    assert err.splitlines() == [
+        "llmsim: plan: priced 1 layouts: 1 can run, 1 worth simulating colocated",
+        "llmsim: plan: [1/1] h100_sxm/vllm/none/tp1: simulated, "
+        + err.split("simulated, ")[1].rstrip("\n"),
+    ]
     doc = json.loads(out)
     assert {"name", "target_rate", "candidates", "fleet", "pareto", "simulations"} <= set(doc)
     assert doc["candidates"][0]["status"] == "feasible"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import typer
@@ -30,6 +30,17 @@ def id_table(key: str, rows: Sequence[Sequence[str]], *columns: str, **options: 
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def progress_line(command: str) -> Callable[[str], None]:
+    """Progress as plain lines on stderr (`llmsim: plan: ...`), for logs and pipes where a
+    spinner or a bar would not show."""
+
+    def say(line: str) -> None:
+        sys.stderr.write(f"llmsim: {command}: {line}\n")
+        sys.stderr.flush()
+
+    return say
 
 
 # Notes on flags that change nothing or on estimates, written to stderr once the command has

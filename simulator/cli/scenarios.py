@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from simulator.cli.common import PLAN_WIDTH, JsonOpt, ReportOpt, print_json
+from simulator.cli.common import PLAN_WIDTH, JsonOpt, ReportOpt, print_json, progress_line
 from simulator.errors import SpecError, not_a_file
 
 
@@ -104,8 +104,8 @@ def plan_cmd(
     status = err.status("planning") if err.is_terminal else None
     if status:
         status.start()
-    try:
-        result = plan(plan_file, progress=status.update if status else None)
+    try:  # a terminal shows the latest line under a spinner; a log gets every line
+        result = plan(plan_file, progress=status.update if status else progress_line("plan"))
     finally:
         if status:
             status.stop()

@@ -116,7 +116,8 @@ def plan(
     spec: PlanSpec | str | Path, *, progress: Callable[[str], None] | None = None
 ) -> PlanResult:
     """Plan the cheapest deployments for a plan (a PlanSpec or a path to its YAML);
-    `progress` receives a line per layout as the search goes."""
+    `progress` receives a line per stage and per candidate searched, with counts, as the plan
+    goes (nothing before the layouts are priced, so bad input fails with its line alone)."""
     wall = time.perf_counter()
     if isinstance(spec, PlanSpec):
         source = spec.name
@@ -145,6 +146,11 @@ def plan(
         found, pruned = build_units(spec, measured, flow)
         units += found
         rows += pruned
+    say(
+        f"priced {sum(1 for _ in enumerate_layouts(spec))} layouts: {len(measured)} can run, "
+        f"{len(colocated)} worth simulating colocated"
+        + (f", {len(units)} prefill/decode units" if spec.mode != "colocated" else "")
+    )
     kinds = [
         _search_all(spec, candidates, flow, mean_out=mean_out, rows=rows, say=say)
         for candidates in (colocated, units)
@@ -197,7 +203,6 @@ def _measure_all(
                 colocated += [] if hope else [got]
         if reason:
             rows.append(layout_row(layout) | {"status": "pruned", "reason": reason})
-            say(f"{layout.key}: pruned ({reason})")
     return measured, colocated
 
 
@@ -213,15 +218,17 @@ def _search_all(
     """Search the candidates of one kind, cheapest conceivable $ per request first (so that
     dominance has something to go by); rows for those pruned as dominated go to `rows`."""
     searched: list[Searched] = []
-    for p in sorted(candidates, key=lambda p: p.usd_per_hour / p.ceiling):
+    ordered = sorted(candidates, key=lambda p: p.usd_per_hour / p.ceiling)
+    for i, p in enumerate(ordered, 1):
         dominated = _dominated_by(spec, p, searched)
         if dominated:
             rows.append(prepared_row(p) | {"status": "pruned", "reason": dominated})
-            say(f"{p.key}: pruned ({dominated})")
+            say(f"[{i}/{len(ordered)}] {p.key}: pruned ({dominated})")
             continue
         result = _search(spec, p, flow, mean_out=mean_out)
         searched.append(result)
-        say(f"{p.key}: {result.outcome.max_rate:.2f} req/s per replica")
+        rate = result.outcome.max_rate
+        say(f"[{i}/{len(ordered)}] {p.key}: simulated, {rate:.2f} req/s per replica")
     return searched
 
 

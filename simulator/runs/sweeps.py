@@ -24,6 +24,8 @@ import json
 import logging
 import multiprocessing
 import os
+import sys
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -357,12 +359,37 @@ def _outcomes(jobs: list[Job], *, executor: str, workers: int | None) -> Iterato
     return _serial(jobs) if n == 1 or len(jobs) <= 1 else _pool(jobs, min(n, len(jobs)))
 
 
+def _progress_lines(*, total: int, done: int) -> Callable[[], None]:
+    """`advance` writing `llmsim: sweep: 12/48 runs done (3.1 runs/min, about 11 min left)`."""
+    start, first = time.monotonic(), done
+    every = max(1, (total - done) // 10)
+
+    def advance() -> None:
+        nonlocal done
+        done += 1
+        if (done - first) % every and done < total:
+            return
+        per_s = (done - first) / max(time.monotonic() - start, 1e-9)
+        left = (total - done) / per_s / 60 if per_s > 0 else float("nan")
+        sys.stderr.write(
+            f"llmsim: sweep: {done}/{total} runs done ({per_s * 60:,.1f} runs/min, "
+            f"about {left:.0f} min left)\n"
+        )
+        sys.stderr.flush()
+
+    return advance
+
+
 @contextmanager
 def _progress(*, enabled: bool, total: int, done: int) -> Iterator[Callable[[], None]]:
-    """A rich progress bar on stderr with rate and ETA, if enabled and stderr is a terminal."""
+    """A rich progress bar on stderr with rate and ETA, if enabled; where stderr is not a
+    terminal (a log, CI, a notebook), a plain line every tenth of the runs and at the end."""
     console = Console(stderr=True)
-    if not enabled or not console.is_terminal:
+    if not enabled:
         yield lambda: None
+        return
+    if not console.is_terminal:
+        yield _progress_lines(total=total, done=done)
         return
     columns = (
         TextColumn("sweep"),
