@@ -11,6 +11,7 @@ from simulator.errors import SpecError
 from simulator.report import costfigures as cf
 from simulator.report import figures as fg
 from simulator.report.html import Section, render, table_html
+from simulator.report.labels import value_label
 from simulator.report.load import Loaded, PlanFolder, RunFolder, SweepFolder, load
 from simulator.report.ops import run_op_costs
 
@@ -20,11 +21,20 @@ MAX_ERROR_ROWS = 20
 PLAN_COLUMNS = (
     "layout",
     "max_rate",
+    "binding_slo",
+    "slo_ratio",
     "replicas",
     "gpus",
     "usd_per_hour",
     "usd_per_million_output_tokens",
 )
+PLAN_HEADERS = {
+    "max_rate": "req/s per replica",
+    "binding_slo": "binding SLO",
+    "slo_ratio": "SLO use at max rate",
+    "usd_per_hour": "$/hour",
+    "usd_per_million_output_tokens": "$/M output tokens",
+}
 SUMMARY_KEYS = (  # key, label, format
     ("completed", "completed requests", "d"),
     ("failed", "failed requests", "d"),
@@ -150,7 +160,11 @@ def _sweep(sweep: SweepFolder) -> tuple[str, str, list[Section]]:
     )
     if len(errors):
         cells = [
-            (str(r["run_id"]), *(str(r[c]) for c in sweep.varied), str(r.get("error", "")))
+            (
+                str(r["run_id"]),
+                *(value_label(c, r[c]) for c in sweep.varied),
+                str(r.get("error", "")),
+            )
             for _, r in errors.head(MAX_ERROR_ROWS).iterrows()
         ]
         top.tables.append(table_html(cells, header=("run_id", *sweep.varied, "error")))
@@ -182,19 +196,32 @@ def _plan(plan: PlanFolder) -> tuple[str, str, list[Section]]:
     else:
         lines.append(f"Cheapest fleet: none ({fleet.get('reason', '')}).")
     top = Section("Summary", text=lines)
+    sections = [top]
     if plan.candidates is not None and "status" in plan.candidates.columns:
         feasible = plan.candidates[plan.candidates["status"] == "feasible"]
         shown = [c for c in PLAN_COLUMNS if c in feasible.columns]
         cells = [[_fmt(v, ".3g") for v in row] for row in feasible[shown].itertuples(index=False)]
-        top.tables.append(table_html(cells, header=shown))
+        top.tables.append(table_html(cells, header=[PLAN_HEADERS.get(c, c) for c in shown]))
+        pruned = plan.candidates[plan.candidates["status"] != "feasible"]
+        if len(pruned) and {"layout", "reason"} <= set(pruned.columns):
+            cells = [
+                [str(r.layout), str(r.status), r.reason if isinstance(r.reason, str) else ""]
+                for r in pruned.itertuples(index=False)
+            ]
+            dropped = Section(
+                "Dropped candidates",
+                text=[f"{len(pruned)} candidate(s) the plan did not keep, and why."],
+                tables=[table_html(cells, header=("layout", "status", "reason"))],
+            )
+            sections.append(dropped)
     metric = str(p.get("pareto_metric", "p99_tpot_ms"))
     if plan.probes.empty or metric not in plan.probes.columns:
         top.text.append("No simulation in probes.csv: nothing to plot.")
-        return f"llmsim plan: {p.get('name', '')}", str(plan.folder), [top]
+        return f"llmsim plan: {p.get('name', '')}", str(plan.folder), sections
     slo = cf.plan_slo_ms(p.get("slo") or {}, metric)
     figure = cf.cost_frontier(plan.probes, metric=metric, pareto=plan.pareto, slo_ms=slo)
     frontier = Section("Cost against latency", figures=[figure])
-    return f"llmsim plan: {p.get('name', '')}", str(plan.folder), [top, frontier]
+    return f"llmsim plan: {p.get('name', '')}", str(plan.folder), [*sections, frontier]
 
 
 def build(loaded: Loaded) -> tuple[str, str, list[Section]]:

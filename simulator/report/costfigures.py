@@ -127,9 +127,10 @@ def cost_frontier(
     slo_ms: float | None = None,
     cost: str = "usd_per_million_output_tokens",
 ) -> go.Figure:
-    """$ per million output tokens against a latency (`metric`) for every simulation of a plan
-    (`probes`: one colour per layout, filled if it met the SLOs, open if not), the frontier
-    (`pareto`) as a line, and the SLO on that latency (`slo_ms`)."""
+    """$ per million output tokens (on a log axis: a plan's layouts span decades of cost)
+    against a latency (`metric`) for every simulation of a plan (`probes`: one colour per
+    layout, filled if it met the SLOs, open if not), the frontier (`pareto`) as a line, and the
+    SLO on that latency (`slo_ms`)."""
     require(probes, ("layout", "feasible", metric, cost), what="the plan's probes")
     fig = go.Figure()
     _probe_traces(fig, probes, metric=metric, cost=cost)
@@ -138,7 +139,7 @@ def cost_frontier(
         add_frontier(fig, pareto, x=metric, y=cost, name="frontier")
     add_slo(fig, slo_ms)
     fig.update_xaxes(title_text=metric_title(metric))
-    fig.update_yaxes(title_text="$ per million output tokens")
+    fig.update_yaxes(title_text="$ per million output tokens (log)", type="log")
     return style(fig, title="Cost against latency (llmsim plan)", height=480)
 
 

@@ -28,6 +28,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from simulator.errors import SpecError
+from simulator.report.labels import series_columns, series_label
 from simulator.report.series import MAX_POINTS, Binned, ecdf, piecewise, waiting
 
 MAX_REPLICA_TRACES = 8
@@ -53,6 +54,18 @@ def style(fig: go.Figure, *, title: str, height: int = 420) -> go.Figure:
     fig.update_layout(
         title=title, template=TEMPLATE, height=height, margin={"t": 70, "b": 50, "l": 60, "r": 20}
     )
+    return fig
+
+
+def legend_below(fig: go.Figure, *, entries: int) -> go.Figure:
+    """The legend under the plot, one entry a line, so that long series labels (a sweep's
+    replica groups) take height instead of the plot's width; the figure grows to hold it."""
+    fig.update_layout(
+        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "left", "x": 0},
+        height=int(fig.layout.height or 420) + 22 * entries,
+        margin={"b": 60 + 22 * entries},
+    )
+    fig.update_yaxes(domain=[0, 1])
     return fig
 
 
@@ -244,12 +257,14 @@ def ok_runs(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def _series(frame: pd.DataFrame, by: Sequence[str]) -> Iterator[tuple[str, pd.DataFrame]]:
+    """The runs of each combination of the `by` values, labelled for a reader (`labels`)."""
+    by = series_columns(frame, by)
     if not by:
         yield "", frame
         return
     for key, rows in frame.groupby(list(by), sort=True, dropna=False):
         parts: tuple[Hashable, ...] = key if isinstance(key, tuple) else (key,)
-        yield ", ".join(f"{c.split('.')[-1]}={v}" for c, v in zip(by, parts, strict=True)), rows
+        yield series_label(by, parts), rows
 
 
 def default_rate(results: pd.DataFrame) -> str:
@@ -298,7 +313,8 @@ def rate_latency(
             )
         fig.update_xaxes(title_text=_rate_title(rate), row=1, col=col)
         fig.update_yaxes(title_text=f"{metric.upper()} (ms)", row=1, col=col)
-    return style(fig, title="Latency against request rate", height=460)
+    style(fig, title="Latency against request rate", height=460)
+    return legend_below(fig, entries=sum(1 for trace in fig.data if trace.showlegend is not False))
 
 
 def _rate_title(rate: str) -> str:
@@ -347,7 +363,8 @@ def throughput_latency_pareto(
     add_slo(fig, slo_ms)
     fig.update_xaxes(title_text=metric_title(latency))
     fig.update_yaxes(title_text=metric_title(throughput))
-    return style(fig, title="Throughput against latency")
+    style(fig, title="Throughput against latency")
+    return legend_below(fig, entries=sum(1 for trace in fig.data if trace.showlegend is not False))
 
 
 def add_frontier(fig: go.Figure, front: pd.DataFrame, *, x: str, y: str, name: str) -> None:

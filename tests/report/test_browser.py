@@ -17,8 +17,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from simulator.report import write_report
+from simulator.runs import sweeps
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
 CONSOLE = re.compile(r'CONSOLE[^\]]*\] "(.*)", source: (.*)')
 FIGURE = re.compile(r'id="(fig-\d+)"')
@@ -88,3 +92,48 @@ def test_the_run_report_renders(run_folder: Path, tmp_path: Path) -> None:
         assert 'class="gtitle"' in part, name
         assert re.search(r'class="trace (scatter|bars)', part), name
     assert dom.count('class="trace bars') >= 10  # the breakdown's ops, stacked
+
+
+LEGEND = re.compile(r'class="legendtext"[^>]*>([^<]*)<')
+PLOT_AREA = re.compile(r'class="nsewdrag drag"[^>]*?width="([\d.]+)"')
+
+
+def test_the_bundled_disaggregation_sweep_report_reads_well(tmp_path: Path) -> None:
+    # the README's disaggregation sweep varies replicas, routers and the KV transfer together:
+    # its legends are the replica groups in words, and every plot keeps a usable width in a
+    # 1000-pixel window (long labels go under the plots, not beside them)
+    sweep = yaml.safe_load((SCENARIOS / "sweep_disagg_vs_colocated.yaml").read_text())
+    sweep["base"] = str(SCENARIOS / sweep["base"])
+    sweep["grid"] = {"workload.request_rate": [2, 6]}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    out = tmp_path / "out"
+    sweeps.sweep(path, out, workers=1, progress=False)
+    report = write_report(out, tmp_path / "report.html")
+    dom, console = render_at(report, tmp_path / "profile", width=1000)
+    assert console == []
+    legends = set(LEGEND.findall(dom))
+    assert "2 x h100_sxm TP2 fp8 (prefill) + 1 x h100_sxm TP4 fp8 (decode)" in legends
+    assert "4 x h100_sxm TP2 fp8" in legends
+    assert not [t for t in legends if "nan" in t.lower() or "{" in t or "[" in t]
+    widths = [float(w) for w in PLOT_AREA.findall(dom)]
+    assert len(widths) == 3 and min(widths) >= 250, widths
+
+
+def render_at(page: Path, profile: Path, *, width: int) -> tuple[str, list[str]]:
+    """`render` in a window `width` pixels wide."""
+    done = subprocess.run(
+        [
+            chromium(),
+            *CHROMIUM_FLAGS,
+            f"--window-size={width},2000",
+            f"--user-data-dir={profile}",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, [m.group(0) for m in CONSOLE.finditer(done.stderr)]

@@ -167,7 +167,7 @@ def test_rate_latency_draws_each_series_and_the_slos() -> None:
     fig = rate_latency(make_results(), by=["hardware"], slo={"ttft_ms": 100, "tpot_ms": 10})
     assert len(fig.data) == 2 * 2 * 2  # hardware x (median, p99) x (TTFT, TPOT)
     first = fig.data[0]
-    assert first.name == "hardware=h100_sxm median"
+    assert first.name == "hardware: h100_sxm median"
     assert first.x.tolist() == [2, 4, 8]  # the error row is left out
     assert first.y.tolist() == [20.0, 40.0, 80.0]
     assert hlines(fig) == [10.0, 100.0]
@@ -192,7 +192,7 @@ def test_pareto_mask_keeps_the_points_nothing_beats() -> None:
 def test_throughput_latency_pareto() -> None:
     fig = throughput_latency_pareto(make_results(), by=["hardware"], slo_ms=12.0)
     names = [t.name for t in fig.data]
-    assert names == ["hardware=h100_sxm", "hardware=mi300x", "Pareto frontier"]
+    assert names == ["hardware: h100_sxm", "hardware: mi300x", "Pareto frontier"]
     front = fig.data[-1]
     # h100 reaches each throughput at lower p99 TPOT (4, 8, 16 ms against 6, 12, 24 ms)
     assert front.x.tolist() == [4.0, 8.0, 16.0]

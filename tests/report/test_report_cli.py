@@ -71,7 +71,7 @@ def test_report_of_a_sweep(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     html = (out / "report.html").read_text()
     assert len(figures(html)) == 2  # rate-latency and the throughput-latency frontier
     assert "3 finished run(s), 3 error(s)" in html
-    assert "SLO 300 ms" in html and "engine=vllm" in html
+    assert "SLO 300 ms" in html and "engine: vllm" in html
 
 
 def test_report_of_a_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
