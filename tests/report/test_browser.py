@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -137,3 +138,40 @@ def render_at(page: Path, profile: Path, *, width: int) -> tuple[str, list[str]]
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout, [m.group(0) for m in CONSOLE.finditer(done.stderr)]
+
+
+@pytest.mark.parametrize("sweep_file", sorted(SCENARIOS.glob("sweep_*.yaml")), ids=lambda p: p.stem)
+def test_every_bundled_sweep_report_labels_its_series_in_words(
+    sweep_file: Path, tmp_path: Path
+) -> None:
+    # each bundled sweep's varied values, as its results file stores them, with made-up
+    # metrics (the labels and the layout are what is checked, not the numbers)
+    from simulator.runs.sweeps import _cell
+    from simulator.specs.sweep import expand, load_sweep
+
+    runs = expand(load_sweep(sweep_file))
+    varied = list(runs[0]["values"])
+    metrics = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms")
+    metrics += ("median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms")
+    rows = [
+        {
+            "run_id": run["run_id"],
+            **{k: _cell(v) for k, v in run["values"].items()},
+            "status": "ok",
+            "error": "",
+            **{m: 10.0 * (i + 1) + j for j, m in enumerate(metrics)},
+        }
+        for i, run in enumerate(runs)
+    ]
+    out = tmp_path / "sweep"
+    out.mkdir()
+    pd.DataFrame(rows, columns=["run_id", *varied, "status", "error", *metrics]).to_csv(
+        out / "results.csv", index=False
+    )
+    report = write_report(out, tmp_path / "report.html")
+    dom, console = render_at(report, tmp_path / "profile", width=1000)
+    assert console == []
+    legends = set(LEGEND.findall(dom))
+    assert not [t for t in legends if "nan" in t.lower() or "{" in t or "[" in t], legends
+    widths = [float(w) for w in PLOT_AREA.findall(dom)]
+    assert widths and min(widths) >= 250, widths

@@ -113,3 +113,26 @@ def test_a_summary_that_is_not_ours_is_refused(
     with pytest.raises(SpecError, match=re.escape(reason)) as err:
         load(tmp_path)
     assert err.value.source == str(tmp_path / name)
+
+
+def test_the_plan_report_shows_the_binding_slo_and_why_candidates_were_dropped(
+    tmp_path: Path,
+) -> None:
+    from simulator.report.build import build
+
+    (tmp_path / "plan.json").write_text(
+        '{"name": "p", "model": "m", "fleet": {}, "pareto_metric": "p99_tpot_ms"}'
+    )
+    (tmp_path / "probes.csv").write_text(
+        "layout,feasible,p99_tpot_ms,usd_per_million_output_tokens\na,True,10,0.2\n"
+    )
+    (tmp_path / "candidates.csv").write_text(
+        "rank,layout,status,reason,max_rate,binding_slo,slo_ratio\n"
+        "1,a,feasible,,3.5,tpot,0.9\n"
+        "2,b,pruned,dominated by a,,,\n"
+    )
+    _, _, sections = build(load(tmp_path))
+    summary, dropped, frontier = sections
+    assert "binding SLO" in summary.tables[0] and "tpot" in summary.tables[0]
+    assert dropped.title == "Dropped candidates" and "dominated by a" in dropped.tables[0]
+    assert frontier.figures[0].layout.yaxis.type == "log"
