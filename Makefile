@@ -37,11 +37,14 @@ unit: $(DEVSTAMP)
 notebooks: $(DEVSTAMP)
 	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake .
 
-# The project's golden predictions (regress/golden.yaml) and the validation suites' CI ceilings
-# (simulator/validate/targets.yaml): a prediction that moves, or an error that grows, fails.
+# The project's golden predictions (regress/golden.yaml), the validation suites' CI ceilings
+# (simulator/validate/targets.yaml) and the validation tables of README.md and docs/validation.md
+# (written by tools/readme_validation.py): a prediction that moves, an error that grows, or a
+# table left stale fails.
 regress: $(STAMP)
 	$(BIN)/llmsim regress regress/golden.yaml
 	$(BIN)/llmsim validate --check
+	$(BIN)/python tools/readme_validation.py --check
 
 test: lint typecheck unit notebooks regress
 

@@ -211,7 +211,8 @@ def test_a_cap_stretches_prefill_and_leaves_decode_nearly_alone() -> None:
 
 
 def test_half_power_on_splitwise_h100_steps_is_near_splitwises_own_factors() -> None:
-    # splitwise-sim prices its H100s capped at 350 W as prompt x1.3, tokens x1.0 (README)
+    # splitwise-sim prices its H100s capped at 350 W as prompt x1.3, tokens x1.0
+    # (docs/energy-and-cost.md)
     from simulator.specs import load_engine
     from simulator.validate.iteration import iteration_cases
 

@@ -14,7 +14,7 @@ the padded array: the fill and the pinned copy) are set from:
 Each case is timed `REPEATS` times after a warm-up; the per-token cost is the slope of the
 best time over the tokens copied at a fixed padded size, the per-element cost the best time of
 filling and copying an array of that size over its elements. Numbers vary with the CPU: the
-README gives the machine they were taken on.
+Sampling section of docs/serving.md gives the machine they were taken on.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ DEFAULT_RTOL = 0.01
 DEFAULT_ATOL = 0.0
 HEADER = (
     "# llmsim regress golden file: `llmsim regress FILE` checks, `--update` rewrites the values\n"
-    '# (comments are not kept). Format: the README, section "Regression checks".\n'
+    "# (comments are not kept). Format: docs/regression.md.\n"
 )
 
 

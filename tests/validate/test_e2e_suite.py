@@ -292,7 +292,7 @@ def test_cli_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 # -- regression guard on the held-out figures -----------------------------------------------------
-# MAPE per suite and device as committed (README's validation table; tighten on improvement);
+# MAPE per suite and device as committed (docs/validation.md's table; tighten on improvement);
 # a change that doubles any of them fails. These rows are held out: improve the model, never
 # fit it to them.
 COMMITTED_MAPE_PCT = {

@@ -101,7 +101,7 @@ def test_registered_as_a_suite() -> None:
     assert SUITE in SUITE_NAMES
 
 
-# MAPE per device as committed (README's validation table); a change that doubles it fails.
+# MAPE per device as committed (docs/validation.md's table); a change that doubles it fails.
 COMMITTED_MAPE_PCT = {"h100_sxm": 10.6, "b200": 27.6}
 
 

@@ -26,7 +26,7 @@ from simulator.validate.power import (
     predict,
 )
 
-# MAPE per suite as committed (README's validation table); a change that doubles one fails.
+# MAPE per suite as committed (docs/validation.md's table); a change that doubles one fails.
 COMMITTED_MAPE_PCT = {POWER: 7.3, POWER_FIT: 5.0}
 
 

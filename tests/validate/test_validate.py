@@ -411,7 +411,7 @@ def test_cli_unknown_suite_exits_2_with_one_line(capsys: pytest.CaptureFixture[s
 
 
 # -- regression guard on the fidelity figures -----------------------------------------------------
-# MAPE per suite and device as committed (README's validation table); a change that doubles any
+# MAPE per suite and device as committed (docs/validation.md's table); a change that doubles any
 # of them fails. Tighten these when the model improves.
 COMMITTED_MAPE_PCT = {
     ("ops", "a100_sxm_80gb"): 9.7,
