@@ -142,7 +142,7 @@ def _print_latency_summary(result: Any, data: dict[str, Any]) -> None:
 
     out.print(
         f"Avg latency: {result.latency_s:.6f} seconds{band_suffix(data, 'avg_latency', '.6f')}",
-        highlight=False,
+        markup=False,
     )
     for p, v in data["percentiles"].items():
         out.print(f"{p}% percentile latency: {v:.6f} seconds")
@@ -150,7 +150,7 @@ def _print_latency_summary(result: Any, data: dict[str, Any]) -> None:
         f"TTFT (prefill of the batch): {format_seconds(result.ttft_s)}"
         f"{_seconds_band(data, 'ttft_s')}; TPOT (decode time per output token): "
         f"{format_seconds(result.tpot_s)}{_seconds_band(data, 'tpot_s')}",
-        highlight=False,
+        markup=False,
     )
     for line in band_lines(data):
         out.print(line, markup=False, highlight=False)

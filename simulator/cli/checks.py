@@ -72,7 +72,7 @@ def validate_cmd(
         write_rows(df, rows)
     current = bands.residuals(df) if bands.has_e2e(df) else None
     if current is not None:
-        summary["bands"] = bands.coverage(current)
+        summary["bands"] = bands.coverage_section(current)
     if write_bands and current is not None:
         path = bands.write_bands(current)
         sys.stderr.write(f"llmsim: wrote {path} ({len(current)} residuals)\n")

@@ -14,7 +14,7 @@ log residuals r = ln(measured / predicted), labelled as `simulator.metrics.bands
 
 `bands_text` is the committed file (`llmsim validate --write-bands` writes it), `check_bands`
 compares the current residuals with it (`llmsim validate --check` fails on a mismatch:
-predictions cannot drift away from their bands), and `coverage` gives the held-out coverage
+predictions cannot drift away from their bands), and `coverage_section` gives the held-out coverage
 of the bands: each row against the band of the other rows (leave-one-out), and against the
 band of the rows of other sources (leave-one-source-out, the harder question: a publication
 not yet seen).
@@ -247,7 +247,9 @@ def _ratios(band: Band) -> list[float]:
     return [round(math.exp(band.low), 4), round(math.exp(band.high), 4)]
 
 
-def coverage(rows: tuple[Residual, ...], *, coverage: float = DEFAULT_COVERAGE) -> dict[str, Any]:
+def coverage_section(
+    rows: tuple[Residual, ...], *, coverage: float = DEFAULT_COVERAGE
+) -> dict[str, Any]:
     """The `bands` section of `llmsim validate --json`. Per family (and `all`): its rows and
     sources, the held-out coverage leave-one-out (`loo_coverage`) and leave-one-source-out
     (`source_out_coverage`), the range `--check` accepts for the former and whether it is in

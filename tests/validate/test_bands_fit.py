@@ -184,7 +184,7 @@ def test_covered_leaves_the_row_or_its_source_out() -> None:
 
 
 def test_the_80_percent_bands_cover_75_to_85_percent_of_held_out_rows() -> None:
-    section = bands.coverage(load_residuals(), coverage=0.8)
+    section = bands.coverage_section(load_residuals(), coverage=0.8)
     families = section["families"]
     assert 0.75 <= families["all"]["loo_coverage"] <= 0.85
     assert families["all"]["n"] == sum(
