@@ -229,7 +229,16 @@ def test_bench_throughput_json(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert code == 0
     data = json.loads(out)
-    assert set(data) == THROUGHPUT_KEYS
+    # vLLM's keys, then the error bands of the figures (docs/error-bands.md)
+    bands = {
+        "interval_coverage",
+        "interval_source",
+        "requests_per_second_interval",
+        "tokens_per_second_interval",
+        "output_tokens_per_second_interval",
+        "elapsed_time_interval",
+    }
+    assert set(data) == THROUGHPUT_KEYS | bands
     assert data["num_requests"] == 30
 
 

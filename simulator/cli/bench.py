@@ -49,7 +49,15 @@ from simulator.cli.bench_flags import (
     parse_offload_flag,
     save_result,
 )
-from simulator.cli.common import HardwareOpt, JsonOpt, note, out, print_json, write_json
+from simulator.cli.common import (
+    HardwareOpt,
+    IntervalOpt,
+    JsonOpt,
+    note,
+    out,
+    print_json,
+    write_json,
+)
 from simulator.errors import SpecError
 from simulator.units import format_bytes, format_seconds
 
@@ -90,6 +98,7 @@ def bench_latency_cmd(
     cpu_offload_gb: CpuOffloadOpt = 0.0,
     offload_config: OffloadConfigOpt = None,
     output_json: OutJsonOpt = None,
+    interval_coverage: IntervalOpt = 0.8,
     as_json: JsonOpt = False,
 ) -> None:
     """Latency of one batch: prefill, then decode to the output length (analytic)."""
@@ -124,22 +133,31 @@ def bench_latency_cmd(
         cpu_offload_gb=cpu_offload_gb,
         offload=parse_offload_flag(offload_config),
     )
-    data = result.as_json()
+    data = result.as_json(interval_coverage=interval_coverage)
     write_json(output_json, data)
     if as_json:
         print_json(data)
         return
-    _print_latency_summary(result)
+    _print_latency_summary(result, data)
 
 
-def _print_latency_summary(result: Any) -> None:
-    out.print(f"Avg latency: {result.latency_s:.6f} seconds")
-    for p, v in result.as_json()["percentiles"].items():
+def _print_latency_summary(result: Any, data: dict[str, Any]) -> None:
+    from simulator.metrics.bands import band_lines, band_suffix
+
+    out.print(
+        f"Avg latency: {result.latency_s:.6f} seconds{band_suffix(data, 'avg_latency', '.6f')}",
+        markup=False,
+    )
+    for p, v in data["percentiles"].items():
         out.print(f"{p}% percentile latency: {v:.6f} seconds")
     out.print(
-        f"TTFT (prefill of the batch): {format_seconds(result.ttft_s)}; "
-        f"TPOT (decode time per output token): {format_seconds(result.tpot_s)}"
+        f"TTFT (prefill of the batch): {format_seconds(result.ttft_s)}"
+        f"{_seconds_band(data, 'ttft_s')}; TPOT (decode time per output token): "
+        f"{format_seconds(result.tpot_s)}{_seconds_band(data, 'tpot_s')}",
+        markup=False,
     )
+    for line in band_lines(data):
+        out.print(line, markup=False, highlight=False)
     per_step = result.config.get("speculative_tokens_per_step")
     if per_step is not None and len(result.decode_steps):  # TPOT is then per output token
         out.print(
@@ -169,6 +187,16 @@ def _print_latency_summary(result: Any) -> None:
             bound,
         )
     out.print(table)
+
+
+def _seconds_band(data: dict[str, Any], key: str) -> str:
+    """` [38.0 ms, 61.3 ms] at 80%` for a key in seconds with a band, else ''."""
+    band = data.get(f"{key}_interval")
+    if band is None:
+        return ""
+    low, high = band
+    coverage = float(data["interval_coverage"])
+    return f" [{format_seconds(low)}, {format_seconds(high)}] at {coverage:.0%}"
 
 
 def sharegpt_file(path: str | None, *, tokenizer: str | None, seed: int) -> dict[str, Any]:
@@ -255,6 +283,7 @@ def bench_throughput_cmd(
     enable_expert_parallel: EpOpt = False,
     pipeline_micro_batching: MicroBatchOpt = False,
     output_json: OutJsonOpt = None,
+    interval_coverage: IntervalOpt = 0.8,
     as_json: JsonOpt = False,
 ) -> None:
     """Offline throughput: every prompt submitted at t=0, served to completion (simulated)."""
@@ -276,7 +305,7 @@ def bench_throughput_cmd(
                 "--dataset-path is not read for --dataset-name random: llmsim draws random lengths"
             )
         tokenizer_unused(tokenizer)
-    _, summary = runner.bench_throughput(
+    result, summary = runner.bench_throughput(
         model=model,
         hardware=hardware,
         input_len=input_len,
@@ -287,11 +316,12 @@ def bench_throughput_cmd(
         seed=seed,
         dataset=dataset,
     )
-    write_json(output_json, summary)
+    data = summary | runner.throughput_intervals(result, summary, coverage=interval_coverage)
+    write_json(output_json, data)
     if as_json:
-        print_json(summary)
+        print_json(data)
     else:
-        sys.stdout.write(format_throughput_summary(summary) + "\n")
+        sys.stdout.write(format_throughput_summary(data) + "\n")
 
 
 class DatasetName(str, Enum):
@@ -425,6 +455,7 @@ def bench_serve_cmd(
     save: SaveResultOpt = False,
     result_dir: ResultDirOpt = None,
     result_filename: ResultFileOpt = None,
+    interval_coverage: IntervalOpt = 0.8,
     as_json: JsonOpt = False,
 ) -> None:
     """Online serving: requests arrive at --request-rate (simulated), vLLM's metrics out."""
@@ -449,19 +480,20 @@ def bench_serve_cmd(
     )
     shown = parse_percentile_metrics(percentile_metrics)
     result = runner.run(scenario, percentiles=parse_metric_percentiles(metric_percentiles))
-    write_json(output_json, result.summary)
+    data = result.summary | result.intervals(coverage=interval_coverage)
+    write_json(output_json, data)
     if save:
         save_result(
-            result.summary,
+            data,
             result_dir=result_dir,
             result_filename=result_filename,
             setup=saved_setup(ctx.params),
         )
     if as_json:
-        print_json(result.summary)
+        print_json(data)
     else:
         text = format_serve_summary(
-            result.summary,
+            data,
             metrics=shown,
             max_concurrency=max_concurrency,
             request_rate=request_rate,

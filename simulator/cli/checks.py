@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -42,9 +43,20 @@ def validate_cmd(
             "(simulator/validate/targets.yaml); exit 1 when one is above its ceiling",
         ),
     ] = False,
+    write_bands: Annotated[
+        bool,
+        typer.Option(
+            "--write-bands",
+            help="rewrite the error bands' residuals (simulator/data/error_bands.yaml) from "
+            "the held-out rows of e2e_throughput, e2e_serving and e2e_latency (run with the "
+            "chosen suites)",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Error tables of predicted vs measured against the bundled measurements."""
+    """Error tables of predicted vs measured against the bundled measurements, and the
+    held-out coverage of the error bands (with the end-to-end suites)."""
+    from simulator.validate import bands
     from simulator.validate.summary import (
         STAT_KEYS,
         kind_stats,
@@ -53,11 +65,19 @@ def validate_cmd(
         write_rows,
     )
 
+    if write_bands and suite:
+        suite = [*suite, *(name for name in bands.E2E_SUITES if name not in suite)]
     summary, df = run_validation(suite)
     if rows:
         write_rows(df, rows)
+    current = bands.residuals(df) if bands.has_e2e(df) else None
+    if current is not None:
+        summary["bands"] = bands.coverage_section(current)
+    if write_bands and current is not None:
+        path = bands.write_bands(current)
+        sys.stderr.write(f"llmsim: wrote {path} ({len(current)} residuals)\n")
     if check:
-        _check_targets(summary, as_json=as_json)
+        _check(summary, current, as_json=as_json)
         return
     if as_json:
         print_json(summary)
@@ -107,6 +127,8 @@ def validate_cmd(
         out.print(f"Skipped {len(skipped)} configuration(s):")
         for line in skipped:
             out.print(f"  {line}", markup=False)
+    if "bands" in summary:
+        bands.render_bands(summary["bands"], wide_console())
 
 
 def _sweep_outlier(row: Any) -> bool:
@@ -118,15 +140,25 @@ def _sweep_outlier(row: Any) -> bool:
     return isinstance(value, bool | np.bool_) and bool(value)
 
 
-def _check_targets(summary: dict[str, Any], *, as_json: bool) -> None:
+def _check(summary: dict[str, Any], current: Any, *, as_json: bool) -> None:
+    """The suites against their targets and, with the end-to-end suites, the error bands
+    against the committed file and their coverage range; exit 1 when either fails."""
+    from simulator.metrics.bands import load_residuals
+    from simulator.validate import bands
     from simulator.validate.targets import check_targets, load_targets, render_check
 
     result = check_targets(summary, load_targets())
+    verdict = None
+    if current is not None:
+        verdict = bands.bands_check(current, load_residuals(), summary["bands"])
     if as_json:
-        print_json({**summary, "check": result.as_json()})
+        extra = {} if verdict is None else {"bands_check": verdict}
+        print_json({**summary, "check": result.as_json(), **extra})
     else:
         render_check(result, wide_console())
-    if not result.ok:
+        if verdict is not None:
+            bands.render_bands_check(verdict, wide_console())
+    if not result.ok or (verdict is not None and not verdict["ok"]):
         raise typer.Exit(1)
 
 

@@ -17,6 +17,16 @@ PLAN_WIDTH = 140  # columns of the plan's tables when stdout is not a terminal
 
 HardwareOpt = Annotated[str, typer.Option("--hardware", help="hardware id or path to a YAML spec")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the contract's JSON object")]
+IntervalOpt = Annotated[
+    float,
+    typer.Option(
+        "--interval-coverage",
+        min=0.1,
+        max=0.99,
+        help="coverage of the error bands in the JSON and the printed figures "
+        "(docs/error-bands.md)",
+    ),
+]
 ReportOpt = Annotated[
     bool, typer.Option("--report", help="also write DIR/report.html (llmsim report DIR)")
 ]

@@ -9,7 +9,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from simulator.cli.common import PLAN_WIDTH, JsonOpt, ReportOpt, print_json, progress_line
+from simulator.cli.common import (
+    PLAN_WIDTH,
+    IntervalOpt,
+    JsonOpt,
+    ReportOpt,
+    print_json,
+    progress_line,
+)
 from simulator.errors import SpecError, not_a_file
 
 
@@ -23,6 +30,7 @@ def run_cmd(
         bool, typer.Option("--schema", help="print the scenario JSON schema")
     ] = False,
     report: ReportOpt = False,
+    interval_coverage: IntervalOpt = 0.8,
 ) -> None:
     """A full what-if from a scenario file: replica groups, router, workload, SLOs."""
     from simulator.metrics.summary import format_serve_summary
@@ -41,13 +49,14 @@ def run_cmd(
         not_a_file(out)
     result = runner.run(scenario)
     if out:
-        runner.save_run(result, out)
+        runner.save_run(result, out, interval_coverage=interval_coverage)
     if out and report:
         sys.stderr.write(_report_line(out) + "\n")  # stdout may be --json
     if as_json:
-        print_json(result.as_json())
+        print_json(result.as_json(interval_coverage=interval_coverage))
         return
-    sys.stdout.write(format_serve_summary(result.summary) + "\n")
+    bands = result.intervals(coverage=interval_coverage)
+    sys.stdout.write(format_serve_summary(result.summary | bands) + "\n")
     out_console = Console()
     for spec, plan in zip(result.scenario.replicas, result.memory, strict=True):
         role = f"{spec.role} pool: " if spec.role != "both" else ""

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
 from simulator.errors import SpecError
+from simulator.metrics.bands import band_lines, band_suffix, band_text
 from simulator.metrics.stats import describe_ms, percentile_word
 
 Summary = dict[str, float | int | None]
@@ -212,7 +214,10 @@ def format_serve_summary(
 ) -> str:
     """The text block `vllm bench serve` prints, then the simulator's extras. `metrics`: the
     latency sections to show (vLLM's --percentile-metrics; None: all four);
-    `max_concurrency` and a finite `request_rate` are printed as vLLM prints the flags."""
+    `max_concurrency` and a finite `request_rate` are printed as vLLM prints the flags. Where
+    the summary has error bands (`K_interval`, metrics.bands), each figure with one shows it
+    beside it, and a line after the block says where they come from (or why there are
+    none)."""
     s = summary
     lines = [
         "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=WIDTH, c="="),
@@ -227,18 +232,18 @@ def format_serve_summary(
         _row("Benchmark duration (s):", s["duration"], ".2f"),
         _row("Total input tokens:", s["total_input_tokens"]),
         _row("Total generated tokens:", s["total_output_tokens"]),
-        _row("Request throughput (req/s):", s["request_throughput"], ".2f"),
+        _banded("Request throughput (req/s):", s, "request_throughput"),
     ]
     if s.get("request_goodput") is not None:
         lines.append(_row("Request goodput (req/s):", s["request_goodput"], ".2f"))
-    lines.append(_row("Output token throughput (tok/s):", s["output_throughput"], ".2f"))
+    lines.append(_banded("Output token throughput (tok/s):", s, "output_throughput"))
     if s.get("max_output_tokens_per_s") is not None:
         lines.append(
             _row("Peak output token throughput (tok/s):", s["max_output_tokens_per_s"], ".2f")
         )
     if "max_concurrent_requests" in s:
         lines.append(_row("Peak concurrent requests:", s["max_concurrent_requests"], ".2f"))
-    lines.append(_row("Total Token throughput (tok/s):", s["total_token_throughput"], ".2f"))
+    lines.append(_banded("Total Token throughput (tok/s):", s, "total_token_throughput"))
     for key, label, heading in LATENCY_SECTIONS:
         if metrics is None or key in metrics:
             lines += _latency_section(s, key, label, heading)
@@ -253,20 +258,32 @@ def format_serve_summary(
         lines.append(_row("Prefill tokens saved by the cache:", s["prefix_cache_saved_tokens"]))
     lines += _tier_section(s)
     lines.append("=" * WIDTH)
-    return "\n".join(lines)
+    return "\n".join(lines + band_lines(s))
 
 
 def format_throughput_summary(summary: Mapping[str, float | int | None]) -> str:
-    """The lines `vllm bench throughput` prints."""
+    """The lines `vllm bench throughput` prints, then the error bands where the summary has
+    them (metrics.bands), or why it has none."""
     output = round(_num(summary["output_tokens_per_second"]) * _num(summary["elapsed_time"]))
     prompt = int(_num(summary["total_num_tokens"])) - output
-    return (
+    lines = [
         f"Throughput: {_num(summary['requests_per_second']):.2f} requests/s, "
         f"{_num(summary['tokens_per_second']):.2f} total tokens/s, "
-        f"{_num(summary['output_tokens_per_second']):.2f} output tokens/s\n"
-        f"Total num prompt tokens:  {prompt}\n"
-        f"Total num output tokens:  {output}"
+        f"{_num(summary['output_tokens_per_second']):.2f} output tokens/s",
+        f"Total num prompt tokens:  {prompt}",
+        f"Total num output tokens:  {output}",
+    ]
+    units = (
+        ("requests_per_second", "requests/s"),
+        ("tokens_per_second", "total tokens/s"),
+        ("output_tokens_per_second", "output tokens/s"),
+        ("elapsed_time", "s elapsed"),
     )
+    spans = [f"{band_text(summary, key)} {unit}" for key, unit in units if band_text(summary, key)]
+    if spans:
+        coverage = float(_num(summary["interval_coverage"]))
+        lines.append(f"Error bands at {coverage:.0%}: {', '.join(spans)}")
+    return "\n".join(lines + band_lines(summary))
 
 
 def parse_metric_percentiles(text: str | None) -> tuple[float, ...]:
@@ -470,15 +487,20 @@ def _latency_section(
         return []
     lines = [
         "{s:{c}^{n}}".format(s=heading, n=WIDTH, c="-"),
-        _row(f"Mean {label} (ms):", summary[f"mean_{key}_ms"], ".2f"),
-        _row(f"Median {label} (ms):", summary[f"median_{key}_ms"], ".2f"),
+        _banded(f"Mean {label} (ms):", summary, f"mean_{key}_ms"),
+        _banded(f"Median {label} (ms):", summary, f"median_{key}_ms"),
     ]
     suffix = f"_{key}_ms"
-    for name, value in summary.items():
+    for name in summary:
         word = name[1 : -len(suffix)]
         if name.startswith("p") and name.endswith(suffix) and _is_number(word):
-            lines.append(_row(f"P{word} {label} (ms):", value, ".2f"))
+            lines.append(_banded(f"P{word} {label} (ms):", summary, name))
     return lines
+
+
+def _banded(label: str, summary: Mapping[str, Any], key: str) -> str:
+    """`_row` of a .2f figure, then its error band where the summary has one."""
+    return _row(label, summary[key], ".2f") + band_suffix(summary, key)
 
 
 def _row(label: str, value: float | int | None, spec: str = "") -> str:

@@ -28,6 +28,7 @@ from simulator.costmodel.memory import MemoryPlan, pick, plan_memory, positive, 
 from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.step import StepCost, engine_overhead_rows, engine_step_time, step_cost
 from simulator.errors import SpecError
+from simulator.metrics import bands
 from simulator.serving.drafter import resolve_drafter
 from simulator.serving.steptime import sampler_passes
 from simulator.specs.engine import EngineSpec, LogitsPass
@@ -45,7 +46,8 @@ PERCENTILES = (10, 25, 50, 75, 90, 99)
 
 @dataclass(frozen=True)
 class LatencyResult:
-    """Times in seconds. `prefill_steps` and `decode_steps` are the step-by-step times."""
+    """Times in seconds. `prefill_steps` and `decode_steps` are the step-by-step times.
+    `band_target`: the hardware and engine the error bands look up (`intervals`)."""
 
     ttft_s: float
     tpot_s: float
@@ -58,6 +60,20 @@ class LatencyResult:
     num_iters: int = 30
     config: dict[str, object] = field(default_factory=dict)
     engine_rows: pd.DataFrame | None = None
+    band_target: bands.Target | None = None
+
+    def intervals(self, *, coverage: float = bands.DEFAULT_COVERAGE) -> dict[str, Any]:
+        """The error bands of avg_latency, ttft_s and tpot_s (`avg_latency_interval`, ...,
+        `interval_coverage`, `interval_source`), or `interval_note` where no validation data
+        backs the hardware and engine (metrics.bands): offline regime, a static batch."""
+        values = {"avg_latency": self.latency_s, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s}
+        return bands.intervals(
+            values,
+            metrics=bands.LATENCY_METRICS,
+            targets=[] if self.band_target is None else [self.band_target],
+            regime="offline",
+            coverage=coverage,
+        )
 
     def breakdown(self) -> pd.DataFrame:
         """Per-op time of the first prefill step and of the middle decode step, then the
@@ -76,10 +92,13 @@ class LatencyResult:
         df["share"] = (df["total_s"] - df["hidden_s"]) / df["phase"].map(wall)
         return df.assign(engine=self.config.get("engine", ""))
 
-    def as_json(self) -> dict[str, object]:
-        """vLLM `bench latency --output-json` keys, plus ttft_s / tpot_s and the breakdown."""
+    def as_json(
+        self, *, interval_coverage: float | None = bands.DEFAULT_COVERAGE
+    ) -> dict[str, object]:
+        """vLLM `bench latency --output-json` keys, plus ttft_s / tpot_s, the breakdown and
+        the error bands at `interval_coverage` (`intervals`; None: without them)."""
         latencies = [self.latency_s] * self.num_iters
-        return {
+        data = {
             "avg_latency": self.latency_s,
             "latencies": latencies,
             "percentiles": {str(p): float(np.percentile(latencies, p)) for p in PERCENTILES},
@@ -89,6 +108,9 @@ class LatencyResult:
             "memory": self.memory.as_dict(),
             "breakdown": self.breakdown().to_dict(orient="records"),
         }
+        if interval_coverage is not None:
+            data |= self.intervals(coverage=interval_coverage)
+        return data
 
 
 def prefill_schedule(
@@ -363,6 +385,9 @@ def bench_latency(
         decode_cost=dec_cost,
         num_iters=num_iters,
         engine_rows=engine_rows,
+        band_target=bands.target(
+            hardware=dep.hardware.id, vendor=dep.hardware.vendor, engine=dep.engine.id
+        ),
         config={
             "model": dep.model.id,
             "hardware": dep.hardware.id,

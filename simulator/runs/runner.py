@@ -18,6 +18,7 @@ import pandas as pd
 from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.errors import naming, output_folder
+from simulator.metrics import bands
 from simulator.metrics.summary import (
     PERCENTILES,
     kv_tier_summary,
@@ -56,8 +57,12 @@ class RunResult:
     deployments: list[Deployment] = field(default_factory=list)
     energy: dict[str, float] = field(default_factory=dict)
 
-    def as_json(self) -> dict[str, Any]:
-        return {
+    def as_json(
+        self, *, interval_coverage: float | None = bands.DEFAULT_COVERAGE
+    ) -> dict[str, Any]:
+        """The summary and the run's extras, then the error bands at `interval_coverage`
+        (`intervals`; None: without them)."""
+        data = {
             "scenario": self.scenario.name,
             **self.summary,
             "kv_cache_peak_fraction": self.sim.kv_peak_fraction,
@@ -66,6 +71,40 @@ class RunResult:
             "wall_time_s": self.sim.wall_s,
             **self.energy,
         }
+        if interval_coverage is not None:
+            data |= self.intervals(coverage=interval_coverage)
+        return data
+
+    def band_targets(self) -> list[bands.Target]:
+        """The hardware and engine of each replica group, as the error bands look them up."""
+        return [
+            bands.target(hardware=d.hardware.id, vendor=d.hardware.vendor, engine=d.engine.id)
+            for d in self.deployments
+        ]
+
+    def intervals(self, *, coverage: float = bands.DEFAULT_COVERAGE) -> dict[str, Any]:
+        """The error bands of the serve summary's latencies (mean, median, percentiles of
+        TTFT, TPOT, ITL, E2EL) and, when every request arrives at t=0, throughputs
+        (`K_interval`, `interval_coverage`, `interval_source`; metrics.bands.serve_intervals),
+        or `interval_note` where no validation data backs every replica group's hardware and
+        engine, or the run is disaggregated (no validation rows)."""
+        note = None
+        if self.scenario.disaggregated:
+            note = "no end-to-end validation rows for disaggregated serving"
+        workload = self.scenario.workload
+        all_at_once = (
+            math.isinf(workload.request_rate)
+            and workload.arrival != "trace"
+            and workload.ramp_up is None
+            and workload.sessions is None
+        )
+        return bands.serve_intervals(
+            self.summary,
+            targets=self.band_targets(),
+            all_at_once=all_at_once,
+            coverage=coverage,
+            note=note,
+        )
 
 
 def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
@@ -200,14 +239,20 @@ def _simulate(
     return dataclasses.replace(result, energy=energy_summary(result))
 
 
-def save_run(result: RunResult, out: str | Path) -> Path:
-    """Write summary.json, requests.csv, steps.csv, itl.csv (the ITL sample: `itl_s`, and
-    `weight`, the tokens that came that long after their previous one), scenario.json (the
-    resolved scenario), memory.json (each replica group's memory plan) and, with KV tiers,
-    kv_tiers.csv (their samples) under `out`; returns the folder. `llmsim report` reads it
-    back."""
+def save_run(
+    result: RunResult,
+    out: str | Path,
+    *,
+    interval_coverage: float | None = bands.DEFAULT_COVERAGE,
+) -> Path:
+    """Write summary.json (`RunResult.as_json`, error bands at `interval_coverage`),
+    requests.csv, steps.csv, itl.csv (the ITL sample: `itl_s`, and `weight`, the tokens that
+    came that long after their previous one), scenario.json (the resolved scenario),
+    memory.json (each replica group's memory plan) and, with KV tiers, kv_tiers.csv (their
+    samples) under `out`; returns the folder. `llmsim report` reads it back."""
     folder = output_folder(out)
-    (folder / "summary.json").write_text(json.dumps(result.as_json(), indent=2, default=str))
+    summary = result.as_json(interval_coverage=interval_coverage)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     result.sim.requests.to_csv(folder / "requests.csv", index=False)
     result.sim.steps.to_csv(folder / "steps.csv", index=False)
     itl = {"itl_s": result.sim.itl_s, "weight": result.sim.itl_weight}
@@ -289,6 +334,21 @@ def bench_throughput(
     )
     result = run(scenario)
     return result, throughput_summary(result.sim.requests)
+
+
+def throughput_intervals(
+    result: RunResult, summary: dict[str, Any], *, coverage: float = bands.DEFAULT_COVERAGE
+) -> dict[str, Any]:
+    """The error bands of `bench_throughput`'s summary (requests_per_second,
+    tokens_per_second, output_tokens_per_second, elapsed_time; offline regime), or
+    `interval_note` where no validation data backs the hardware and engine."""
+    return bands.intervals(
+        summary,
+        metrics=bands.THROUGHPUT_METRICS,
+        targets=result.band_targets(),
+        regime="offline",
+        coverage=coverage,
+    )
 
 
 def energy_summary(result: RunResult) -> dict[str, float]:

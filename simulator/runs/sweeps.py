@@ -89,7 +89,7 @@ def execute(run_id: str, scenario: dict[str, Any]) -> Outcome:
     """One run (in a worker): never raises; a failure is an error outcome."""
     try:
         result = runner.run(Scenario.model_validate(scenario))
-        return run_id, "ok", "", _flatten(result.as_json())
+        return run_id, "ok", "", _flatten(result.as_json(interval_coverage=None))
     except SpecError as exc:
         return run_id, "error", _one_line(exc.line()), {}
     except Exception as exc:  # any failure of one run is recorded; the sweep goes on

@@ -78,10 +78,11 @@ def test_throughput_prints_the_token_totals(capsys: pytest.CaptureFixture[str]) 
         capsys, *args, "--num-prompts", "20", "--input-len", "300", "--output-len", "40"
     )
     assert code == 0
-    assert out.splitlines()[1:] == [
+    assert out.splitlines()[1:3] == [
         "Total num prompt tokens:  6000",
         "Total num output tokens:  800",
     ]
+    assert all(line.startswith("Error bands") for line in out.splitlines()[3:])
 
 
 def test_serve_reports_vllms_peak_output_token_throughput(

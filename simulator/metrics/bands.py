@@ -1,0 +1,387 @@
+"""Error bands on predictions, from the residuals of `llmsim validate` (docs/error-bands.md).
+
+`simulator/data/error_bands.yaml` holds one signed log residual r = ln(measured / predicted)
+per held-out row of the end-to-end suites (`e2e_throughput`, `e2e_serving`, `e2e_latency`),
+labelled with its metric family (ttft, tpot, latency, throughput), regime (offline: a static
+batch or every request at t=0; online: arrivals at a request rate), device family (the
+hardware's vendor) and engine family (vllm, sglang, trtllm, llamacpp).
+`simulator.validate.bands` writes it; this module only reads it (cheap: no validation suite is
+imported).
+
+A band at coverage c is a group's residual quantiles at (1-c)/2 and (1+c)/2, each at rank
+(n+1)p interpolated between order statistics (Hyndman and Fan's type 6): for a new row
+exchangeable with the group's, each end is passed with probability (1-c)/2 on average. It is
+the split-conformal rank made continuous: the conformal ceil((n+1)p) never covers less than c
+but over-covers by up to 2/(n+1) (11 points on 18 rows). A time-like prediction p gets
+[p e^lo, p e^hi]; a rate (throughput) [p e^-hi, p e^-lo].
+
+The group is the most specific of (family, regime, device family, engine family), (family,
+regime, device family), (family, regime) with at least `min_group_rows(c)` rows, else the
+whole family; a family with fewer rows than c needs gives its range, and `interval_caveats`
+says so. E2EL's band is the hull of TTFT's and TPOT's (a request's E2EL ratio is a convex
+combination of its TTFT and decode-time ratios; no validation row measures E2EL online).
+
+A prediction is backed when held-out rows exist for its hardware id under its engine family;
+otherwise it gets no band, only `interval_note`. A backed setup takes its family's band even
+where its own rows are of other families. Not covered: the bands are the error of the
+validated setups applied to others (models, lengths, parallelism, features such as
+speculative decoding or offloading); they say nothing about what those setups never
+exercised.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+BANDS_PATH = Path(__file__).resolve().parents[1] / "data" / "error_bands.yaml"
+DEFAULT_COVERAGE = 0.8
+# Fewest rows of a split group (a device or engine family, a regime) that replaces the family's
+# band; below it the split is noise.
+MIN_GROUP_ROWS = 10
+ENGINE_FAMILIES = ("vllm", "sglang", "trtllm", "llamacpp")
+Family = Literal["ttft", "tpot", "latency", "throughput"]
+Regime = Literal["offline", "online"]
+FAMILY_LABELS = {
+    "ttft": "TTFT",
+    "tpot": "TPOT/ITL",
+    "latency": "latency",
+    "throughput": "throughput",
+}
+
+
+@dataclass(frozen=True)
+class Residual:
+    """One held-out validation row: r = ln(measured / predicted) of its time-like quantity
+    (seconds per output token for a throughput row)."""
+
+    family: Family
+    regime: Regime
+    suite: str
+    source: str
+    device: str
+    device_family: str
+    engine_family: str
+    case: str
+    log_ratio: float
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a prediction ran on, as the bands group it."""
+
+    hardware: str  # hardware id
+    device_family: str  # the hardware's vendor
+    engine_family: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.hardware} under {self.engine_family}"
+
+
+def engine_family(engine: str) -> str:
+    """`vllm-0.6` -> `vllm`, `trtllm-0.6` -> `trtllm`; an engine of no known family is its own."""
+    for name in ENGINE_FAMILIES:
+        if engine == name or engine.startswith(f"{name}-"):
+            return name
+    return engine
+
+
+def target(*, hardware: str, vendor: str, engine: str) -> Target:
+    """The Target of a hardware id, its vendor and an engine id."""
+    return Target(hardware, vendor, engine_family(engine))
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How an output key is banded: the families whose band it takes (several: their hull),
+    whether it is a rate (the band inverts) and the regime whose rows it prefers (None: the
+    output's)."""
+
+    families: tuple[Family, ...]
+    rate: bool = False
+    regime: Regime | None = None
+
+
+TIME_OF = {family: Metric((family,)) for family in ("ttft", "tpot", "latency", "throughput")}
+RATE = Metric(("throughput",), rate=True)
+LATENCY_METRICS: dict[str, Metric] = {
+    "avg_latency": TIME_OF["latency"],
+    "ttft_s": TIME_OF["ttft"],
+    "tpot_s": TIME_OF["tpot"],
+}
+THROUGHPUT_METRICS: dict[str, Metric] = {
+    "requests_per_second": RATE,
+    "tokens_per_second": RATE,
+    "output_tokens_per_second": RATE,
+    "elapsed_time": TIME_OF["throughput"],  # the time to produce the output
+}
+SERVE_RATES = ("request_throughput", "output_throughput", "total_token_throughput")
+_SERVE_LATENCY = re.compile(r"^(mean|median|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+_SERVE_FAMILIES: dict[str, tuple[Family, ...]] = {
+    "ttft": ("ttft",),
+    "tpot": ("tpot",),
+    "itl": ("tpot",),  # a decode step, as TPOT
+    "e2el": ("ttft", "tpot"),
+}
+ONLINE_RATES_NOTE = (
+    "the throughputs of a run whose requests do not all arrive at once have no band: below the "
+    "knee the arrivals set them, and no validation row measures an online throughput"
+)
+
+
+def serve_metrics(keys: Iterable[str], *, all_at_once: bool) -> dict[str, Metric]:
+    """The banded keys of a serve summary: the mean, median and percentiles of TTFT, TPOT, ITL
+    and E2EL and, when every request arrives at t=0 (an offline run by another name), the
+    three throughputs (offline rows)."""
+    keys = list(keys)
+    out = {}
+    for key in keys:
+        match = _SERVE_LATENCY.match(key)
+        if match:
+            out[key] = Metric(_SERVE_FAMILIES[match.group(2)])
+        elif key in SERVE_RATES and all_at_once:
+            out[key] = Metric(("throughput",), rate=True, regime="offline")
+    return out
+
+
+def serve_intervals(
+    summary: Mapping[str, Any],
+    *,
+    targets: Sequence[Target],
+    all_at_once: bool,
+    coverage: float = DEFAULT_COVERAGE,
+    note: str | None = None,
+) -> dict[str, Any]:
+    """`intervals` of a serve summary (`serve_metrics`): online regime for the latencies (TTFT
+    and TPOT rows of runs at a request rate), the offline throughput rows for the throughputs
+    of a run whose requests all arrive at t=0; a caveat says why the others have none."""
+    return intervals(
+        summary,
+        metrics=serve_metrics(summary, all_at_once=all_at_once),
+        targets=targets,
+        regime="online",
+        coverage=coverage,
+        note=note,
+        caveats=() if all_at_once else (ONLINE_RATES_NOTE,),
+    )
+
+
+# -- the residuals --------------------------------------------------------------------------------
+def parse_residuals(data: Any, *, source: str) -> tuple[Residual, ...]:
+    """The residuals of the bands file's mapping (`residuals:` rows); ValueError naming
+    `source` on anything else."""
+    rows = data.get("residuals") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise ValueError(f"{source}: expected a mapping with a `residuals` list")
+    try:
+        return tuple(Residual(**{**row, "log_ratio": float(row["log_ratio"])}) for row in rows)
+    except (TypeError, KeyError) as exc:
+        raise ValueError(f"{source}: bad residual row ({exc})") from None
+
+
+@cache
+def load_residuals(path: Path = BANDS_PATH) -> tuple[Residual, ...]:
+    """The committed residuals (read once per process)."""
+    from simulator.specs.loader import read_yaml
+
+    return parse_residuals(read_yaml(path), source=str(path))
+
+
+# -- quantiles and groups -------------------------------------------------------------------------
+def quantile(values: Sequence[float], p: float) -> float:
+    """The p-quantile at rank (n+1)p of the sorted values, linearly interpolated between
+    order statistics and clamped to the smallest and largest (numpy's method="weibull")."""
+    x = sorted(values)
+    if not x:
+        raise ValueError("no values")
+    h = (len(x) + 1) * p
+    if h <= 1:
+        return x[0]
+    if h >= len(x):
+        return x[-1]
+    k = int(h)  # 1-based rank below h
+    return x[k - 1] + (h - k) * (x[k] - x[k - 1])
+
+
+def min_group_rows(coverage: float) -> int:
+    """Rows a group needs for its quantiles at `coverage` to lie inside its range, and at
+    least MIN_GROUP_ROWS: (n+1)(1-c)/2 >= 1."""
+    return max(MIN_GROUP_ROWS, math.ceil(2 / (1 - coverage) - 1 - 1e-9))
+
+
+def check_coverage(coverage: float) -> float:
+    if not 0 < coverage < 1:
+        raise ValueError(f"coverage must lie strictly between 0 and 1, got {coverage}")
+    return float(coverage)
+
+
+@dataclass(frozen=True)
+class Band:
+    """A group's band at a coverage, as log ratios (ln(measured / predicted))."""
+
+    label: str  # which rows: "ttft, offline, nvidia, trtllm"
+    rows: tuple[Residual, ...]
+    coverage: float
+    low: float
+    high: float
+
+    @property
+    def clamped(self) -> bool:
+        """Whether the group has too few rows for the coverage (its band is then its range,
+        expected to cover (n-1)/(n+1))."""
+        return (len(self.rows) + 1) * (1 - self.coverage) / 2 < 1
+
+    @property
+    def expected_coverage(self) -> float:
+        n = len(self.rows)
+        return (n - 1) / (n + 1) if self.clamped else self.coverage
+
+
+def group_band(
+    rows: Sequence[Residual],
+    *,
+    family: Family,
+    regime: Regime,
+    device_family: str | None,
+    engine_family: str | None,
+    coverage: float,
+) -> Band | None:
+    """The band of the most specific group with enough rows (None: the family has no rows).
+    A None device or engine family does not split."""
+    coverage = check_coverage(coverage)
+    pool = [r for r in rows if r.family == family]
+    if not pool:
+        return None
+    levels: list[tuple[str, list[Residual]]] = []
+    same_regime = [r for r in pool if r.regime == regime]
+    if device_family is not None:
+        same_device = [r for r in same_regime if r.device_family == device_family]
+        if engine_family is not None:
+            both = [r for r in same_device if r.engine_family == engine_family]
+            levels.append((f"{family}, {regime}, {device_family}, {engine_family}", both))
+        levels.append((f"{family}, {regime}, {device_family}", same_device))
+    levels.append((f"{family}, {regime}", same_regime))
+    need = min_group_rows(coverage)
+    label, chosen = next(((lb, g) for lb, g in levels if len(g) >= need), (family, pool))
+    ratios = [r.log_ratio for r in chosen]
+    low, high = quantile(ratios, (1 - coverage) / 2), quantile(ratios, (1 + coverage) / 2)
+    return Band(label, tuple(chosen), coverage, low, high)
+
+
+def backing_note(rows: Sequence[Residual], targets: Sequence[Target]) -> str | None:
+    """Why the targets get no band (None: every one has held-out rows for its hardware id
+    under its engine family)."""
+    if not targets:
+        return "no deployment to look up"
+    backed = {(r.device, r.engine_family) for r in rows}
+    missing = [t.label for t in targets if (t.hardware, t.engine_family) not in backed]
+    if missing:
+        return f"no end-to-end validation rows for {', '.join(dict.fromkeys(missing))}"
+    return None
+
+
+# -- output keys ----------------------------------------------------------------------------------
+def _common(targets: Sequence[Target], attr: str) -> str | None:
+    values = {getattr(t, attr) for t in targets}
+    return values.pop() if len(values) == 1 else None
+
+
+def intervals(
+    values: Mapping[str, Any],
+    *,
+    metrics: Mapping[str, Metric],
+    targets: Sequence[Target],
+    regime: Regime,
+    coverage: float = DEFAULT_COVERAGE,
+    note: str | None = None,
+    caveats: Sequence[str] = (),
+    rows: Sequence[Residual] | None = None,
+) -> dict[str, Any]:
+    """The keys the contract adds to an output: `K_interval: [low, high]` for each key K of
+    `values` that `metrics` bands, `interval_coverage`, `interval_source` (the validate suites
+    the bands came from) and `interval_caveats` where a band rests on too few rows for the
+    coverage (and the caller's `caveats`: why some keys have none). Unbacked (or with `note`:
+    a reason the caller knows): only `interval_note`. `rows`: the residuals (default: the
+    committed file)."""
+    coverage = check_coverage(coverage)
+    rows = load_residuals() if rows is None else rows
+    note = note or backing_note(rows, targets)
+    if note is not None:
+        return {"interval_note": note}
+    split = {"device_family": _common(targets, "device_family")}
+    split["engine_family"] = _common(targets, "engine_family")
+    bands: dict[tuple[Family, Regime], Band | None] = {}
+    out: dict[str, Any] = {}
+    for key, metric in metrics.items():
+        value = values.get(key)
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            continue
+        wanted = [(family, metric.regime or regime) for family in metric.families]
+        for family, in_regime in wanted:
+            if (family, in_regime) not in bands:
+                bands[family, in_regime] = group_band(
+                    rows, family=family, regime=in_regime, coverage=coverage, **split
+                )
+        used = [bands[w] for w in wanted]
+        if any(b is None for b in used):
+            continue  # a family without rows: no band for it
+        low = min(b.low for b in used if b is not None)
+        high = max(b.high for b in used if b is not None)
+        lo, hi = (-high, -low) if metric.rate else (low, high)
+        out[f"{key}_interval"] = [value * math.exp(lo), value * math.exp(hi)]
+    used_bands = list({b.label: b for b in bands.values() if b is not None}.values())
+    out["interval_coverage"] = coverage
+    out["interval_source"] = sorted({r.suite for b in used_bands for r in b.rows})
+    caveats = [*caveats, *(_thin(b) for b in used_bands if b.clamped)]
+    if caveats:
+        out["interval_caveats"] = caveats
+    return out
+
+
+def _thin(band: Band) -> str:
+    """The caveat of a band whose group has too few rows for its coverage."""
+    return (
+        f"the {FAMILY_LABELS[band.rows[0].family]} band rests on {len(band.rows)} validation "
+        f"rows, too few for {band.coverage:.0%}: it is their range, expected to cover "
+        f"{band.expected_coverage:.0%}"
+    )
+
+
+def band_text(data: Mapping[str, Any], key: str, spec: str = ".2f") -> str | None:
+    """`[38.00, 61.30]`: the band of `key` in `data` (None: it has none)."""
+    band = data.get(f"{key}_interval")
+    if band is None:
+        return None
+    low, high = band
+    return f"[{low:{spec}}, {high:{spec}}]"
+
+
+def band_suffix(data: Mapping[str, Any], key: str, spec: str = ".2f") -> str:
+    """`  [38.00, 61.30] at 80%` for a key with a band in `data`, else ''."""
+    text = band_text(data, key, spec)
+    if text is None:
+        return ""
+    return f"  {text} at {float(data['interval_coverage']):.0%}"
+
+
+def band_lines(data: Mapping[str, Any]) -> list[str]:
+    """What the human output says once about the bands: where they come from, or why there
+    are none, and any caveat."""
+    if "interval_note" in data:
+        return [f"Error bands: none ({data['interval_note']})"]
+    if "interval_coverage" not in data:
+        return []
+    suites = ", ".join(data.get("interval_source", [])) or "none"
+    lines = [
+        f"Error bands: where {float(data['interval_coverage']):.0%} of the held-out validation "
+        f"rows' measurements fell around their predictions (llmsim validate: {suites}; "
+        "docs/error-bands.md)"
+    ]
+    lines += [f"Error bands: {caveat}" for caveat in data.get("interval_caveats", [])]
+    return lines

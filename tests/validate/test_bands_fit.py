@@ -1,0 +1,205 @@
+"""The error bands' residuals: from the end-to-end rows, the committed file, its staleness
+check and the held-out coverage of the bands (`llmsim validate --write-bands | --check`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+from clitools import run_cli
+
+from simulator.metrics.bands import Residual, load_residuals, parse_residuals
+from simulator.validate import bands
+from simulator.validate.summary import summarize
+from simulator.validate.targets import CheckResult
+
+# The end-to-end row each family comes from (suite, kind, metric), as the suites write them.
+LATENCY_METRIC = {v: k for k, v in bands.LATENCY_FAMILIES.items()}
+
+
+def frame_of(rows: tuple[Residual, ...]) -> pd.DataFrame:
+    """End-to-end suite rows (predicted 1 s) whose residuals are `rows`."""
+    out = []
+    for r in rows:
+        kind: Any = r.family if r.suite == "e2e_serving" else "batch"
+        if r.suite == "e2e_throughput":
+            kind = r.engine_family  # throughput rows name the engine in `kind`
+        out.append(
+            {
+                "suite": r.suite,
+                "device": r.device,
+                "kind": kind,
+                "case": r.case,
+                "predicted_s": 1.0,
+                "measured_s": math.exp(r.log_ratio),
+                "ape_pct": 100 * abs(math.exp(r.log_ratio) - 1),
+                "fitted": False,
+                "source": r.source,
+                "engine": None if r.suite == "e2e_throughput" else r.engine_family,
+                "metric": LATENCY_METRIC.get(r.family) if r.suite == "e2e_latency" else None,
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def test_residuals_label_each_end_to_end_row() -> None:
+    df = pd.DataFrame(
+        [
+            ("e2e_serving", "h100_sxm", "ttft", "a", 0.1, 0.2, "sglang-0.3", None),
+            ("e2e_serving", "h100_sxm", "tpot", "b", 0.1, 0.1, "vllm-0.6", None),
+            ("e2e_latency", "mi300x", "batch", "c", 2.0, 1.0, "vllm", "latency_ms"),
+            ("e2e_latency", "l40s", "first_token", "d", 1.0, 1.0, "trtllm-0.6", "first_token_ms"),
+            (
+                "e2e_latency",
+                "l40s",
+                "batch",
+                "e",
+                1.0,
+                1.0,
+                "trtllm-0.6",
+                "output_tokens_per_s_per_gpu",
+            ),
+            ("e2e_throughput", "b200", "trtllm", "f", 1.0, 1.0, None, None),
+            ("e2e_throughput", "b200", "trtllm", "g", 1.0, 1.0, None, None),
+            ("ops", "h100_sxm", "gemm", "h", 1.0, 1.0, None, None),
+        ],
+        columns=[
+            "suite",
+            "device",
+            "kind",
+            "case",
+            "predicted_s",
+            "measured_s",
+            "engine",
+            "metric",
+        ],
+    ).assign(fitted=False, source="S9")
+    df.loc[6, "fitted"] = True  # a fitted row never backs a band
+    got = {r.case: r for r in bands.residuals(df)}
+    assert set(got) == set("abcdef")
+    assert (got["a"].family, got["a"].regime, got["a"].engine_family) == (
+        "ttft",
+        "online",
+        "sglang",
+    )
+    assert got["a"].log_ratio == pytest.approx(math.log(2), abs=1e-5)
+    assert (got["b"].family, got["b"].engine_family) == ("tpot", "vllm")
+    assert (got["c"].family, got["c"].regime, got["c"].device_family) == (
+        "latency",
+        "offline",
+        "amd",
+    )
+    assert got["c"].log_ratio == pytest.approx(-math.log(2), abs=1e-5)
+    assert (got["d"].family, got["d"].engine_family) == ("ttft", "trtllm")
+    assert got["e"].family == "throughput"
+    assert (got["f"].family, got["f"].engine_family, got["f"].regime) == (
+        "throughput",
+        "trtllm",
+        "offline",
+    )
+
+
+def test_the_committed_file_round_trips_through_its_frame() -> None:
+    committed = load_residuals()
+    assert bands.residuals(frame_of(committed)) == committed
+    text = bands.bands_text(committed)
+    assert parse_residuals(yaml.safe_load(text), source="x") == committed
+    assert text.startswith("# Error bands of llmsim's predictions")
+
+
+def test_write_bands_writes_what_load_reads(tmp_path: Path) -> None:
+    rows = load_residuals()[:5]
+    path = bands.write_bands(rows, tmp_path / "bands.yaml")
+    assert load_residuals(path) == rows
+
+
+# -- staleness ------------------------------------------------------------------------------------
+def test_check_bands_names_each_row_that_moved_appeared_vanished_or_changed_group() -> None:
+    committed = load_residuals()
+    assert bands.check_bands(committed, committed).ok
+    first, second, third = committed[:3]
+    nudged = replace(first, log_ratio=first.log_ratio + 0.004)  # within TOLERANCE
+    moved = replace(second, log_ratio=second.log_ratio + 0.02)
+    relabelled = replace(third, regime="online")
+    new = replace(first, case="a new case")
+    current = (nudged, moved, relabelled, *committed[4:], new)
+    check = bands.check_bands(current, committed)
+    assert not check.ok
+    name = f"{second.suite} / {second.device} / {second.case}"
+    assert check.moved == [(name, second.log_ratio, second.log_ratio + 0.02)]
+    assert check.added == [f"{new.suite} / {new.device} / a new case"]
+    assert check.missing == [
+        " / ".join((committed[3].suite, committed[3].device, committed[3].case))
+    ]
+    assert check.relabelled == [f"{third.suite} / {third.device} / {third.case}"]
+    assert len(check.lines()) == 4
+
+
+def test_validate_check_fails_when_the_committed_bands_are_stale(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The end-to-end rows as committed, predicted again; one moves by 3%.
+    df = frame_of(load_residuals())
+    monkeypatch.setattr(
+        "simulator.validate.summary.run_validation", lambda suites=None: (summarize(df), df)
+    )
+    monkeypatch.setattr(
+        "simulator.validate.targets.check_targets", lambda summary, targets: CheckResult([])
+    )
+    code, out, _ = run_cli(capsys, "validate", "--check")
+    assert code == 0, out
+    assert "error_bands.yaml matches today's predictions" in " ".join(out.split())
+    df.loc[0, "measured_s"] *= 1.03
+    code, out, _ = run_cli(capsys, "validate", "--check")
+    flat = " ".join(out.split())
+    assert code == 1
+    assert f"moved: {df.loc[0, 'suite']} / {df.loc[0, 'device']} / {df.loc[0, 'case']}" in flat
+    assert "is stale: rewrite it with `llmsim validate --write-bands`" in flat
+    code, out, _ = run_cli(capsys, "validate", "--check", "--json")
+    assert code == 1
+    verdict = json.loads(out)["bands_check"]
+    assert verdict["ok"] is False and verdict["coverage"]["ok"] is True
+
+
+# -- held-out coverage ----------------------------------------------------------------------------
+def test_covered_leaves_the_row_or_its_source_out() -> None:
+    def row(r: float, source: str) -> Residual:
+        return Residual(
+            "ttft", "offline", "e2e_latency", source, "h100_sxm", "nvidia", "vllm", f"{r}", r
+        )
+
+    # 11 rows 0.00 .. 0.10 and an outlier: leave-one-out covers the middle rows only
+    rows = (*(row(0.01 * k, "A") for k in range(11)), row(1.0, "B"))
+    got = bands.covered(rows, coverage=0.8, holdout="row")
+    assert got[0] is False and got[-1] is False and all(got[1:11])
+    # without source A's rows, only the outlier is left: its range, a point
+    by_source = bands.covered(rows, coverage=0.8, holdout="source")
+    assert by_source == [False] * 11 + [False]
+
+
+def test_the_80_percent_bands_cover_75_to_85_percent_of_held_out_rows() -> None:
+    section = bands.coverage_section(load_residuals(), coverage=0.8)
+    families = section["families"]
+    assert 0.75 <= families["all"]["loo_coverage"] <= 0.85
+    assert families["all"]["n"] == sum(
+        families[f]["n"] for f in ("ttft", "tpot", "latency", "throughput")
+    )
+    for name, entry in families.items():
+        low, high = bands.accepted_range(0.8, None if name == "all" else entry["n"])
+        assert low <= entry["loo_coverage"] <= high, (name, entry)
+        assert entry["ok"]
+    # the families with many rows meet the stated range itself
+    for name in ("latency", "throughput"):
+        assert 0.75 <= families[name]["loo_coverage"] <= 0.85, name
+    assert all(g["n"] >= 8 for g in section["groups"].values())
+
+
+def test_accepted_range_widens_a_small_family_by_one_row() -> None:
+    assert bands.accepted_range(0.8) == pytest.approx((0.75, 0.85))
+    assert bands.accepted_range(0.8, 8) == pytest.approx((0.625, 0.975))
