@@ -50,6 +50,7 @@ test: lint typecheck unit notebooks regress
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_costmodel.py
+	$(BIN)/python benchmarks/bench_startup.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
