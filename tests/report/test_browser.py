@@ -175,3 +175,31 @@ def test_every_bundled_sweep_report_labels_its_series_in_words(
     assert not [t for t in legends if "nan" in t.lower() or "{" in t or "[" in t], legends
     widths = [float(w) for w in PLOT_AREA.findall(dom)]
     assert widths and min(widths) >= 250, widths
+
+
+@pytest.mark.parametrize("plan_file", ["plan_chat.yaml", "plan_disagg.yaml"])
+def test_the_bundled_plans_reports_read_well(plan_file: str, tmp_path: Path) -> None:
+    # each bundled plan, its search cut short (the report's layout is checked, not the plan):
+    # layouts labelled as their keys, no JSON or nan, a plot of usable width, a log cost axis
+    from simulator.planning.plan import plan
+    from simulator.planning.report import save_plan
+
+    data = yaml.safe_load((SCENARIOS / plan_file).read_text())
+    data["search"] = {
+        **data.get("search", {}),
+        "duration_s": 4,
+        "min_prompts": 40,
+        "max_prompts": 80,
+        "max_probes": 3,
+    }
+    path = tmp_path / plan_file
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = save_plan(plan(path), tmp_path / "plan")
+    report = write_report(out, tmp_path / "report.html")
+    dom, console = render_at(report, tmp_path / "profile", width=1000)
+    assert console == []
+    legends = set(LEGEND.findall(dom))
+    assert legends and not [t for t in legends if "nan" in t.lower() or "{" in t], legends
+    widths = [float(w) for w in PLOT_AREA.findall(dom)]
+    assert widths and min(widths) >= 250, widths
+    assert "Dropped candidates" in dom or "pruned" not in dom
