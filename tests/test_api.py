@@ -20,28 +20,49 @@ from simulator.costmodel.single_ops import op_json
 OP_KEYS = {"latency_s", "bound", "flops", "bytes"}
 
 
-# Runs one API call in a child process that the kernel ends (SIGALRM, default action) once the
-# call has run `seconds`: the only safe way to test a code path that may never return. A timer in
-# this process is not enough: a TimeoutError raised while a finalizer runs is swallowed.
-DEADLINE_CHILD = """
-import signal
+# Runs one API call in a child process that ends itself (os._exit) once the call has executed
+# `budget` Python lines: the only safe way to test a code path that may never return, and one
+# that counts work, not seconds, so a busy machine cannot fail it (a 0.5 s timer did). An
+# exception raised in this process would not do: one raised while a finalizer runs is swallowed.
+OUT_OF_STEPS = 75  # the child's exit status when the call used up its budget
+BUDGETED_CHILD = """
+import os
+import sys
 import simulator
 
 simulator.deployment(model="llama-3.1-8b", hardware="h100_sxm")  # load the specs first
-signal.setitimer(signal.ITIMER_REAL, {seconds})
-try:
+steps = 0
+
+
+def call():
     {call}
+
+
+def count(frame, event, arg):
+    global steps
+    steps += 1
+    if steps > {budget}:
+        os._exit({status})
+    return count
+
+
+sys.settrace(count)
+try:
+    call()
 except simulator.SpecError as exc:
+    sys.settrace(None)
     print(exc)
+sys.settrace(None)
 """
 
 
-def run_with_deadline(call: str, *, seconds: float = 0.5) -> subprocess.CompletedProcess[str]:
-    """Run `call` (one line of Python) in a child; returncode -SIGALRM means it ran too long."""
-    code = DEADLINE_CHILD.format(seconds=seconds, call=call)
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+def run_with_step_budget(call: str, *, budget: int = 2_000_000) -> subprocess.CompletedProcess[str]:
+    """Run `call` (one line of Python) in a child; returncode OUT_OF_STEPS means it executed more
+    than `budget` traced events (lines, calls, returns), as a call that never returns would
+    (one that loops without calling a Python function or starting a line is not seen; the
+    simulator's loops do both)."""
+    code = BUDGETED_CHILD.format(budget=budget, status=OUT_OF_STEPS, call=call)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
 
 
 def decode_attention(**overrides: Any) -> OpCost:
@@ -412,11 +433,16 @@ def test_negative_max_num_seqs_is_rejected() -> None:
 
 
 def test_negative_max_num_batched_tokens_is_rejected() -> None:
-    proc = run_with_deadline(
+    proc = run_with_step_budget(
         "simulator.estimate(model='llama-3.1-8b', hardware='h100_sxm', max_num_batched_tokens=-1)"
     )
-    assert proc.returncode == 0, f"exit {proc.returncode} (-14: still running after 0.5 s)"
+    assert proc.returncode == 0, f"exit {proc.returncode} ({OUT_OF_STEPS}: out of steps)"
     assert "max_num_batched_tokens" in proc.stdout
+
+
+def test_the_step_budget_ends_a_call_that_never_returns() -> None:
+    proc = run_with_step_budget("while True: (lambda: 0)()", budget=10_000)
+    assert proc.returncode == OUT_OF_STEPS
 
 
 def test_spec_loaders_take_path_objects() -> None:
@@ -429,3 +455,32 @@ def test_spec_loaders_take_path_objects() -> None:
         simulator.load_model(root / "simulator" / "specs" / "models" / "llama-2-7b.json").num_layers
         == 32
     )
+
+
+@pytest.mark.parametrize("engine", [None, "vllm"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp8", "int8"])
+def test_gemm_cost_times_are_arrays_of_one_for_every_dtype(dtype: str, engine: str | None) -> None:
+    # fp8 and int8 gave numpy scalars where bf16 gave arrays of one (the docs index time_s[0])
+    cost = simulator.gemm_cost(
+        hardware="h100_sxm", m=128, n=4096, k=4096, dtype=dtype, engine=engine
+    )
+    kernel = cost.kernel if isinstance(cost, simulator.EngineOpCost) else cost
+    for field in ("time_s", "compute_s", "memory_s", "network_s", "latency_s"):
+        value = getattr(kernel, field)
+        assert isinstance(value, np.ndarray) and value.shape == (1,), (field, np.shape(value))
+    assert kernel.time_s[0] > 0
+
+
+@pytest.mark.parametrize(
+    "cost",
+    [
+        lambda: simulator.attention_cost(
+            hardware="h100_sxm", phase="decode", batch_size=8, seq_len=1024, num_heads=32,
+            num_kv_heads=8, head_dim=128, kv_cache_dtype="fp8",
+        ),
+        lambda: simulator.allreduce_cost(hardware="h100_sxm", num_devices=4, size_bytes=1 << 20),
+    ],
+    ids=["attention-fp8-kv", "allreduce"],
+)  # fmt: skip
+def test_other_op_costs_are_arrays_of_one(cost: Callable[[], OpCost]) -> None:
+    assert np.shape(cost().time_s) == (1,)

@@ -5,6 +5,7 @@ or all-reduce on a device, alone (`OpCost`, the roofline's kernel) or as a servi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, get_args, overload
 
@@ -102,6 +103,24 @@ def _engine(engine: str | EngineSpec | None, hw: HardwareSpec) -> EngineSpec | N
     return eng
 
 
+def _one_element(cost: OpCost) -> OpCost:
+    """`cost` with every time an array of one float: the cost model leaves a quantised GEMM's
+    times as numpy scalars (its activation quantiser is costed apart) where a 16-bit GEMM's are
+    arrays, and a caller indexing `time_s[0]` must not care which dtype it asked for."""
+
+    def one(x: np.ndarray) -> np.ndarray:
+        return np.atleast_1d(np.asarray(x, dtype=float))
+
+    return dataclasses.replace(
+        cost,
+        time_s=one(cost.time_s),
+        compute_s=one(cost.compute_s),
+        memory_s=one(cost.memory_s),
+        network_s=one(cost.network_s),
+        latency_s=one(cost.latency_s),
+    )
+
+
 def _under_engine(
     cost: OpCost,
     engine: EngineSpec | None,
@@ -109,9 +128,11 @@ def _under_engine(
     enforce_eager: bool,
     num_tokens: float | None,
 ) -> OpCost | EngineOpCost:
-    """`cost` as `engine` runs it (unchanged without an engine). `num_tokens` decides whether
-    the step holding the op is small enough to be graph-captured; None: no token limit
-    applies (a collective, whose size says nothing about the step's tokens)."""
+    """`cost` as `engine` runs it (unchanged without an engine), its times as arrays of one
+    element whatever the dtype (`_one_element`). `num_tokens` decides whether the step holding
+    the op is small enough to be graph-captured; None: no token limit applies (a collective,
+    whose size says nothing about the step's tokens)."""
+    cost = _one_element(cost)
     if engine is None:
         if enforce_eager:
             raise SpecError("needs an engine (add --engine NAME)", field="enforce_eager")
