@@ -16,6 +16,8 @@ import simulator
 from simulator import SpecError
 from simulator.api import op_json
 from simulator.costmodel.roofline import OpCost
+from simulator.costmodel.single_ops import ACTIVATION_DTYPES, ELEMENTWISE_KERNELS
+from simulator.specs.deployment import QUANTISED_COMPUTE
 
 OP_KEYS = {"latency_s", "bound", "flops", "bytes"}
 
@@ -146,6 +148,63 @@ def test_op_json_has_the_contract_keys(cost: Callable[[], OpCost]) -> None:
     assert data["bound"] in ("compute", "memory", "latency", "network")
     assert all(isinstance(data[k], float) for k in ("latency_s", "flops", "bytes"))
     assert data["latency_s"] > 0
+
+
+COST_FIELDS = ("time_s", "compute_s", "memory_s", "network_s", "latency_s")
+GEMM_DTYPES = ("bf16", "fp16", *QUANTISED_COMPUTE)  # every dtype gemm_cost takes
+
+
+def a_device_with(dtype: str) -> str:
+    """The first listed device with a matrix unit for `dtype`."""
+    return next(
+        hw for hw in simulator.list_hardware() if simulator.load_hardware(hw).supports(dtype)
+    )
+
+
+def assert_arrays_of_one(cost: OpCost) -> None:
+    """Every time of `cost` is an array of one element (README: `gemm_cost(...).time_s[0]`)."""
+    for field in COST_FIELDS:
+        value = getattr(cost, field)
+        assert isinstance(value, np.ndarray) and value.shape == (1,), (field, np.shape(value))
+    assert np.shape(cost.bound) == (1,)
+
+
+@pytest.mark.parametrize("engine", [None, "vllm"])
+@pytest.mark.parametrize("dtype", GEMM_DTYPES)
+def test_gemm_cost_has_one_shape_for_every_dtype(dtype: str, engine: str | None) -> None:
+    # fp8, int8 and fp4 once gave 0-d times where bf16 gave arrays of one: the kernel that
+    # quantises their activations was costed as a scalar, bf16's absent one as np.zeros(1)
+    hw = a_device_with(dtype)
+    cost = simulator.gemm_cost(hardware=hw, m=128, n=4096, k=4096, dtype=dtype, engine=engine)
+    kernel = cost if isinstance(cost, OpCost) else cost.kernel
+    assert_arrays_of_one(kernel)
+    assert kernel.time_s[0] > 0
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("dtype", ACTIVATION_DTYPES)
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_attention_cost_has_one_shape_for_every_dtype(
+    phase: str, dtype: str, kv_cache_dtype: str
+) -> None:
+    assert_arrays_of_one(decode_attention(phase=phase, dtype=dtype, kv_cache_dtype=kv_cache_dtype))
+
+
+@pytest.mark.parametrize("dtype", ACTIVATION_DTYPES)
+@pytest.mark.parametrize("kernel", ELEMENTWISE_KERNELS)
+def test_elementwise_cost_has_one_shape_for_every_dtype(kernel: str, dtype: str) -> None:
+    dims = {"hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128}
+    cost = simulator.elementwise_cost(
+        hardware="h100_sxm", kernel=kernel, tokens=64, dtype=dtype, intermediate_size=14336, **dims
+    )
+    assert_arrays_of_one(cost)
+
+
+@pytest.mark.parametrize("num_devices", [1, 2, 8])
+def test_allreduce_cost_has_the_same_shape(num_devices: int) -> None:
+    assert_arrays_of_one(
+        simulator.allreduce_cost(hardware="h100_sxm", num_devices=num_devices, size_bytes=1 << 20)
+    )
 
 
 def test_allreduce_bytes_are_the_message_size() -> None:

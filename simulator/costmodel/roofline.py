@@ -39,7 +39,8 @@ BOUNDS = ("compute", "memory", "latency", "network")
 
 @dataclass(frozen=True, slots=True)
 class OpCost:
-    """Cost of one op per instance (times in seconds; arrays when the batch is vectorised)."""
+    """Cost of one op per instance (times in seconds). Every field is an array of the op's batch
+    shape (one element for a scalar op), whatever the op's dtype."""
 
     op: Op
     time_s: np.ndarray
@@ -272,8 +273,18 @@ def evaluate(ops: list[Op], hw: HardwareSpec, engine: EngineSpec | None = None) 
             network = zero
             time = np.maximum(compute, memory) + serial + latency
             memory = memory + serial  # the pre-kernel's traffic counts as memory time
-        costs.append(OpCost(op, time, compute, memory, network, latency))
+        shape = np.shape(time) or (1,)
+        parts = (_shaped(x, shape) for x in (time, compute, memory, network, latency))
+        costs.append(OpCost(op, *parts))
     return costs
+
+
+def _shaped(x: np.ndarray | float, shape: tuple[int, ...]) -> np.ndarray:
+    """`x` as a float array of `shape`: every field of every OpCost has the op's batch shape,
+    at least one element (a scalar op's cost is an array of one, whatever its dtype)."""
+    if isinstance(x, np.ndarray) and x.shape == shape:
+        return x
+    return np.full(shape, x, dtype=float)
 
 
 def total_time(costs: list[OpCost]) -> np.ndarray:
