@@ -3,6 +3,7 @@ raises for bad input, never another exception type."""
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,28 +23,62 @@ from simulator.specs.deployment import QUANTISED_COMPUTE
 OP_KEYS = {"latency_s", "bound", "flops", "bytes"}
 
 
-# Runs one API call in a child process that the kernel ends (SIGALRM, default action) once the
-# call has run `seconds`: the only safe way to test a code path that may never return. A timer in
-# this process is not enough: a TimeoutError raised while a finalizer runs is swallowed.
-DEADLINE_CHILD = """
-import signal
+# Runs one API call in a child process that ends itself (os._exit) once the call has executed
+# `budget` steps of Python bytecode: the only safe way to test a code path that may never return,
+# and one that counts work, not seconds, so a busy machine cannot fail it. An exception raised in
+# this process would not do: one raised while a finalizer runs is swallowed.
+OUT_OF_STEPS = 75  # the child's exit status when the call used up its budget
+BUDGETED_CHILD = """
+import os
+import sys
 import simulator
 
 simulator.deployment(model="llama-3.1-8b", hardware="h100_sxm")  # load the specs first
-signal.setitimer(signal.ITIMER_REAL, {seconds})
-try:
+steps = 0
+
+
+def count(frame, event, arg):
+    global steps
+    steps += 1
+    frame.f_trace_opcodes = True  # a loop on one line has no line events, only opcodes
+    if steps > {budget}:
+        os._exit({status})
+    return count
+
+
+def call():  # a frame of its own: settrace traces the frames entered after it
     {call}
+
+
+sys.settrace(count)
+try:
+    call()
 except simulator.SpecError as exc:
+    sys.settrace(None)
     print(exc)
+sys.settrace(None)
+print("steps", steps)
 """
 
 
-def run_with_deadline(call: str, *, seconds: float = 0.5) -> subprocess.CompletedProcess[str]:
-    """Run `call` (one line of Python) in a child; returncode -SIGALRM means it ran too long."""
-    code = DEADLINE_CHILD.format(seconds=seconds, call=call)
+def run_with_step_budget(call: str, *, budget: int = 1_000_000) -> subprocess.CompletedProcess[str]:
+    """Run `call` (one line of Python) in a child; returncode OUT_OF_STEPS means it executed more
+    than `budget` bytecodes (calls, lines and returns count too), as a call that never returns
+    would. A whole `estimate` takes about 140,000; one rejected at its knobs about 6,000."""
+    code = BUDGETED_CHILD.format(budget=budget, status=OUT_OF_STEPS, call=call)
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=cpu_backstop,
     )
+
+
+def cpu_backstop() -> None:
+    """Should the step count itself fail, the kernel ends the child (SIGXCPU) after a minute of
+    CPU time, which a busy machine does not shorten: the test fails instead of hanging."""
+    resource.setrlimit(resource.RLIMIT_CPU, (60, 60))
 
 
 def decode_attention(**overrides: Any) -> OpCost:
@@ -471,11 +506,16 @@ def test_negative_max_num_seqs_is_rejected() -> None:
 
 
 def test_negative_max_num_batched_tokens_is_rejected() -> None:
-    proc = run_with_deadline(
+    proc = run_with_step_budget(
         "simulator.estimate(model='llama-3.1-8b', hardware='h100_sxm', max_num_batched_tokens=-1)"
     )
-    assert proc.returncode == 0, f"exit {proc.returncode} (-14: still running after 0.5 s)"
+    assert proc.returncode == 0, f"exit {proc.returncode} ({OUT_OF_STEPS}: out of steps)"
     assert "max_num_batched_tokens" in proc.stdout
+
+
+def test_the_step_budget_ends_a_call_that_never_returns() -> None:
+    proc = run_with_step_budget("while True: pass", budget=10_000)
+    assert proc.returncode == OUT_OF_STEPS, proc.stderr
 
 
 def test_spec_loaders_take_path_objects() -> None:
