@@ -40,7 +40,6 @@ def run_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=60,
         check=False,
     )
 
