@@ -274,17 +274,28 @@ def evaluate(ops: list[Op], hw: HardwareSpec, engine: EngineSpec | None = None) 
             time = np.maximum(compute, memory) + serial + latency
             memory = memory + serial  # the pre-kernel's traffic counts as memory time
         shape = np.shape(time) or (1,)
-        parts = (_shaped(x, shape) for x in (time, compute, memory, network, latency))
-        costs.append(OpCost(op, *parts))
+        costs.append(
+            OpCost(
+                op,
+                _shaped(time, shape),
+                _shaped(compute, shape),
+                _shaped(memory, shape),
+                _shaped(network, shape),
+                _shaped(latency, shape),
+            )
+        )
     return costs
 
 
 def _shaped(x: np.ndarray | float, shape: tuple[int, ...]) -> np.ndarray:
     """`x` as a float array of `shape`: every field of every OpCost has the op's batch shape,
-    at least one element (a scalar op's cost is an array of one, whatever its dtype)."""
-    if isinstance(x, np.ndarray) and x.shape == shape:
+    at least one element (a scalar op's cost is an array of one, whatever its dtype). Cheap
+    where it is already so, as it is called five times an op."""
+    if type(x) is np.ndarray and x.shape == shape:
         return x
-    return np.full(shape, x, dtype=float)
+    if shape == (1,):
+        return np.array(x, dtype=float, ndmin=1)
+    return np.broadcast_to(np.asarray(x, dtype=float), shape)  # read-only, no copy of N zeros
 
 
 def total_time(costs: list[OpCost]) -> np.ndarray:
