@@ -6,12 +6,12 @@ STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
 # One BLAS thread: the tests' and fits' matrices are small (at most tens of thousands of rows by
-# tens of columns), where OpenBLAS's threads cost more than they gain; on a busy 2-core machine
-# their spinning made the calibration check's least-squares fits about twice as slow (218 s
-# against 99 s). A value set in the environment wins.
+# tens of columns), where OpenBLAS's threads cost more than they gain, and on a busy machine their
+# spinning made a least-squares fit's SVD twenty times slower (calibration --check: 218 s against
+# 99 s). A value set in the environment wins.
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck unit notebooks regress bench clean
+.PHONY: demo test test-fast lint typecheck unit unit-fast notebooks regress bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ typecheck: $(DEVSTAMP)
 unit: $(DEVSTAMP)
 	$(BIN)/python -m pytest -q
 
+# The tests less those marked slow (full refits and simulations of the bundled suites), for a
+# quick run while developing; `make test` and CI run them all.
+unit-fast: $(DEVSTAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
 # Every notebook, top to bottom (outputs are stripped in git; tests/test_notebooks.py checks).
 notebooks: $(DEVSTAMP)
 	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake .
@@ -56,6 +61,8 @@ regress: $(STAMP)
 	$(BIN)/python tools/readme_validation.py --check --from $(VENV)/validate.json
 
 test: lint typecheck unit notebooks regress
+
+test-fast: lint typecheck unit-fast
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_costmodel.py

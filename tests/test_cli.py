@@ -42,7 +42,6 @@ def run_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=60,
         check=False,
     )
 

@@ -135,6 +135,7 @@ def test_a_tiny_disaggregated_plan() -> None:
     json.dumps(result.as_json())
 
 
+@pytest.mark.slow  # a plan over both kinds of fleet, each simulated (about 3-6 s)
 def test_mode_any_ranks_both_kinds_and_keeps_fleets_apart(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

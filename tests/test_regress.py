@@ -285,6 +285,7 @@ def test_default_golden_is_the_current_directorys_then_the_projects(tmp_path: Pa
     assert regress.default_golden(tmp_path) == tmp_path / "regress.yaml"
 
 
+@pytest.mark.slow  # the project's golden grid, twice (about 3-5 s)
 def test_project_grid_is_deterministic() -> None:
     golden = regress.PROJECT_GOLDEN
     first, second = regress.check(golden, run=run_command), regress.check(golden, run=run_command)

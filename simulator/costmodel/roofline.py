@@ -39,7 +39,8 @@ BOUNDS = ("compute", "memory", "latency", "network")
 
 @dataclass(frozen=True, slots=True)
 class OpCost:
-    """Cost of one op per instance (times in seconds; arrays when the batch is vectorised)."""
+    """Cost of one op per instance (times in seconds). Every field is an array of the op's batch
+    shape (one element for a scalar op), whatever the op's dtype."""
 
     op: Op
     time_s: np.ndarray
@@ -272,8 +273,29 @@ def evaluate(ops: list[Op], hw: HardwareSpec, engine: EngineSpec | None = None) 
             network = zero
             time = np.maximum(compute, memory) + serial + latency
             memory = memory + serial  # the pre-kernel's traffic counts as memory time
-        costs.append(OpCost(op, time, compute, memory, network, latency))
+        shape = np.shape(time) or (1,)
+        costs.append(
+            OpCost(
+                op,
+                _shaped(time, shape),
+                _shaped(compute, shape),
+                _shaped(memory, shape),
+                _shaped(network, shape),
+                _shaped(latency, shape),
+            )
+        )
     return costs
+
+
+def _shaped(x: np.ndarray | float, shape: tuple[int, ...]) -> np.ndarray:
+    """`x` as a float array of `shape`: every field of every OpCost has the op's batch shape,
+    at least one element (a scalar op's cost is an array of one, whatever its dtype). Cheap
+    where it is already so, as it is called five times an op."""
+    if type(x) is np.ndarray and x.shape == shape:
+        return x
+    if shape == (1,):
+        return np.array(x, dtype=float, ndmin=1)
+    return np.broadcast_to(np.asarray(x, dtype=float), shape)  # read-only, no copy of N zeros
 
 
 def total_time(costs: list[OpCost]) -> np.ndarray:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from collections.abc import Sequence
 from functools import cache
 
 import numpy as np
@@ -234,12 +235,16 @@ def _measured_power(row: pd.Series, tdp_w: float) -> float:
     return float(row["avg_power_w"]) / int(row["tensor_parallel"]) / tdp_w
 
 
-def energy_cases(measured: pd.DataFrame) -> pd.DataFrame:
+def energy_cases(
+    measured: pd.DataFrame, simulated: Sequence[Simulated] | None = None
+) -> pd.DataFrame:
     """Three rows per published run (`kind` itl, throughput, power): see the module doc. The
-    power rows POWER_FIT names are suite `e2e_energy_fit`, the rest `e2e_energy`."""
+    power rows POWER_FIT names are suite `e2e_energy_fit`, the rest `e2e_energy`. `simulated`:
+    the runs as `simulate` gives them, in `measured`'s order (default: simulated here)."""
+    if simulated is None:
+        simulated = [simulate(row) for _, row in measured.iterrows()]
     rows = []
-    for _, row in measured.iterrows():
-        got = simulate(row)
+    for (_, row), got in zip(measured.iterrows(), simulated, strict=True):
         w, tdp = got.window, got.power.tdp_w
         pairs = {
             "itl": (got.median_itl_ms / 1e3, float(row["median_itl_ms"]) / 1e3),
@@ -274,8 +279,16 @@ def simulated_runs() -> pd.DataFrame:
 
 
 @cache
+def _simulated_run(index: int) -> Simulated:
+    """Row `index` of `simulated_runs()`, simulated once per process (the suite and
+    `fit_power` share it)."""
+    return simulate(simulated_runs().iloc[index])
+
+
+@cache
 def _suite() -> pd.DataFrame:
-    return energy_cases(simulated_runs())
+    runs = simulated_runs()
+    return energy_cases(runs, [_simulated_run(i) for i in range(len(runs))])
 
 
 def e2e_energy_suite() -> pd.DataFrame:
@@ -290,10 +303,15 @@ def fit_power(hardware: str) -> dict[str, float]:
     steady power of `hardware`'s POWER_FIT runs, least squares on the relative error, each
     fraction bounded to [0, 5] (active to [0, 1])."""
     runs = simulated_runs()
-    fit = runs[[_fits_power(r) and r["hardware"] == hardware for _, r in runs.iterrows()]]
-    if fit.empty:
+    picks = [
+        i
+        for i, (_, r) in enumerate(runs.iterrows())
+        if _fits_power(r) and r["hardware"] == hardware
+    ]
+    if not picks:
         raise ValueError(f"no power rows to fit on {hardware}")
-    sims = [simulate(row) for _, row in fit.iterrows()]
+    fit = runs.iloc[picks]
+    sims = [_simulated_run(i) for i in picks]
     measured = np.array(
         [_measured_power(r, s.power.tdp_w) for (_, r), s in zip(fit.iterrows(), sims, strict=True)]
     )

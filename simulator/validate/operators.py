@@ -13,7 +13,7 @@ Not covered: fp8_block GEMMs (not bundled), fp8 GEMMs on devices without an fp8 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -257,7 +257,22 @@ def default_hardware(devices: Mapping[str, str]) -> dict[str, HardwareSpec]:
 def ops_suite(hardware: Mapping[str, HardwareSpec] | None = None) -> pd.DataFrame:
     """The `ops` suite on every aiconfigurator device. `hardware` maps a data folder
     (`a100_sxm`, `h100_sxm`) to the spec to predict with; default: data.AIC_DEVICES.
-    `fitted` is True: these rows are what calibration fits the efficiency factors to."""
-    specs = default_hardware(data.AIC_DEVICES) if hardware is None else hardware
+    `fitted` is True: these rows are what calibration fits the efficiency factors to.
+    The default is computed once per loaded set of specs (a fresh copy each call)."""
+    if hardware is not None:
+        return _ops_suite(hardware)
+    specs = default_hardware(data.AIC_DEVICES)
+    key = tuple((folder, id(hw)) for folder, hw in specs.items())
+    if _DEFAULT.get("key") != key:  # specs reloaded (forget_loaded_specs): predict again
+        _DEFAULT.update(key=key, specs=specs, rows=_ops_suite(specs))
+    return _DEFAULT["rows"].copy()
+
+
+# The default suite's rows and the specs they were predicted with (held, so that their ids,
+# the key, cannot be reused by other objects).
+_DEFAULT: dict[str, Any] = {}
+
+
+def _ops_suite(specs: Mapping[str, HardwareSpec]) -> pd.DataFrame:
     frames = [device_ops(hw, folder) for folder, hw in specs.items()]
     return finish(pd.concat(frames, ignore_index=True), suite=SUITE, fitted=True)

@@ -58,7 +58,6 @@ def render(page: Path, profile: Path) -> tuple[str, list[str]]:
         [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", page.resolve().as_uri()],
         capture_output=True,
         text=True,
-        timeout=120,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]

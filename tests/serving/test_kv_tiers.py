@@ -432,6 +432,7 @@ def test_kv_offload_is_refused_where_not_modelled(tmp_path: Path) -> None:
         load_scenario(bad)
 
 
+@pytest.mark.slow  # the bundled scenario, twice (about 3-6 s)
 def test_the_long_context_scenario_reloads_instead_of_recomputing(tmp_path: Path) -> None:
     scenario = load_scenario(SCENARIOS / "long_context_kv_offload.yaml")
     group = scenario.replicas[0]

@@ -348,6 +348,7 @@ def test_run_validation_selects_suites_and_rejects_unknown() -> None:
 
 
 # -- CLI ----------------------------------------------------------------------------------------
+@pytest.mark.slow  # every suite: the e2e and energy simulations
 def test_cli_json_prints_every_suite(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["validate", "--json"])
@@ -432,6 +433,7 @@ COMMITTED_MAPE_PCT = {
 }
 
 
+@pytest.mark.slow  # every suite: the e2e and energy simulations
 def test_no_suite_doubles_its_committed_error() -> None:
     summary, _ = run_validation()
     for (suite_name, device), committed in COMMITTED_MAPE_PCT.items():
