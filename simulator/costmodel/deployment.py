@@ -4,6 +4,7 @@ resolves ids and flags into one and refuses what cannot run."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from simulator.costmodel.memory import MemoryPlan, plan_memory
@@ -48,8 +49,10 @@ class Deployment:
         gpu_memory_utilization: float | None = None,
         max_num_batched_tokens: int | None = None,
         max_num_seqs: int | None = None,
+        host_reserved_bytes: float = 0.0,
     ) -> MemoryPlan:
-        """Per-device memory budget and KV-cache capacity (engine defaults where None)."""
+        """Per-device memory budget and KV-cache capacity (engine defaults where None;
+        `host_reserved_bytes`: host memory the offload may not use, such as swap space)."""
         return plan_memory(
             self.model,
             self.hardware,
@@ -60,6 +63,7 @@ class Deployment:
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             offload=self.offload,
+            host_reserved_bytes=host_reserved_bytes,
         )
 
 
@@ -177,12 +181,8 @@ def fitting_layouts(
                 layout.check(dep.model, dep.hardware)
             except SpecError:
                 continue
-            plan = plan_memory(
-                dep.model,
-                dep.hardware,
-                layout,
-                prec,
-                dep.engine,
+            other = dataclasses.replace(dep, layout=layout, precision=prec, offload=None)
+            plan = other.memory(
                 gpu_memory_utilization=gpu_memory_utilization,
                 max_num_batched_tokens=max_num_batched_tokens,
                 max_num_seqs=max_num_seqs,

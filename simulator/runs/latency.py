@@ -24,7 +24,7 @@ import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
 from simulator.costmodel.deployment import Deployment, deployment, fitting_layouts
-from simulator.costmodel.memory import MemoryPlan, pick, plan_memory, positive, require_fit
+from simulator.costmodel.memory import MemoryPlan, pick, positive, require_fit
 from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.step import StepCost, engine_overhead_rows, engine_step_time, step_cost
 from simulator.errors import SpecError
@@ -316,16 +316,10 @@ def bench_latency(
         dep.engine.step_tokens(chunked=chunked, max_model_len=max_model_len),
     )
     max_seqs = pick(max_num_seqs, sched.max_num_seqs)
-    plan = plan_memory(
-        dep.model,
-        dep.hardware,
-        dep.layout,
-        dep.precision,
-        dep.engine,
+    plan = dep.memory(
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_batched_tokens=max_tokens,
         max_num_seqs=max_seqs,
-        offload=dep.offload,
     )
     if drafter is not None:
         if plan.offload is not None:

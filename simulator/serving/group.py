@@ -13,7 +13,7 @@ import numpy as np
 import simpy
 
 from simulator.costmodel.deployment import Deployment, fitting_layouts
-from simulator.costmodel.memory import MemoryPlan, plan_memory, require_fit
+from simulator.costmodel.memory import MemoryPlan, require_fit
 from simulator.errors import SpecError
 from simulator.metrics.recorder import Recorder
 from simulator.serving.drafter import resolve_drafter
@@ -178,16 +178,10 @@ def replica_group(
         spec = spec.model_copy(
             update={"num_speculative_tokens": speculative.num_speculative_tokens}
         )
-    plan = plan_memory(
-        dep.model,
-        dep.hardware,
-        dep.layout,
-        dep.precision,
-        dep.engine,
+    plan = dep.memory(
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_batched_tokens=spec.max_num_batched_tokens,
         max_num_seqs=spec.max_num_seqs,
-        offload=dep.offload,
         host_reserved_bytes=swap_space_gib * 2**30,
     )
     if drafter is not None and plan.offload is not None:
