@@ -95,6 +95,21 @@ def plan_cmd(
         typer.Option("--out", help="write plan.json, candidates.csv, pareto.csv, probes.csv"),
     ] = None,
     as_json: JsonOpt = False,
+    confidence: Annotated[
+        float | None,
+        typer.Option(
+            "--confidence",
+            help="SLOs must hold with the hardware as slow as the upper end of its error band "
+            "at this confidence, and in this share of the seeds (plan file's, else 0.9)",
+        ),
+    ] = None,
+    seeds: Annotated[
+        int | None,
+        typer.Option("--seeds", help="workload seeds the fleet is simulated with (default 5)"),
+    ] = None,
+    single_layout: Annotated[
+        bool, typer.Option("--single-layout", help="fleets of one replica shape only")
+    ] = False,
     schema: Annotated[bool, typer.Option("--schema", help="print the plan JSON schema")] = False,
 ) -> None:
     """The cheapest deployments that meet the SLOs: per layout, and the cheapest mixed fleet."""
@@ -114,7 +129,13 @@ def plan_cmd(
     if status:
         status.start()
     try:  # a terminal shows the latest line under a spinner; a log gets every line
-        result = plan(plan_file, progress=status.update if status else progress_line("plan"))
+        result = plan(
+            plan_file,
+            confidence=confidence,
+            seeds=seeds,
+            single_layout=single_layout or None,
+            progress=status.update if status else progress_line("plan"),
+        )
     finally:
         if status:
             status.stop()

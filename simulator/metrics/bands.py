@@ -286,6 +286,111 @@ def backing_note(rows: Sequence[Residual], targets: Sequence[Target]) -> str | N
     return None
 
 
+# -- margins for plans -----------------------------------------------------------------------------
+PLAN_METRICS: dict[str, tuple[Family, ...]] = {
+    "ttft": ("ttft",),
+    "tpot": ("tpot",),
+    "itl": ("tpot",),
+    "e2el": ("ttft", "tpot"),
+}
+
+
+@dataclass(frozen=True)
+class Margin:
+    """How much slower than predicted a deployment may run, at a confidence: the upper end of
+    each band at coverage 2c - 1 (the one-sided c-quantile of measured / predicted time), never
+    below 1. `capacity` is the larger of the offline throughput family's (seconds per output
+    token) and the offline latency family's (a static batch's time): the hardware taken as that
+    much slower throughout. `latency` maps each SLO metric (ttft,
+    tpot, itl, e2el) to its own family's factor. `note`: why the setup is not backed (its
+    factors are then those of every device and engine pooled)."""
+
+    confidence: float
+    capacity: float
+    latency: Mapping[str, float]
+    groups: tuple[str, ...]
+    source: tuple[str, ...]
+    note: str | None = None
+
+    @property
+    def backed(self) -> bool:
+        return self.note is None
+
+    def latency_factor(self, metric: str) -> float:
+        """What a latency is multiplied by at the edge: its family's factor, and at least the
+        capacity's (every step of a hardware that much slower is that much longer)."""
+        return max(self.latency.get(metric, 1.0), self.capacity)
+
+    def scale(self) -> dict[str, float]:
+        """Each SLO metric's factor (`latency_factor`)."""
+        return {metric: self.latency_factor(metric) for metric in PLAN_METRICS}
+
+    @property
+    def trivial(self) -> bool:
+        return self.capacity == 1.0 and all(v == 1.0 for v in self.scale().values())
+
+
+NO_MARGIN = Margin(confidence=0.5, capacity=1.0, latency={}, groups=(), source=())
+
+
+def worst(margins: Sequence[Margin]) -> Margin:
+    """The margin of deployments run together (a fleet, a unit): each factor the largest of
+    theirs (a run is as slow as its slowest part may be), the first note."""
+    if not margins:
+        return NO_MARGIN
+    notes = [m.note for m in margins if m.note is not None]
+    return Margin(
+        confidence=max(m.confidence for m in margins),
+        capacity=max(m.capacity for m in margins),
+        latency={k: max(m.latency.get(k, 1.0) for m in margins) for k in PLAN_METRICS},
+        groups=tuple(dict.fromkeys(g for m in margins for g in m.groups)),
+        source=tuple(sorted({s for m in margins for s in m.source})),
+        note=notes[0] if notes else None,
+    )
+
+
+def margin(
+    targets: Sequence[Target],
+    *,
+    confidence: float,
+    note: str | None = None,
+    rows: Sequence[Residual] | None = None,
+) -> Margin:
+    """The margin of a deployment on `targets` at `confidence` (0.5 < c < 1). An unbacked one
+    (or with `note`, a reason the caller knows) takes the pooled groups of its families."""
+    if not 0.5 < confidence < 1:
+        raise ValueError(f"confidence must lie strictly between 0.5 and 1, got {confidence}")
+    rows = load_residuals() if rows is None else rows
+    note = note or backing_note(rows, targets)
+    split: dict[str, str | None] = {"device_family": None, "engine_family": None}
+    if note is None:
+        split = {a: _common(targets, a) for a in ("device_family", "engine_family")}
+    coverage = 2 * confidence - 1
+    found: dict[tuple[Family, Regime], Band] = {}
+
+    def edge(family: Family, regime: Regime) -> float:
+        if (family, regime) not in found:
+            band = group_band(rows, family=family, regime=regime, coverage=coverage, **split)
+            if band is None:
+                return 1.0
+            found[family, regime] = band
+        return max(1.0, math.exp(found[family, regime].high))
+
+    capacity = max(edge("throughput", "offline"), edge("latency", "offline"))
+    latency = {
+        metric: max(edge(family, "online") for family in families)
+        for metric, families in PLAN_METRICS.items()
+    }
+    return Margin(
+        confidence=confidence,
+        capacity=capacity,
+        latency=latency,
+        groups=tuple(b.label for b in found.values()),
+        source=tuple(sorted({r.suite for b in found.values() for r in b.rows})),
+        note=note,
+    )
+
+
 # -- output keys ----------------------------------------------------------------------------------
 def _common(targets: Sequence[Target], attr: str) -> str | None:
     values = {getattr(t, attr) for t in targets}

@@ -23,6 +23,7 @@ Not modelled here: prefix caching (no prompt is assumed cached), speculative dec
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -113,23 +114,29 @@ def latency_floors(
     return LatencyFloors(ttft, tpot, e2el, float(floor[0]), np.asarray(output_len))
 
 
-def hopeless(floors: LatencyFloors, slo: PlanSLO, *, margin: float) -> str | None:
-    """Why no rate can meet `slo` (a floor past a target by more than `margin`), or None."""
+def hopeless(
+    floors: LatencyFloors, slo: PlanSLO, *, margin: float, scale: Mapping[str, float] | None = None
+) -> str | None:
+    """Why no rate can meet `slo` (a floor past a target by more than `margin`), or None.
+    `scale`: each metric's floors multiplied by it first (a plan's band margin, `judge`)."""
+    factor = dict(scale or {})
     for metric, target in slo.targets().items():
-        values = floors.values(metric)
+        values = floors.values(metric) * factor.get(metric, 1.0)
         if values.size == 0:
             continue
         floor_ms = float(np.percentile(values, target.p)) * 1000.0
         if floor_ms > target.max * (1.0 + margin):
+            edge = " at the edge of its error band" if factor.get(metric, 1.0) != 1.0 else ""
             return (
                 f"p{target.p:g} {metric.upper()} is at least {floor_ms:.1f} ms with each request "
-                f"alone on the replica (SLO {target.max:g} ms)"
+                f"alone on the replica{edge} (SLO {target.max:g} ms)"
             )
     if slo.goodput is not None:
         good = np.ones(floors.ttft_s.shape, dtype=bool)
+        per_request = {"ttft": floors.ttft_s, "tpot": floors.tpot_s, "e2el": floors.e2el_s}
         for metric, limit in slo.thresholds_ms().items():
-            per_request = {"ttft": floors.ttft_s, "tpot": floors.tpot_s, "e2el": floors.e2el_s}
-            good &= per_request[metric] * 1000.0 <= limit * (1.0 + margin)
+            values = per_request[metric] * factor.get(metric, 1.0)
+            good &= values * 1000.0 <= limit * (1.0 + margin)
         share = float(good.mean())
         if share < slo.goodput:
             return (

@@ -14,8 +14,10 @@ import numpy as np
 from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.errors import SpecError
+from simulator.metrics.bands import NO_MARGIN, Margin
 from simulator.planning.bounds import LatencyFloors, capacity_ceiling, hopeless, latency_floors
 from simulator.planning.fleet import FleetOption
+from simulator.planning.margins import plan_margin
 from simulator.planning.search import SearchOutcome, Verdict
 from simulator.planning.spec import HardwareCandidate, PlanSpec, PlanWorkload
 from simulator.runs.runner import build_group
@@ -38,6 +40,7 @@ class Layout:
     kv_cache_dtype: str
     tp: int
     pp: int
+    knobs: tuple[tuple[str, Any], ...] = ()  # scheduler settings searched (spec.SchedulerSearch)
 
     @property
     def gpus(self) -> int:
@@ -48,6 +51,7 @@ class Layout:
         parts = [self.hardware, self.engine, self.quantization or "none", f"tp{self.tp}"]
         parts += [f"pp{self.pp}"] if self.pp > 1 else []
         parts += [f"kv-{self.kv_cache_dtype}"] if self.kv_cache_dtype != "auto" else []
+        parts += [_knob_label(name, value) for name, value in self.knobs]
         return "/".join(parts)
 
     def replica_group(self, spec: PlanSpec, *, count: int = 1) -> ReplicaGroupSpec:
@@ -64,23 +68,35 @@ class Layout:
             kv_cache_dtype=self.kv_cache_dtype,
             enforce_eager=c.enforce_eager,
             gpu_memory_utilization=c.gpu_memory_utilization,
-            scheduler=c.scheduler,
+            scheduler=c.scheduler.model_copy(update=dict(self.knobs)),
             usd_per_gpu_hour=price,
         )
 
 
+_KNOB_LABELS = {"max_num_batched_tokens": "tokens{}", "max_num_seqs": "seqs{}"}
+
+
+def _knob_label(name: str, value: Any) -> str:
+    """A searched scheduler setting in a layout's key: tokens2048, seqs256, chunked/unchunked."""
+    if name == "chunked_prefill":
+        return "chunked" if value else "unchunked"
+    return _KNOB_LABELS[name].format(value)
+
+
 def enumerate_layouts(spec: PlanSpec) -> list[Layout]:
-    """Every combination of the plan's candidate lists, in the plan's order."""
+    """Every combination of the plan's candidate lists (and scheduler settings searched), in
+    the plan's order."""
     c = spec.candidates
     return [
-        Layout(hw.id, engine, quant, kv, tp, pp)
-        for hw, engine, quant, kv, tp, pp in itertools.product(
+        Layout(hw.id, engine, quant, kv, tp, pp, knobs)
+        for hw, engine, quant, kv, tp, pp, knobs in itertools.product(
             c.hardware,
             c.engine,
             c.quantization,
             c.kv_cache_dtype,
             c.tensor_parallel_size,
             c.pipeline_parallel_size,
+            c.scheduler_search.combinations(),
         )
     ]
 
@@ -181,6 +197,7 @@ class Prepared:
     precision: str
     timer: StepTimer
     memory: MemoryPlan
+    margin: Margin = NO_MARGIN  # how much slower it is judged to run (planning.margins)
 
     @property
     def usd_per_hour(self) -> float:
@@ -222,7 +239,9 @@ def prepare(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) 
     got = measure(spec, layout, model=model, flow=flow)
     if isinstance(got, str):
         return got
-    reason = hopeless(got.floors, spec.slo, margin=spec.search.prescreen_margin)
+    reason = hopeless(
+        got.floors, spec.slo, margin=spec.search.prescreen_margin, scale=got.margin.scale()
+    )
     return f"hopeless: {reason}" if reason else got
 
 
@@ -259,7 +278,10 @@ def measure(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) 
     prec = dep.precision
     label = f"{prec.weights} weight-only" if prec.weight_only else prec.weights
     price = price_per_gpu_hour(entry)
-    return Prepared(layout, dep, sched, price, n, ceiling, floors, label, group.timer, memory)
+    margin = plan_margin(spec, [dep])
+    return Prepared(
+        layout, dep, sched, price, n, ceiling, floors, label, group.timer, memory, margin
+    )
 
 
 class Candidate(Protocol):
@@ -282,6 +304,8 @@ class Candidate(Protocol):
     def precision(self) -> str: ...
     @property
     def gpus_by_hardware(self) -> tuple[tuple[str, int], ...]: ...
+    @property
+    def margin(self) -> Margin: ...
     def groups(self, spec: PlanSpec, *, count: int = 1) -> list[ReplicaGroupSpec]: ...
 
 

@@ -44,7 +44,7 @@ import pandas as pd
 
 from simulator.errors import SpecError
 from simulator.planning.bounds import hopeless
-from simulator.planning.choice import choose_fleet
+from simulator.planning.choice import Choice, choose_fleet
 from simulator.planning.fleet import replacement
 from simulator.planning.layouts import (
     Candidate,
@@ -53,11 +53,10 @@ from simulator.planning.layouts import (
     Traffic,
     enumerate_layouts,
     measure,
-    scenario,
     traffic,
 )
-from simulator.planning.search import Verdict, judge, search_max_rate
-from simulator.planning.spec import PlanSpec, check_ids, load_plan
+from simulator.planning.search import Verdict, search_max_rate
+from simulator.planning.spec import PlanSpec, check_ids, load_plan, with_overrides
 from simulator.planning.tables import (
     candidate_row,
     layout_row,
@@ -69,8 +68,8 @@ from simulator.planning.tables import (
     searched_row,
     usd_per_million_tokens,
 )
+from simulator.planning.trials import simulate
 from simulator.planning.units import build_units
-from simulator.runs import runner
 from simulator.specs import ModelSpec, load_model
 
 MIN_RATE_FRACTION = 1e-3  # give up on a layout below this fraction of its capacity ceiling
@@ -93,6 +92,7 @@ class PlanResult:
     pareto_metric: str
     fleet: pd.DataFrame
     fleet_summary: dict[str, Any]
+    simulations: int
     wall_s: float
 
     def as_json(self) -> dict[str, Any]:
@@ -100,6 +100,9 @@ class PlanResult:
             "name": self.spec.name,
             "model": self.spec.model,
             "mode": self.spec.mode,
+            "confidence": self.spec.confidence if self.spec.search.band_margin else None,
+            "seeds": self.spec.seeds,
+            "single_layout": self.spec.single_layout,
             "target_rate": self.target_rate,
             "mean_output_tokens": self.mean_output_tokens,
             "slo": self.spec.slo.model_dump(exclude_none=True),
@@ -107,17 +110,23 @@ class PlanResult:
             "fleet": {**self.fleet_summary, "replicas": records(self.fleet)},
             "pareto_metric": self.pareto_metric,
             "pareto": records(self.pareto),
-            "simulations": len(self.probes),
+            "simulations": self.simulations,
             "wall_time_s": self.wall_s,
         }
 
 
 def plan(
-    spec: PlanSpec | str | Path, *, progress: Callable[[str], None] | None = None
+    spec: PlanSpec | str | Path,
+    *,
+    confidence: float | None = None,
+    seeds: int | None = None,
+    single_layout: bool | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> PlanResult:
     """Plan the cheapest deployments for a plan (a PlanSpec or a path to its YAML);
-    `progress` receives a line per stage and per candidate searched, with counts, as the plan
-    goes (nothing before the layouts are priced, so bad input fails with its line alone)."""
+    `confidence`, `seeds` and `single_layout` replace the plan's own where given. `progress`
+    receives a line per stage and per candidate searched, with counts, as the plan goes
+    (nothing before the layouts are priced, so bad input fails with its line alone)."""
     wall = time.perf_counter()
     if isinstance(spec, PlanSpec):
         source = spec.name
@@ -125,6 +134,7 @@ def plan(
     else:
         source = str(spec)
         spec = load_plan(spec)
+    spec = with_overrides(spec, confidence=confidence, seeds=seeds, single_layout=single_layout)
     say = progress or (lambda _line: None)
     model = load_model(spec.model)
     flow = traffic(spec)
@@ -155,12 +165,16 @@ def plan(
         _search_all(spec, candidates, flow, mean_out=mean_out, rows=rows, say=say)
         for candidates in (colocated, units)
     ]
-    fleet_frame, fleet_summary = _cheapest_of(
-        [choose_fleet(spec, searched, flow, mean_out=mean_out) for searched in kinds if searched]
-        or [choose_fleet(spec, [], flow, mean_out=mean_out)]
-    )
+    choices = [
+        choose_fleet(spec, searched, flow, mean_out=mean_out) for searched in kinds if searched
+    ] or [choose_fleet(spec, [], flow, mean_out=mean_out)]
+    chosen = _cheapest_of(choices)
+    checks = {k: c for choice in choices for k, c in choice.seed_checks.items()}
     searched = [s for kind in kinds for s in kind]
-    rows += [searched_row(spec, s, target=target, mean_out=mean_out) for s in searched]
+    rows += [
+        searched_row(spec, s, target=target, mean_out=mean_out, seeds=checks.get(s.prepared.key))
+        for s in searched
+    ]
     probes = pd.DataFrame([r for s in searched for r in s.probes])
     metric = pareto_metric(spec)
     return PlanResult(
@@ -171,8 +185,9 @@ def plan(
         probes=probes,
         pareto=pareto_frontier(probes, cost="usd_per_million_output_tokens", latency=metric),
         pareto_metric=metric,
-        fleet=fleet_frame,
-        fleet_summary=fleet_summary,
+        fleet=chosen.frame,
+        fleet_summary=chosen.summary,
+        simulations=len(probes) + sum(c.simulations for c in choices),
         wall_s=time.perf_counter() - wall,
     )
 
@@ -198,7 +213,12 @@ def _measure_all(
             measured.append(got)
             reason = ""
             if spec.mode != "disaggregated":
-                hope = hopeless(got.floors, spec.slo, margin=spec.search.prescreen_margin)
+                hope = hopeless(
+                    got.floors,
+                    spec.slo,
+                    margin=spec.search.prescreen_margin,
+                    scale=got.margin.scale(),
+                )
                 reason = f"hopeless: {hope}" if hope else ""
                 colocated += [] if hope else [got]
         if reason:
@@ -232,14 +252,12 @@ def _search_all(
     return searched
 
 
-def _cheapest_of(
-    fleets: list[tuple[pd.DataFrame, dict[str, Any]]],
-) -> tuple[pd.DataFrame, dict[str, Any]]:
+def _cheapest_of(choices: list[Choice]) -> Choice:
     """The fleet to report among one per kind: found ones that passed their check (or were
     not checked) first, then the cheapest."""
 
-    def order(item: tuple[pd.DataFrame, dict[str, Any]]) -> tuple[bool, bool, float]:
-        summary = item[1]
+    def order(choice: Choice) -> tuple[bool, bool, float]:
+        summary = choice.summary
         check: dict[str, Any] = summary.get("verification") or {}
         return (
             not summary.get("found"),
@@ -247,36 +265,38 @@ def _cheapest_of(
             summary.get("usd_per_hour", math.inf),
         )
 
-    return min(fleets, key=order)
+    return min(choices, key=order)
 
 
 def _search(spec: PlanSpec, p: Candidate, flow: Traffic, *, mean_out: float) -> Searched:
+    """The highest credited rate at which one replica of `p` meets the SLOs on the plan's
+    first seed, judged at the edge of its margin (`planning.trials`)."""
     verdicts: dict[float, tuple[Verdict, float | None]] = {}
     probes: list[dict[str, Any]] = []
 
     def feasible(rate: float) -> bool:
-        workload = flow.at(p.num_prompts, rate)
-        run = scenario(spec, p.groups(spec), workload, name=p.key)
-        result = runner.run(run)
-        sim = result.sim
-        verdict = judge(
-            sim.requests,
-            itl_s=sim.itl_s,
-            itl_weight=sim.itl_weight,
-            slo=spec.slo,
-            max_queueing_ms=spec.search.max_queueing_ms,
+        trial = simulate(
+            spec,
+            p.groups(spec),
+            flow,
+            num_prompts=p.num_prompts,
+            rate=rate,
+            margin=p.margin,
+            seed=spec.seed,
+            name=p.key,
         )
-        energy = result.as_json().get("energy_per_output_token_j")
-        verdicts[rate] = (verdict, energy)
+        verdict = trial.verdict
+        verdicts[rate] = (verdict, trial.energy_j)
         cost = usd_per_million_tokens(p.usd_per_hour, rate=rate, tokens_per_request=mean_out)
         probes.append(
             candidate_row(p)
             | {
                 "rate": rate,
+                "simulated_rate": trial.simulated_rate,
                 "feasible": verdict.feasible,
                 "reason": verdict.reason,
                 "usd_per_million_output_tokens": cost,
-                "energy_per_output_token_j": energy,
+                "energy_per_output_token_j": trial.energy_j,
                 **verdict.latency_ms,
                 "goodput_fraction": verdict.goodput_fraction,
                 "late_queueing_ms": verdict.late_queueing_ms,
@@ -285,13 +305,14 @@ def _search(spec: PlanSpec, p: Candidate, flow: Traffic, *, mean_out: float) -> 
         return verdict.feasible
 
     s = spec.search
+    ceiling = p.ceiling / p.margin.capacity  # the credited rate the ceiling allows
     outcome = search_max_rate(
         feasible,
-        ceiling=p.ceiling,
-        start=p.ceiling / 2,
+        ceiling=ceiling,
+        start=ceiling / 2,
         tolerance=s.tolerance,
         max_probes=s.max_probes,
-        min_rate=p.ceiling * MIN_RATE_FRACTION,
+        min_rate=ceiling * MIN_RATE_FRACTION,
     )
     at_max = verdicts.get(outcome.max_rate)
     verdict, energy = at_max if at_max else (None, None)
@@ -311,11 +332,12 @@ def _dominated_by(spec: PlanSpec, p: Candidate, searched: list[Searched]) -> str
         k, rate = s.prepared, s.outcome.max_rate
         if rate <= 0 or any(h in limited for h in s.option.hardware_ids):
             continue
-        need = replacement(s.option, rate_ceiling=p.ceiling, usd_per_hour=p.usd_per_hour)
+        ceiling = p.ceiling / p.margin.capacity  # as credited
+        need = replacement(s.option, rate_ceiling=ceiling, usd_per_hour=p.usd_per_hour)
         if need:
             return (
                 f"dominated by {k.key}: {need} of its replicas sustain "
                 f"{need * rate:.2f} req/s for ${need * k.usd_per_hour:.2f}/h, this layout at "
-                f"most {p.ceiling:.2f} req/s for ${p.usd_per_hour:.2f}/h"
+                f"most {ceiling:.2f} req/s for ${p.usd_per_hour:.2f}/h"
             )
     return ""

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from simulator.errors import output_folder
+from simulator.metrics.bands import band_lines, band_text
 
 if TYPE_CHECKING:
     from simulator.planning.plan import PlanResult
@@ -52,22 +53,25 @@ def _candidates_table(frame: pd.DataFrame) -> Table:
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("layout", overflow="fold")
     table.add_column("precision", no_wrap=True)
-    for name in ("req/s/replica", "replicas", "GPUs", "$/hour", "$/M out", "$/M @max", "J/tok"):
+    names = ("req/s/replica", "seeds", "replicas", "GPUs", "$/hour", "$/M out")
+    for name in (*names, "J/tok"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("binding SLO", no_wrap=True)
     for row in frame[frame["status"] == "feasible"].to_dict("records"):
         binding = f"{row['binding_slo']} at {_num(row['slo_ratio'], '.0%')}"
         note = f" ({row['reason']})" if row["reason"] else ""
+        seeds = row.get("seeds_met")
+        checked = f"{seeds:.0f}/{row['seeds']:.0f}" if _given(seeds) else "-"
         table.add_row(
             str(row["rank"]),
             row["layout"] + note,
             row["precision"],
             _num(row["max_rate"], ".2f"),
+            checked,
             str(row["replicas"]),
             str(row["gpus"]),
             _num(row["usd_per_hour"], ".2f"),
             _num(row["usd_per_million_output_tokens"], ".3f"),
-            _num(row["max_rate_usd_per_million_output_tokens"], ".3f"),
             _num(row.get("energy_per_output_token_j"), ".3f"),
             binding,
         )
@@ -92,17 +96,83 @@ def _fleet_lines(result: PlanResult) -> list[str]:
         )
     check = summary.get("verification")
     if check:
-        metrics = ", ".join(
-            f"{key.split('_')[0]} {key.split('_')[1].upper()} {check[key]:.1f} ms"
-            for key in check
-            if key.startswith("p") and key.endswith("_ms")
-        )
         verdict = "meets the SLOs" if check["meets_slos"] else f"MISSES: {check['reason']}"
+        edge = _edge_words(result)
+        seeds = ""
+        if "seeds" in check:
+            seeds = f" in {check['seeds_met']} of {check['seeds']} seeds"
         lines.append(
-            f"  simulated at {check['rate']:.4g} req/s ({check['num_prompts']} requests, "
-            f"{result.spec.router.kind} router): {metrics}: {verdict}"
+            f"  simulated at {check['rate']:.4g} req/s{edge} ({check['num_prompts']} requests, "
+            f"{result.spec.router.kind} router, median of the seeds): {_latencies(check)}: "
+            f"{verdict}{seeds}"
         )
+        if check.get("binding_slo"):
+            lines.append(
+                f"  binding SLO: {check['binding_slo']} at {check['binding_slo_ratio']:.0%} of "
+                f"its target; headroom: {summary['headroom']:+.0%} load ({summary['rate']:.2f} "
+                "req/s, the sum of its replicas' rates)"
+            )
+    prediction = summary.get("prediction")
+    if prediction and any(k.endswith("_ms") for k in prediction):
+        lines.append(
+            f"  point prediction at {prediction['rate']:.4g} req/s: "
+            f"{_latencies(prediction, bands=True)}"
+        )
+        lines += [f"  {line}" for line in band_lines(prediction)]
     return lines
+
+
+def _latencies(data: dict[str, Any], *, bands: bool = False) -> str:
+    """`p99 TTFT 162.0 ms, ...` for the latency keys of `data` (with their bands)."""
+    keys = [k for k in data if k.startswith("p") and k.endswith("_ms")]
+    return ", ".join(
+        f"{key.split('_')[0]} {key.split('_')[1].upper()} {data[key]:.1f} ms"
+        + (f" {band_text(data, key, '.1f') or ''}".rstrip() if bands else "")
+        for key in keys
+    )
+
+
+def _edge_words(result: PlanResult) -> str:
+    """` at the edge of the error bands (90%)` when the plan judges with a margin."""
+    margin = result.fleet_summary.get("margin") or {}
+    if not result.spec.search.band_margin or margin.get("capacity_factor", 1.0) == 1.0:
+        return ""
+    return f" at the {result.spec.confidence:.0%} edge of the error bands"
+
+
+def _given(value: Any) -> bool:
+    return (
+        value is not None
+        and value is not pd.NA
+        and not (isinstance(value, float) and math.isnan(value))
+    )
+
+
+def _margin_line(result: PlanResult) -> str:
+    """What the margin does, for the header: the factors by hardware, and which are pooled."""
+    spec = result.spec
+    if not spec.search.band_margin:
+        return f"Judged at the point predictions (no error-band margin), over {spec.seeds} seeds."
+    frame = result.candidates
+    by_hardware: dict[str, str] = {}
+    if "margin_capacity" in frame.columns:
+        for row in frame[frame["margin_capacity"].notna()].to_dict("records"):
+            pooled = "*" if row.get("band_note") else ""
+            by_hardware.setdefault(
+                str(row["hardware"]),
+                f"{row['hardware']} x{row['margin_capacity']:.2f} (TTFT x{row['margin_ttft']:.2f},"
+                f" TPOT x{row['margin_tpot']:.2f}){pooled}",
+            )
+    column = frame.get("band_note", pd.Series(dtype=str))
+    notes = sorted({str(n) for n in column if _given(n) and n})
+    line = (
+        f"Judged at the {spec.confidence:.0%} edge of the error bands (docs/error-bands.md), as "
+        f"if the hardware ran slower: {'; '.join(by_hardware.values()) or 'none'}. A fleet must "
+        f"meet the SLOs in {spec.confidence:.0%} of {spec.seeds} seeds."
+    )
+    if notes:
+        line += f" *Pooled bands: {'; '.join(notes)}."
+    return line
 
 
 def _pareto_table(result: PlanResult) -> Table:
@@ -133,6 +203,7 @@ def print_plan(result: PlanResult, console: Console) -> None:
         f"[bold]Plan {spec.name}[/bold]: {spec.model} at {result.target_rate:.4g} req/s "
         f"(mean {result.mean_output_tokens:.0f} output tokens); SLOs: {_slo_line(result)}"
     )
+    console.print(_margin_line(result), highlight=False)
     frame = result.candidates
     if (frame["status"] == "feasible").any():
         console.print(_candidates_table(frame))
@@ -150,4 +221,4 @@ def print_plan(result: PlanResult, console: Console) -> None:
         console.print(line, highlight=False)
     if not result.pareto.empty:
         console.print(_pareto_table(result))
-    console.print(f"{len(result.probes)} simulations in {result.wall_s:.1f} s", highlight=False)
+    console.print(f"{result.simulations} simulations in {result.wall_s:.1f} s", highlight=False)

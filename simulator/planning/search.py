@@ -16,7 +16,7 @@ practice, and the result is the highest rate found feasible, never a guess betwe
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,15 +67,23 @@ def judge(
     itl_weight: npt.ArrayLike,
     slo: PlanSLO,
     max_queueing_ms: float,
+    scale: Mapping[str, float] | None = None,
+    wait_scale: float = 1.0,
 ) -> Verdict:
     """`requests`: the simulator's rows (arrival_s, first_scheduled_s, first_token_s,
-    finish_s, output_tokens; NaN times for unfinished requests)."""
+    finish_s, output_tokens; NaN times for unfinished requests). `scale`: what each metric's
+    latencies are multiplied by before they are judged and reported (a plan's margin, the
+    pessimistic edge of the error bands; absent metrics: 1); `wait_scale` the same for the
+    queueing delay."""
+    factor = dict(scale or {})
     done = requests.dropna(subset=["first_token_s", "finish_s"])
     ttft = (done["first_token_s"] - done["arrival_s"]).to_numpy(dtype=float)
     e2el = (done["finish_s"] - done["arrival_s"]).to_numpy(dtype=float)
     out = done["output_tokens"].to_numpy(dtype=float)
     multi = out > 1
     tpot_all = np.where(multi, (e2el - ttft) / np.maximum(out - 1, 1), 0.0)
+    ttft, e2el = ttft * factor.get("ttft", 1.0), e2el * factor.get("e2el", 1.0)
+    tpot_all = tpot_all * factor.get("tpot", 1.0)
     per_metric = {"ttft": ttft, "tpot": tpot_all[multi], "e2el": e2el}
     targets = slo.targets()
     latency: dict[str, float] = {}
@@ -84,6 +92,7 @@ def judge(
         if metric == "itl":
             w = np.asarray(itl_weight, dtype=float)
             value = float(weighted_percentile(itl_s, w, p)) * 1000.0 if float(w.sum()) > 0 else 0.0
+            value *= factor.get("itl", 1.0)
         else:
             value = _percentile_ms(per_metric[metric], p)
         latency[latency_key(metric, p)] = value
@@ -102,7 +111,9 @@ def judge(
 
     late = requests.sort_values("arrival_s").tail(max(1, math.ceil(len(requests) * LATE_SHARE)))
     waits = (late["first_scheduled_s"] - late["arrival_s"]).to_numpy(dtype=float)
-    late_ms = float(np.nanmean(waits)) * 1000.0 if np.isfinite(waits).any() else math.inf
+    late_ms = math.inf
+    if np.isfinite(waits).any():
+        late_ms = float(np.nanmean(waits)) * 1000.0 * wait_scale
 
     reason = ""
     if len(done) < len(requests):

@@ -12,6 +12,7 @@ replicas), disaggregated units (a prefill pool and a decode pool of the candidat
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -138,6 +139,33 @@ def _native_only() -> list[Quantization | None]:
     return [None]
 
 
+class SchedulerSearch(Frozen):
+    """Scheduler knobs searched as part of the layout (every combination of the lists given, with
+    the other dimensions); one left out takes `candidates.scheduler`'s value or the engine's
+    default. Where a plan's answer turns on them (the chunk size decides whether long prompts
+    stall decodes), searching them compares each layout at its best setting."""
+
+    max_num_batched_tokens: Annotated[list[PositiveInt], BeforeValidator(_as_list)] | None = Field(
+        default=None, min_length=1, description="the chunked-prefill token budget per step"
+    )
+    max_num_seqs: Annotated[list[PositiveInt], BeforeValidator(_as_list)] | None = Field(
+        default=None, min_length=1, description="most sequences running at once"
+    )
+    chunked_prefill: Annotated[list[bool], BeforeValidator(_as_list)] | None = Field(
+        default=None, min_length=1, description="chunked prefill on, off or both"
+    )
+
+    def combinations(self) -> list[tuple[tuple[str, Any], ...]]:
+        """Each setting to try, as (knob, value) pairs in field order; one empty setting when
+        nothing is searched."""
+        given = [(k, v) for k, v in self.model_dump().items() if v is not None]
+        names = [k for k, _ in given]
+        return [
+            tuple(zip(names, values, strict=True))
+            for values in itertools.product(*(v for _, v in given))
+        ]
+
+
 class Candidates(Frozen):
     """The layouts to consider: every combination of the lists (each key takes a value or a
     list of values). Knobs outside the lists apply to every layout."""
@@ -165,6 +193,7 @@ class Candidates(Frozen):
     enforce_eager: bool = False
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     scheduler: SchedulerOverrides = Field(default_factory=SchedulerOverrides)
+    scheduler_search: SchedulerSearch = Field(default_factory=SchedulerSearch)
 
     @field_validator("hardware")
     @classmethod
@@ -267,6 +296,11 @@ class SearchSpec(Frozen):
     verify_fleet: bool = Field(
         default=True, description="simulate the chosen fleet at the target rate behind the router"
     )
+    band_margin: bool = Field(
+        default=True,
+        description="judge every candidate at the pessimistic edge of its error band at the "
+        "plan's confidence (false: at the point prediction, as the simulator predicts it)",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> SearchSpec:
@@ -321,6 +355,24 @@ class PlanSpec(Frozen):
         "itl, ttft, e2el; its SLO percentile, else p99)",
     )
     seed: int = Field(default=0, ge=0)
+    confidence: float = Field(
+        default=0.9,
+        gt=0.5,
+        lt=1,
+        description="the chosen fleet must meet the SLOs with the hardware as slow as the "
+        "upper end of its error band at this one-sided confidence (docs/error-bands.md), and "
+        "in this share of the seeds simulated",
+    )
+    seeds: int = Field(
+        default=5,
+        ge=1,
+        le=100,
+        description="workload seeds (plan.seed, seed + 1, ...) the fleet and the sustainable "
+        "rate of each layout in it are simulated with",
+    )
+    single_layout: bool = Field(
+        default=False, description="fleets of one replica shape only (no mix of layouts)"
+    )
 
 
 def load_plan(path: str | Path) -> PlanSpec:
@@ -360,3 +412,19 @@ def check_ids(spec: PlanSpec, *, source: str) -> None:
             load(value)
         except SpecError as exc:
             raise SpecError(exc.line(), source=source, field=field) from None
+
+
+def with_overrides(spec: PlanSpec, **overrides: Any) -> PlanSpec:
+    """`spec` with the given top-level fields replaced (None: keep the plan's), validated as
+    the plan file's own would be; SpecError naming the command-line flag otherwise."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if not given:
+        return spec
+    try:
+        return PlanSpec.model_validate(spec.model_dump() | given)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = str(error["loc"][0]) if error["loc"] else next(iter(given))
+        raise SpecError(
+            error["msg"].removeprefix("Value error, "), field=f"--{name.replace('_', '-')}"
+        ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -9,10 +10,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from simulator.metrics.bands import Margin
 from simulator.planning.fleet import single_layout_fleet
 from simulator.planning.layouts import Candidate, Layout, Prepared, Searched
 from simulator.planning.search import latency_key
 from simulator.planning.spec import PlanSpec
+from simulator.planning.trials import SeedCheck
 from simulator.planning.units import Unit
 
 PARETO_ORDER = ("tpot", "itl", "ttft", "e2el")  # the default frontier latency: first with an SLO
@@ -43,6 +46,7 @@ def layout_row(layout: Layout) -> dict[str, Any]:
         "tp": layout.tp,
         "pp": layout.pp,
         "gpus_per_replica": layout.gpus,
+        **dict(layout.knobs),
     }
 
 
@@ -63,18 +67,33 @@ def prepared_row(p: Candidate) -> dict[str, Any]:
     }
 
 
-def searched_row(spec: PlanSpec, s: Searched, *, target: float, mean_out: float) -> dict[str, Any]:
-    """A searched layout's row: its max rate and SLO use there, and its own fleet for the
-    target (`available` False when the GPU or replica limits forbid it; `reason` says why)."""
+def searched_row(
+    spec: PlanSpec,
+    s: Searched,
+    *,
+    target: float,
+    mean_out: float,
+    seeds: SeedCheck | None = None,
+) -> dict[str, Any]:
+    """A searched layout's row: its max rate (the one that held over the seeds where `seeds`
+    checked it) and SLO use there, and its own fleet for the target (`available` False when
+    the GPU or replica limits forbid it; `reason` says why)."""
     p, rate = s.prepared, s.outcome.max_rate
     row = prepared_row(p) | {"probes": len(s.probes), "converged": s.outcome.converged}
+    row |= margin_columns(p.margin)
+    if seeds is not None:
+        row |= {"searched_rate": rate, "seeds_met": seeds.met, "seeds": seeds.seeds}
+        if seeds.rate <= 0:
+            why = f"its rate held in {seeds.met} of {seeds.seeds} seeds ({seeds.reason})"
+            return row | {"status": "infeasible", "reason": why}
+        rate = seeds.rate
     if rate <= 0:
         last = s.probes[-1]["reason"] if s.probes else ""
         return row | {"status": "infeasible", "reason": f"no rate tried met the SLOs ({last})"}
     limits = {h.id: h.max_gpus for h in spec.candidates.hardware}
     replicas = spec.candidates.data_parallel_size
     alone, why_not = single_layout_fleet(
-        s.option,
+        dataclasses.replace(s.option, rate=rate),
         target_rate=target,
         gpu_limits=limits,
         min_replicas=replicas.min,
@@ -83,6 +102,8 @@ def searched_row(spec: PlanSpec, s: Searched, *, target: float, mean_out: float)
     assert s.verdict is not None  # a feasible rate has its verdict
     binding, ratio = s.verdict.binding
     notes = [why_not] if why_not else []
+    if seeds is not None and seeds.rate < s.outcome.max_rate:
+        notes.append(f"seeds: from {s.outcome.max_rate:.3g}")
     if not s.outcome.converged:
         notes.append(f"search stopped below {s.outcome.upper:.3g} req/s")
     return row | {
@@ -104,6 +125,17 @@ def searched_row(spec: PlanSpec, s: Searched, *, target: float, mean_out: float)
         "slo_ratio": ratio,
         **s.verdict.latency_ms,
         "goodput_fraction": s.verdict.goodput_fraction,
+    }
+
+
+def margin_columns(margin: Margin) -> dict[str, Any]:
+    """A candidate's margin as table columns: the capacity and TTFT/TPOT factors, and why its
+    bands are pooled (unbacked) if they are."""
+    return {
+        "margin_capacity": margin.capacity,
+        "margin_ttft": margin.latency_factor("ttft"),
+        "margin_tpot": margin.latency_factor("tpot"),
+        "band_note": margin.note or "",
     }
 
 

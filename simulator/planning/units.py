@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.metrics.bands import Margin
 from simulator.planning.bounds import (
     FLOOR_CONTEXT_POINTS,
     LatencyFloors,
@@ -33,6 +34,7 @@ from simulator.planning.bounds import (
     prefill_chunks,
 )
 from simulator.planning.layouts import Prepared, Traffic
+from simulator.planning.margins import plan_margin
 from simulator.planning.spec import PlanSpec
 from simulator.specs.scenario import ReplicaGroupSpec
 
@@ -49,6 +51,7 @@ class Unit:
     num_prompts: int
     ceiling: float
     floors: LatencyFloors
+    margin: Margin
 
     @property
     def key(self) -> str:
@@ -182,8 +185,9 @@ def build_units(
         tpot = floors[b.key].tpot(sample.prompt_len, sample.output_len)
         e2el = ttft + np.maximum(sample.output_len - 1, 0) * tpot
         bound = LatencyFloors(ttft, tpot, e2el, float(floors[b.key].floor[0]), sample.output_len)
-        unit = Unit(a, b, n_p, n_d, n, cap, bound)
-        reason = hopeless(bound, spec.slo, margin=search.prescreen_margin)
+        both = plan_margin(spec, [a.deployment, b.deployment], disaggregated=True)
+        unit = Unit(a, b, n_p, n_d, n, cap, bound, both)
+        reason = hopeless(bound, spec.slo, margin=search.prescreen_margin, scale=both.scale())
         if reason:
             pruned.append(unit.row() | {"status": "pruned", "reason": f"hopeless: {reason}"})
         elif len(units) >= spec.disaggregated.max_units:
