@@ -15,7 +15,7 @@ from clitools import run_cli
 from factories import plan_data, write_yaml
 
 from simulator.metrics import bands
-from simulator.planning.layouts import enumerate_layouts, scenario, traffic
+from simulator.planning.layouts import enumerate_layouts
 from simulator.planning.margins import plan_margin
 from simulator.planning.plan import PlanResult, plan
 from simulator.planning.search import judge
@@ -40,15 +40,10 @@ def nominal_verdicts(
 ) -> list[Any]:
     """The plan's fleet simulated at `rate` on other seeds, judged at the point prediction."""
     spec = result.spec
-    flow = traffic(spec)
-    groups = []
-    for row in result.fleet.to_dict("records"):
-        layout = next(lay for lay in enumerate_layouts(spec) if lay.key == row["layout"])
-        groups.append(layout.replica_group(spec, count=int(row["replicas"])))
     verdicts = []
     for seed in seeds:
-        run = scenario(spec, groups, flow.at(num_prompts, rate), name="check")
-        sim = runner.run(run.model_copy(update={"seed": seed})).sim
+        run = result.fleet_scenario(rate=rate, num_prompts=num_prompts, seed=seed)
+        sim = runner.run(run).sim
         verdicts.append(
             judge(
                 sim.requests,

@@ -391,6 +391,15 @@ def margin(
     )
 
 
+def backing_rows(
+    *, hardware: str, engine: str, rows: Sequence[Residual] | None = None
+) -> list[Residual]:
+    """The held-out rows of `hardware` under `engine`'s family (none: it is not backed)."""
+    rows = load_residuals() if rows is None else rows
+    family = engine_family(engine)
+    return [r for r in rows if r.device == hardware and r.engine_family == family]
+
+
 # -- output keys ----------------------------------------------------------------------------------
 def _common(targets: Sequence[Target], attr: str) -> str | None:
     values = {getattr(t, attr) for t in targets}

@@ -42,6 +42,7 @@ class Choice:
     summary: dict[str, Any]
     seed_checks: dict[str, SeedCheck]
     simulations: int
+    groups: list[ReplicaGroupSpec] = dataclasses.field(default_factory=list)
 
 
 def choose_fleet(
@@ -136,7 +137,7 @@ def choose_fleet(
     if verify:
         summary["prediction"] = _predict(spec, fleet, by_key, flow)
         sims += 1
-    return Choice(frame, summary, checks, sims)
+    return Choice(frame, summary, checks, sims, _groups(fleet, by_key, spec))
 
 
 def _propose(

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.errors import SpecError
+from simulator.metrics import bands
 from simulator.planning.bounds import hopeless
 from simulator.planning.choice import Choice, choose_fleet
 from simulator.planning.fleet import replacement
@@ -53,6 +54,7 @@ from simulator.planning.layouts import (
     Traffic,
     enumerate_layouts,
     measure,
+    scenario,
     traffic,
 )
 from simulator.planning.search import Verdict, search_max_rate
@@ -71,6 +73,7 @@ from simulator.planning.tables import (
 from simulator.planning.trials import simulate
 from simulator.planning.units import build_units
 from simulator.specs import ModelSpec, load_model
+from simulator.specs.scenario import ReplicaGroupSpec, Scenario
 
 MIN_RATE_FRACTION = 1e-3  # give up on a layout below this fraction of its capacity ceiling
 
@@ -94,6 +97,27 @@ class PlanResult:
     fleet_summary: dict[str, Any]
     simulations: int
     wall_s: float
+    fleet_groups: list[ReplicaGroupSpec] = field(default_factory=list)
+
+    def fleet_scenario(
+        self, *, rate: float | None = None, num_prompts: int | None = None, seed: int | None = None
+    ) -> Scenario:
+        """The chosen fleet as an `llmsim run` scenario: its replica groups behind the plan's
+        router, `num_prompts` requests of the plan's workload (default: as the fleet's check)
+        at `rate` (default: the target), drawn with `seed` (default: the plan's). ValueError
+        when the plan found no fleet."""
+        if not self.fleet_groups:
+            raise ValueError("the plan found no fleet")
+        flow = traffic(self.spec)
+        check = self.fleet_summary.get("verification") or {}
+        n = num_prompts or int(check.get("num_prompts") or self.spec.search.min_prompts)
+        run = scenario(
+            self.spec,
+            self.fleet_groups,
+            flow.at(flow.clamp(n), rate or self.target_rate),
+            name=f"{self.spec.name}/fleet",
+        )
+        return run if seed is None else run.model_copy(update={"seed": seed})
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -108,11 +132,35 @@ class PlanResult:
             "slo": self.spec.slo.model_dump(exclude_none=True),
             "candidates": records(self.candidates),
             "fleet": {**self.fleet_summary, "replicas": records(self.fleet)},
+            "backing": self.backing(),
             "pareto_metric": self.pareto_metric,
             "pareto": records(self.pareto),
             "simulations": self.simulations,
             "wall_time_s": self.wall_s,
         }
+
+    def backing(self) -> list[dict[str, Any]]:
+        """Per hardware and engine among the layouts judged: the margin it took, and the
+        held-out validation rows that back it (their suites and count; none: its bands are
+        pooled from every device, and `note` says so)."""
+        frame = self.candidates
+        if "margin_capacity" not in frame.columns:
+            return []
+        judged = frame[frame["margin_capacity"].notna() & frame["mode"].eq("colocated")]
+        columns = ["hardware", "engine", "margin_capacity", "margin_ttft", "margin_tpot"]
+        out = []
+        for row in records(judged.drop_duplicates(["hardware", "engine"])):
+            rows = bands.backing_rows(hardware=row["hardware"], engine=row["engine"])
+            out.append(
+                {k: row[k] for k in columns}
+                | {
+                    "backed": bool(rows),
+                    "validation_rows": len(rows),
+                    "suites": sorted({r.suite for r in rows}),
+                    "note": row["band_note"] or None,
+                }
+            )
+        return out
 
 
 def plan(
@@ -189,6 +237,7 @@ def plan(
         fleet_summary=chosen.summary,
         simulations=len(probes) + sum(c.simulations for c in choices),
         wall_s=time.perf_counter() - wall,
+        fleet_groups=chosen.groups,
     )
 
 

@@ -193,10 +193,36 @@ def _plan(plan: PlanFolder) -> tuple[str, str, list[Section]]:
             f"${_fmt(fleet.get('usd_per_hour'), '.2f')}/hour, "
             f"${_fmt(fleet.get('usd_per_million_output_tokens'), '.3f')}/M output tokens."
         )
+        lines += _plan_margin_lines(p)
     else:
         lines.append(f"Cheapest fleet: none ({fleet.get('reason', '')}).")
     top = Section("Summary", text=lines)
     sections = [top]
+    backing = p.get("backing") or []
+    if backing:
+        backed = [
+            (
+                str(b.get("hardware")),
+                str(b.get("engine")),
+                f"{b.get('validation_rows', 0)} ({', '.join(b.get('suites') or []) or 'none'})",
+                f"x{_fmt(b.get('margin_capacity'), '.2f')}",
+                f"x{_fmt(b.get('margin_ttft'), '.2f')} / x{_fmt(b.get('margin_tpot'), '.2f')}",
+                str(b.get("note") or ""),
+            )
+            for b in backing
+        ]
+        header = ("hardware", "engine", "validation rows (suites)", "slower by", "TTFT / TPOT")
+        sections.append(
+            Section(
+                "What backs each device",
+                text=[
+                    "The held-out validation rows behind each device and engine, and the margin "
+                    "the plan judged it with (the upper edge of its error bands, "
+                    "docs/error-bands.md). A device without rows takes the bands of all devices."
+                ],
+                tables=[table_html(backed, header=(*header, "note"))],
+            )
+        )
     if plan.candidates is not None and "status" in plan.candidates.columns:
         feasible = plan.candidates[plan.candidates["status"] == "feasible"]
         shown = [c for c in PLAN_COLUMNS if c in feasible.columns]
@@ -219,9 +245,64 @@ def _plan(plan: PlanFolder) -> tuple[str, str, list[Section]]:
         top.text.append("No simulation in probes.csv: nothing to plot.")
         return f"llmsim plan: {p.get('name', '')}", str(plan.folder), sections
     slo = cf.plan_slo_ms(p.get("slo") or {}, metric)
-    figure = cf.cost_frontier(plan.probes, metric=metric, pareto=plan.pareto, slo_ms=slo)
+    figure = cf.cost_frontier(
+        plan.probes, metric=metric, pareto=plan.pareto, slo_ms=slo, fleet=_fleet_point(p, metric)
+    )
     frontier = Section("Cost against latency", figures=[figure])
     return f"llmsim plan: {p.get('name', '')}", str(plan.folder), [*sections, frontier]
+
+
+def _plan_margin_lines(p: dict[str, Any]) -> list[str]:
+    """The fleet's check over seeds, binding SLO, headroom and point prediction with bands."""
+    fleet = p.get("fleet", {})
+    check = fleet.get("verification") or {}
+    lines = []
+    if "seeds" in check:
+        edge = (
+            f"at the {p['confidence']:.0%} edge of the error bands" if p.get("confidence") else ""
+        )
+        lines.append(
+            f"Checked by simulation at the target {edge}: meets the SLOs in "
+            f"{check.get('seeds_met')} of {check.get('seeds')} seeds "
+            f"({_fmt(fleet.get('slo_attainment'), '.0%')})."
+        )
+    if fleet.get("binding_slo"):
+        lines.append(
+            f"Binding SLO: {fleet['binding_slo']} at {_fmt(fleet.get('binding_slo_ratio'), '.0%')}"
+            f" of its target; headroom {_fmt(fleet.get('headroom'), '+.0%')} load."
+        )
+    prediction = fleet.get("prediction") or {}
+    shown = [k for k in prediction if k.startswith("p") and k.endswith("_ms")]
+    if shown:
+        parts = []
+        for key in shown:
+            band = prediction.get(f"{key}_interval")
+            text = f"{key.removesuffix('_ms').replace('_', ' ')} {_fmt(prediction[key], '.1f')} ms"
+            if band:
+                text += f" [{band[0]:.1f}, {band[1]:.1f}]"
+            parts.append(text)
+        coverage = prediction.get("interval_coverage")
+        where = (
+            f" (bands at {coverage:.0%})"
+            if coverage
+            else f" (no bands: {prediction.get('interval_note', '')})"
+        )
+        lines.append(f"Point prediction at the target: {', '.join(parts)}{where}.")
+    return lines
+
+
+def _fleet_point(p: dict[str, Any], metric: str) -> dict[str, Any] | None:
+    """The chosen fleet on the cost frontier: its point prediction of `metric`, the band as an
+    error bar, and its cost per million output tokens."""
+    fleet = p.get("fleet", {})
+    prediction = fleet.get("prediction") or {}
+    if not fleet.get("found") or metric not in prediction:
+        return None
+    return {
+        "x": prediction[metric],
+        "band": prediction.get(f"{metric}_interval"),
+        "y": fleet.get("usd_per_million_output_tokens"),
+    }
 
 
 def build(loaded: Loaded) -> tuple[str, str, list[Section]]:

@@ -126,14 +126,38 @@ def cost_frontier(
     pareto: pd.DataFrame | None = None,
     slo_ms: float | None = None,
     cost: str = "usd_per_million_output_tokens",
+    fleet: Mapping[str, Any] | None = None,
 ) -> go.Figure:
     """$ per million output tokens (on a log axis: a plan's layouts span decades of cost)
     against a latency (`metric`) for every simulation of a plan (`probes`: one colour per
-    layout, filled if it met the SLOs, open if not), the frontier (`pareto`) as a line, and the
-    SLO on that latency (`slo_ms`)."""
+    layout, filled if it met the SLOs, open if not), the frontier (`pareto`) as a line, the
+    SLO on that latency (`slo_ms`), and the chosen fleet (`fleet`: its point prediction `x`,
+    its error band `band` as a horizontal error bar, its cost `y`)."""
     require(probes, ("layout", "feasible", metric, cost), what="the plan's probes")
     fig = go.Figure()
     _probe_traces(fig, probes, metric=metric, cost=cost)
+    if fleet is not None and fleet.get("y") is not None:
+        x, band = float(fleet["x"]), fleet.get("band")
+        error = (
+            {
+                "type": "data",
+                "symmetric": False,
+                "array": [band[1] - x],
+                "arrayminus": [x - band[0]],
+            }
+            if band
+            else None
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[x],
+                y=[fleet["y"]],
+                mode="markers",
+                name="chosen fleet (point prediction" + (" and its error band)" if band else ")"),
+                marker={"color": "black", "size": 14, "symbol": "star"},
+                error_x=error,
+            )
+        )
     if pareto is not None and not pareto.empty:
         require(pareto, (metric, cost), what="the plan's frontier")
         add_frontier(fig, pareto, x=metric, y=cost, name="frontier")
