@@ -194,6 +194,15 @@ def test_a_plan_json_names_attainment_binding_slo_headroom_and_bands(
     assert doc["simulations"] > len(margined.probes)
 
 
+def test_every_layouts_rate_can_be_checked_over_the_seeds() -> None:
+    data = margin_on(seeds=2)
+    data["search"]["seed_check"] = "all"
+    result = plan(PlanSpec.model_validate(data))
+    feasible = result.candidates[result.candidates["status"] == "feasible"]
+    assert len(feasible) == 2 and (feasible["seeds"] == 2).all()
+    assert (feasible["max_rate"] <= feasible["searched_rate"]).all()
+
+
 def test_a_single_layout_plan_uses_one_replica_shape() -> None:
     data = plan_data(
         workload={

@@ -45,7 +45,7 @@ import pandas as pd
 from simulator.errors import SpecError
 from simulator.metrics import bands
 from simulator.planning.bounds import hopeless
-from simulator.planning.choice import Choice, choose_fleet
+from simulator.planning.choice import Choice, check_seeds, choose_fleet
 from simulator.planning.fleet import replacement
 from simulator.planning.layouts import (
     Candidate,
@@ -219,6 +219,12 @@ def plan(
     chosen = _cheapest_of(choices)
     checks = {k: c for choice in choices for k, c in choice.seed_checks.items()}
     searched = [s for kind in kinds for s in kind]
+    extra = 0
+    if spec.search.seed_check == "all" and spec.seeds > 1:
+        for s in searched:
+            if s.prepared.key not in checks and s.outcome.max_rate > 0:
+                checks[s.prepared.key] = check_seeds(spec, s, flow)
+                extra += checks[s.prepared.key].simulations
     rows += [
         searched_row(spec, s, target=target, mean_out=mean_out, seeds=checks.get(s.prepared.key))
         for s in searched
@@ -235,7 +241,7 @@ def plan(
         pareto_metric=metric,
         fleet=chosen.frame,
         fleet_summary=chosen.summary,
-        simulations=len(probes) + sum(c.simulations for c in choices),
+        simulations=len(probes) + sum(c.simulations for c in choices) + extra,
         wall_s=time.perf_counter() - wall,
         fleet_groups=chosen.groups,
     )

@@ -296,6 +296,12 @@ class SearchSpec(Frozen):
     verify_fleet: bool = Field(
         default=True, description="simulate the chosen fleet at the target rate behind the router"
     )
+    seed_check: Literal["fleet", "all"] = Field(
+        default="fleet",
+        description="whose rate is simulated on every seed: the layouts a proposed fleet uses "
+        "(where the seeds decide the answer), or every layout searched (the table's rates all "
+        "checked, at a few more simulations per layout)",
+    )
     band_margin: bool = Field(
         default=True,
         description="judge every candidate at the pessimistic edge of its error band at the "
