@@ -213,7 +213,11 @@ def check_seeds(spec: PlanSpec, s: Searched, flow: Traffic) -> SeedCheck:
         trials, met = over_seeds(run_one, others, need=need, met=1)
         sims += len(trials)
         if met >= need:
-            return SeedCheck(rate, spec.seeds, met, "", sims)
+            known = [t.verdict for t in trials]
+            if rate == s.outcome.max_rate and s.verdict is not None:
+                known.append(s.verdict)  # the first seed's, from the search
+            worst = max(known, key=lambda v: v.binding[1] if v.ratios else 0.0, default=None)
+            return SeedCheck(rate, spec.seeds, met, "", sims, worst)
         reason = next(t.verdict.reason for t in trials if not t.verdict.feasible)
         rate /= step
     return SeedCheck(0.0, spec.seeds, met, f"seed {reason}", sims)

@@ -76,8 +76,8 @@ def searched_row(
     seeds: SeedCheck | None = None,
 ) -> dict[str, Any]:
     """A searched layout's row: its max rate (the one that held over the seeds where `seeds`
-    checked it) and SLO use there, and its own fleet for the target (`available` False when
-    the GPU or replica limits forbid it; `reason` says why)."""
+    checked it) and SLO use there (the seed closest to an SLO), and its own fleet for the
+    target (`available` False when the GPU or replica limits forbid it; `reason` says why)."""
     p, rate = s.prepared, s.outcome.max_rate
     row = prepared_row(p) | {"probes": len(s.probes), "converged": s.outcome.converged}
     row |= margin_columns(p.margin)
@@ -99,8 +99,9 @@ def searched_row(
         min_replicas=replicas.min,
         max_replicas=replicas.max,
     )
-    assert s.verdict is not None  # a feasible rate has its verdict
-    binding, ratio = s.verdict.binding
+    verdict = seeds.worst if seeds is not None and seeds.worst is not None else s.verdict
+    assert verdict is not None  # a feasible rate has its verdict
+    binding, ratio = verdict.binding
     notes = [why_not] if why_not else []
     if seeds is not None and seeds.rate < s.outcome.max_rate:
         notes.append(f"seeds: from {s.outcome.max_rate:.3g}")
@@ -123,8 +124,8 @@ def searched_row(
         "energy_per_output_token_j": s.energy_j,
         "binding_slo": binding,
         "slo_ratio": ratio,
-        **s.verdict.latency_ms,
-        "goodput_fraction": s.verdict.goodput_fraction,
+        **verdict.latency_ms,
+        "goodput_fraction": verdict.goodput_fraction,
     }
 
 

@@ -35,13 +35,15 @@ class Trial:
 class SeedCheck:
     """A layout's rate over the plan's seeds: the credited rate that held in enough of them
     (0: none of the rates tried), the seeds that met the SLOs there (the first seed's search
-    counts as one), and why the last rate tried failed."""
+    counts as one), why the last rate tried failed, and at the rate that held, the verdict
+    closest to (or furthest past) an SLO among its seeds."""
 
     rate: float
     seeds: int
     met: int
     reason: str = ""
     simulations: int = 0
+    worst: Verdict | None = None
 
 
 def simulate(
