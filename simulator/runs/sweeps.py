@@ -33,6 +33,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -88,8 +89,9 @@ SPEC_FILE = "sweep.yaml"
 # Runs in flight per worker: enough to keep workers busy, few enough that Ctrl-C stops soon.
 IN_FLIGHT_PER_WORKER = 2
 MAX_ERROR_CHARS = 500
-# How long a cluster at RAY_ADDRESS has to accept a connection before the sweep gives up.
-RAY_CONNECT_TIMEOUT_S = 15.0
+# How long a cluster at RAY_ADDRESS has to accept a connection, and then `ray.init` to connect,
+# before the sweep gives up (each; LLMSIM_RAY_CONNECT_TIMEOUT_S overrides it).
+RAY_CONNECT_TIMEOUT_S = 30.0
 PARENT_POLL_S = 0.5  # a pool worker checks this often that the sweep's process lives
 
 
@@ -200,19 +202,15 @@ def _ray(jobs: list[Job], workers: int | None) -> Iterator[Outcome]:
     ray = import_ray()
     started = not ray.is_initialized()
     address = os.environ.get("RAY_ADDRESS", "")
-    if started:
-        if address:
-            reach_ray(address)
+    if started and address:
+        _connect_ray(ray, address, connect_timeout_s())
+    elif started:
         try:
-            if address:
-                ray.init(address=address, logging_level=logging.WARNING)
-            else:
-                ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING)
-        except Exception as exc:  # connection refused, authentication, version mismatch
-            where = f"the Ray cluster at {address}" if address else "a local Ray"
+            ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING)
+        except Exception as exc:
             raise SpecError(
-                f"cannot start on {where}: {_one_line(f'{type(exc).__name__}: {exc}')}",
-                field="RAY_ADDRESS" if address else "executor",
+                f"cannot start a local Ray: {_one_line(f'{type(exc).__name__}: {exc}')}",
+                field="executor",
             ) from None
     task = ray.remote(execute)
     limit = IN_FLIGHT_PER_WORKER * max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -236,10 +234,93 @@ def _ray(jobs: list[Job], workers: int | None) -> Iterator[Outcome]:
             ray.shutdown()
 
 
-def reach_ray(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+def connect_timeout_s() -> float:
+    """RAY_CONNECT_TIMEOUT_S, or the seconds in LLMSIM_RAY_CONNECT_TIMEOUT_S."""
+    text = os.environ.get("LLMSIM_RAY_CONNECT_TIMEOUT_S", "")
+    try:
+        value = float(text) if text else RAY_CONNECT_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise SpecError(
+            f"must be a positive number of seconds (got {text!r})",
+            field="LLMSIM_RAY_CONNECT_TIMEOUT_S",
+        )
+    return value
+
+
+def _connect_ray(ray: ModuleType, address: str, timeout_s: float) -> None:
+    """`ray.init(address)` within `timeout_s`: a SpecError if it fails (refused, an
+    authentication error, a version mismatch) or has not returned by then (something that is
+    not a Ray cluster answers there: Ray would retry for many minutes). It runs in a daemon
+    thread, left behind on a timeout."""
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except BaseException as exc:  # reported by the caller
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=connect, name="llmsim-ray-connect", daemon=True)
+    with _held_stderr() as held:  # Ray's retries log there: kept for a success only
+        thread.start()
+        thread.join(timeout_s)
+        held.replay = bool(outcome) and outcome[0] is None
+    if not outcome:
+        raise SpecError(
+            f"the Ray cluster at {address} did not answer within {timeout_s:g} s (is a Ray "
+            "head there? LLMSIM_RAY_CONNECT_TIMEOUT_S sets the wait)",
+            field="RAY_ADDRESS",
+        )
+    if outcome[0] is not None:
+        exc = outcome[0]
+        raise SpecError(
+            f"cannot connect to the Ray cluster at {address}: "
+            f"{_one_line(f'{type(exc).__name__}: {exc}')}",
+            field="RAY_ADDRESS",
+        )
+
+
+@dataclass
+class _Held:
+    replay: bool = False
+
+
+@contextmanager
+def _held_stderr() -> Iterator[_Held]:
+    """What is written to file descriptor 2 in the block (Ray's C++ core logs there directly),
+    held in a temporary file and written out at the end if `replay` was set; else dropped, so
+    that a failure is the one line of its SpecError."""
+    held = _Held()
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no file descriptor 2 (an embedding host)
+        yield held
+        return
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield held
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if held.replay:
+                log.seek(0)
+                os.write(2, log.read())
+
+
+def reach_ray(address: str, timeout_s: float | None = None) -> None:
     """A SpecError unless the Ray cluster at `address` (host:port, or ray://host:port for Ray
-    Client) accepts a TCP connection within `timeout_s`: `ray.init` would retry an unreachable
-    one for minutes. "auto" and "local" (found by Ray itself) are not checked."""
+    Client) accepts a TCP connection within `timeout_s` (default `connect_timeout_s()`):
+    `ray.init` would retry an unreachable one for minutes. "auto" and "local" (found by Ray
+    itself) are not checked."""
+    timeout_s = connect_timeout_s() if timeout_s is None else timeout_s
     target = address.removeprefix("ray://").rstrip("/")
     host, _, port = target.rpartition(":")
     if address in ("auto", "local") or not host or not port.isdigit():
@@ -396,7 +477,9 @@ def execute_sweep(
     if workers is not None and workers < 1:
         raise SpecError(f"must be at least 1 (got {workers})", field="workers")
     if executor == "ray":
-        import_ray()
+        ray = import_ray()
+        if os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+            reach_ray(os.environ["RAY_ADDRESS"])  # before anything is written
     elif executor != "local":
         raise SpecError(f"unknown executor '{executor}' (local or ray)", field="executor")
     runs = expand(spec)
