@@ -745,3 +745,20 @@ def test_a_bad_ray_connect_timeout_is_a_spec_error(
     monkeypatch.setenv("LLMSIM_RAY_CONNECT_TIMEOUT_S", value)
     with pytest.raises(SpecError, match="LLMSIM_RAY_CONNECT_TIMEOUT_S: must be a positive"):
         sweeps.connect_timeout_s()
+
+
+def test_the_report_of_a_sweep_replaces_a_link_planted_as_report_html(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "precious.html"
+    target.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.html").symlink_to(target)
+    path = make_sweep(tmp_path, grid={"seed": [0, 1]})
+    code, _, err = run_cli(
+        capsys, "sweep", str(path), "--out", str(out), "--workers", "1", "--quiet", "--report"
+    )
+    assert code == 0, err
+    assert target.read_text() == "keep me"
+    assert not (out / "report.html").is_symlink() and "<html" in (out / "report.html").read_text()
