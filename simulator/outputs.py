@@ -49,6 +49,7 @@ def atomic_folder(out: str | Path, kind: str, files: Iterable[str]) -> Iterator[
     full disk) is raised again naming `out`. A folder holding anything else is refused, before
     anything is written (`check_replaceable`)."""
     final = check_replaceable(out, files)
+    inside = Path.cwd() == final  # `--out .`: the working folder is about to be swapped
     parent = final.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -62,21 +63,23 @@ def atomic_folder(out: str | Path, kind: str, files: Iterable[str]) -> Iterator[
         write_manifest(tmp, kind)
         check_replaceable(final, files)  # nothing else moved in while we wrote
         _swap_into_place(tmp, final)
+        if inside:
+            os.chdir(final)  # the new folder, not the deleted old one
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(exc.errno, exc.strerror or str(exc), str(final)) from None
+        raise OSError(exc.errno, exc.strerror or str(exc), str(out)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
 def check_replaceable(out: str | Path, files: Iterable[str]) -> Path:
-    """`out` (a link to a folder is followed: the user named it) if a result may be written
-    there: nothing there yet, an empty folder, or a previous result holding only `files`, its
-    manifest and `EXTRA_FILES`; anything else is a SpecError naming what is in the way."""
-    final = not_a_file(out)
-    if final.is_symlink():
-        final = final.resolve()
+    """`out` as an absolute path (a link to a folder is followed: the user named it) if a result
+    may be written there: nothing there yet, an empty folder, or a previous result holding only
+    `files`, its manifest and `EXTRA_FILES`; anything else is a SpecError naming what is in the
+    way."""
+    given = not_a_file(out)
+    final = given.resolve() if given.is_symlink() else Path(os.path.abspath(given))
     if not final.is_dir():
         return final
     allowed = {*files, MANIFEST, *EXTRA_FILES}
@@ -86,7 +89,7 @@ def check_replaceable(out: str | Path, files: Iterable[str]) -> Path:
         raise SpecError(
             f"holds {shown}, which a result folder does not; give a new or empty folder, or a "
             "previous result's (it is replaced whole)",
-            source=str(final),
+            source=str(given),
         )
     return final
 

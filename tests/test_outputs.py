@@ -364,3 +364,17 @@ def test_a_link_planted_as_the_lock_is_refused(tmp_path: Path) -> None:
     ):
         pass  # pragma: no cover
     assert target.read_text() == "keep me"
+
+
+def test_a_run_into_the_working_folder_replaces_it_and_stays_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_runs: tuple[Path, Path]
+) -> None:
+    out = tmp_path / "here"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    for scenario in two_runs:  # into an empty working folder, then over its own result
+        runner.save_run(runner.run(scenario), ".")
+        check_manifest(out, "run", runner.RUN_FILES)
+        assert Path.cwd() == out and Path("summary.json").is_file()
+    assert json.loads(Path("summary.json").read_text())["scenario"] == "other"
+    assert hidden_siblings(out) == []

@@ -165,8 +165,9 @@ def _pool(jobs: list[Job], workers: int) -> Iterator[Outcome]:
 def die_with_parent(parent: int) -> None:
     """In a pool worker: exit as soon as the process `parent` (the sweep's) dies, however it
     dies (`kill -9` included), rather than live on holding memory. On Linux the kernel sends
-    the worker SIGKILL (prctl PR_SET_PDEATHSIG); everywhere a daemon thread also polls the
-    parent's pid every PARENT_POLL_S (a worker whose parent died is re-parented)."""
+    the worker SIGKILL (prctl PR_SET_PDEATHSIG: it follows the thread that started the worker,
+    the sweep's, which outlives its pool); everywhere a daemon thread also polls the parent's
+    pid every PARENT_POLL_S (a worker whose parent died is re-parented)."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
