@@ -500,6 +500,7 @@ def _execute(
 ) -> SweepReport:
     """The sweep's missing runs into `folder`, whose lock this process holds."""
     results = ResultsFile(folder / RESULTS_FILE, varied=varied_paths(spec))
+    remove_leftovers(folder / SPEC_FILE)
     try:
         write_sweep(spec, folder / SPEC_FILE)
     except OSError as exc:
