@@ -1,7 +1,8 @@
 """The package's import graph: data flows one way through its layers, with no cycles.
 
-specs -> costmodel / workload -> metrics -> serving -> runs -> planning / validate / regress
--> report / calibrate -> api -> cli -> entry points (docs/architecture.md draws it). A module
+units, errors -> outputs -> specs -> costmodel / workload -> metrics -> serving -> runs
+-> planning / validate / regress -> report / calibrate -> api -> cli -> entry points
+(docs/architecture.md draws it). A module
 may import its own package and the layers below it, never a layer above nor another package
 of its own layer. Every import counts, including those inside functions and under
 TYPE_CHECKING: each is a dependency of the design, even where Python would not load it.
@@ -20,6 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "simulator"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("simulator.units", "simulator.errors"),
+    ("simulator.outputs",),
     ("simulator.specs",),
     ("simulator.workload", "simulator.costmodel"),
     ("simulator.metrics",),

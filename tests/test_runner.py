@@ -254,6 +254,7 @@ def test_run_writes_its_results(capsys: pytest.CaptureFixture[str], tmp_path: Pa
         "itl.csv",
         "scenario.json",
         "memory.json",
+        "manifest.json",
     }
 
 

@@ -4,8 +4,15 @@ on one H100), so each run takes a few milliseconds."""
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +22,14 @@ from clitools import run_cli
 from factories import scenario_data, write_yaml
 
 from simulator.errors import SpecError
-from simulator.runs import runner
-from simulator.runs.sweeps import SweepSpec, execute_sweep, expand, load_sweep, sweep
+from simulator.runs import runner, sweeps
+from simulator.runs.sweeps import (
+    SweepSpec,
+    execute_sweep,
+    expand,
+    load_sweep,
+    sweep,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -471,3 +484,281 @@ def test_ray_executor_matches_the_local_one(tmp_path: Path) -> None:
     local = execute_sweep(path, tmp_path / "local", workers=1)
     assert (remote.ok, remote.error) == (3, 3)
     pd.testing.assert_frame_equal(metrics(remote.table), metrics(local.table))
+
+
+# -- one writer per folder, no links followed, nothing left running -------------------------------
+HOLD_LOCK = """
+import sys
+from pathlib import Path
+from simulator.outputs import folder_lock
+with folder_lock(Path(sys.argv[1]), "llmsim sweep"):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_second_sweep_on_a_locked_folder_exits_2_naming_the_holder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make_sweep(tmp_path, grid={"seed": [0, 1, 2]})
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        code, _, err = run_cli(capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
+        assert code == 2
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert f"another llmsim sweep is writing this folder (pid {holder.pid} on " in err
+        assert not (out / "results.csv").exists()
+    finally:
+        holder.communicate(b"")  # let it go
+    code, out_text, _ = run_cli(capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
+    assert code == 0 and "3 ok" in out_text
+    assert len(pd.read_csv(out / "results.csv")) == 3
+
+
+@pytest.mark.slow
+def test_two_sweeps_at_once_leave_one_row_per_run(tmp_path: Path) -> None:
+    path = make_sweep(tmp_path, grid={"seed": list(range(8))})
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "simulator", "sweep", str(path), "--out", str(out)]
+    procs = [
+        subprocess.Popen([*command, "--workers", "1", "--quiet"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    results = [proc.communicate() for proc in procs]
+    codes = sorted(proc.returncode for proc in procs)
+    # the second one is refused while the first writes, or finds every run done after it
+    assert codes in ([0, 0], [0, 2]), results
+    for proc, (stdout, stderr) in zip(procs, results, strict=True):
+        if proc.returncode == 2:
+            assert len(stderr.splitlines()) == 1 and "another llmsim sweep" in stderr
+        else:
+            assert stdout.startswith("sweep: ")
+    table = pd.read_csv(out / "results.csv")
+    assert len(table) == 8 and table["run_id"].is_unique
+
+
+@pytest.mark.parametrize("name", ["sweep.yaml", "results.csv.tmp"])
+def test_a_link_planted_in_the_folder_is_replaced_not_followed(tmp_path: Path, name: str) -> None:
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).symlink_to(target)
+    # two rows of different columns: results.csv is rewritten once under the wider header
+    path = make_sweep(tmp_path / "s", grid={"model": ["llama-3.1-405b", "llama-3.1-8b"]})
+    report = execute_sweep(path, out, workers=1, progress=False)
+    assert (report.ok, report.error) == (1, 1)
+    assert target.read_text() == "keep me"
+    assert "base:" in (out / "sweep.yaml").read_text()
+
+
+def test_a_link_planted_as_results_csv_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "precious.csv"
+    target.write_text("run_id,status\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.csv").symlink_to(target)
+    path = make_sweep(tmp_path, grid={"seed": [0]})
+    code, _, err = run_cli(capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
+    assert code == 2
+    assert err == (
+        f"llmsim: error: {out / 'results.csv'}: is a symbolic link; llmsim does not write "
+        "through links in an output folder (remove it, or choose another --out)\n"
+    )
+    assert target.read_text() == "run_id,status\n"
+
+
+def test_a_full_disk_mid_sweep_exits_2_and_the_sweep_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = make_sweep(tmp_path, grid={"seed": [0, 1, 2]})
+    out = tmp_path / "out"
+    real = sweeps.open_append
+
+    class Filling:
+        """The results file on a disk that fills up mid-way through the second row."""
+
+        def __init__(self, path: Path) -> None:
+            self.fh = real(path)
+
+        def write(self, text: str) -> int:
+            self.fh.write(text[: len(text) // 2])
+            self.fh.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.fh, name)
+
+    monkeypatch.setattr(sweeps, "open_append", Filling)
+    args = ("sweep", str(path), "--out", str(out), "--workers", "1", "--quiet")
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2
+    assert err == f"llmsim: error: {out / 'results.csv'}: No space left on device\n"
+    assert (out / "results.csv").read_text().count("\n") == 2  # header, a row, half a row
+    monkeypatch.undo()
+    code, text, _ = run_cli(capsys, *args)
+    assert code == 0 and "2 ok, 0 error, 1 skipped" in text
+    table = pd.read_csv(out / "results.csv")
+    assert len(table) == 3 and table["run_id"].is_unique
+
+
+def _children(pid: int) -> list[int]:
+    """The pool workers (multiprocessing `spawn` children) of process `pid` (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"spawn_main" in cmdline:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_pool_workers_die_with_a_killed_sweep(tmp_path: Path) -> None:
+    # runs long enough (tens of seconds each) that workers would outlive their parent by far
+    base = scenario_data(input_len=512, output_len=512, num_prompts=200_000, request_rate=1000)
+    path = make_sweep(tmp_path, base=base, grid={"seed": [0, 1, 2, 3]})
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"}
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "simulator", "sweep", str(path), "--out", str(tmp_path / "out"),
+         "--workers", "2", "--quiet"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        workers: list[int] = []
+        for _ in range(1200):  # until both workers are up (bounded: 2 minutes at most)
+            workers = _children(parent.pid)
+            if len(workers) == 2 or parent.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert len(workers) == 2, "the pool did not start"
+        time.sleep(1.0)  # into their first runs
+    finally:
+        parent.kill()
+        parent.wait()
+    for _ in range(600):  # a generous bound (60 s); they go within a second
+        if not any(_alive(pid) for pid in workers):
+            break
+        time.sleep(0.1)
+    left = [pid for pid in workers if _alive(pid)]
+    for pid in left:  # do not leave them behind if the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
+def test_die_with_parent_exits_a_worker_whose_parent_is_gone() -> None:
+    # spawned by this process but told its parent is another: it must exit at once
+    code = (
+        "from simulator.runs.sweeps import die_with_parent\n"
+        "import time\n"
+        "die_with_parent(1)\n"  # not our parent (unless run as pid 1's child)
+        "time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, check=False, timeout=600)
+    assert proc.returncode == 1
+
+
+def test_an_unreachable_ray_address_exits_2_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("ray")
+    with socket.socket() as sock:  # a local port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    path = make_sweep(tmp_path, grid={"seed": [0]})
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "sweep", str(path), "--out", str(out), "--executor", "ray")
+    assert code == 2
+    assert err.startswith(
+        f"llmsim: error: RAY_ADDRESS: cannot reach the Ray cluster at 127.0.0.1:{port} within "
+    )
+    assert len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+class FakeRay:
+    """`ray.init` that hangs (as Ray does at an address where no Ray head answers) or fails."""
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
+        self.release = threading.Event()
+
+    def init(self, **_: Any) -> None:
+        if self.error is not None:
+            raise self.error
+        self.release.wait()
+
+
+def test_a_ray_cluster_that_does_not_answer_is_one_line_within_the_timeout() -> None:
+    fake = FakeRay(None)
+    try:
+        with pytest.raises(SpecError, match=r"did not answer within 0\.2 s") as err:
+            sweeps._connect_ray(fake, "10.0.0.1:6379", 0.2)  # type: ignore[arg-type]
+    finally:
+        fake.release.set()
+    assert err.value.field == "RAY_ADDRESS"
+
+
+def test_a_ray_authentication_error_is_one_line() -> None:
+    error = ConnectionError("Authentication failed:\nthe token is invalid")
+    with pytest.raises(SpecError) as err:
+        sweeps._connect_ray(FakeRay(error), "10.0.0.1:6379", 5)  # type: ignore[arg-type]
+    assert err.value.line() == (
+        "RAY_ADDRESS: cannot connect to the Ray cluster at 10.0.0.1:6379: ConnectionError: "
+        "Authentication failed: the token is invalid"
+    )
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "inf"])
+def test_a_bad_ray_connect_timeout_is_a_spec_error(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("LLMSIM_RAY_CONNECT_TIMEOUT_S", value)
+    with pytest.raises(SpecError, match="LLMSIM_RAY_CONNECT_TIMEOUT_S: must be a positive"):
+        sweeps.connect_timeout_s()
+
+
+def test_the_report_of_a_sweep_replaces_a_link_planted_as_report_html(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "precious.html"
+    target.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.html").symlink_to(target)
+    path = make_sweep(tmp_path, grid={"seed": [0, 1]})
+    code, _, err = run_cli(
+        capsys, "sweep", str(path), "--out", str(out), "--workers", "1", "--quiet", "--report"
+    )
+    assert code == 0, err
+    assert target.read_text() == "keep me"
+    assert not (out / "report.html").is_symlink() and "<html" in (out / "report.html").read_text()

@@ -2,7 +2,7 @@
 
 Bad input of any kind exits with status 2 and one line on stderr naming the file, field and
 reason (SpecError, a usage error from the flag parser, or a path that cannot be written or
-read, such as an output folder under a missing or read-only parent).
+read, such as an output folder under a missing or read-only parent or on a full disk).
 
 The commands live by subject: `specs` (hardware, models, engines), `ops` (op), `bench`
 (bench latency|throughput|serve, with the flags they share in `bench_flags`), `scenarios`
@@ -12,6 +12,7 @@ the order `llmsim --help` lists them, and turns errors into exit statuses.
 
 from __future__ import annotations
 
+import errno
 import sys
 from typing import Any
 
@@ -44,6 +45,9 @@ app.add_typer(engines_app, name="engines")
 app.add_typer(op_app, name="op")
 app.add_typer(bench_app, name="bench")
 
+# Errors of a write that the disk or file system refused, whatever the file.
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS)
+
 # Flags that take several values after one flag in vLLM (argparse nargs="+").
 MULTI_VALUE_FLAGS = ("--goodput",)
 
@@ -74,10 +78,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"llmsim: error: {flag_error(exc, _flags(args)).line()}\n")
         raise SystemExit(2) from None
     except OSError as exc:
-        if exc.filename is None:  # not about a path the user named: a bug
+        if exc.filename is not None:
+            # an output folder that cannot be created, a file that cannot be written or read
+            sys.stderr.write(f"llmsim: error: {exc.filename}: {exc.strerror or exc}\n")
+        elif exc.errno in FULL_DISK:  # a write that did not say where (stdout to a full disk)
+            sys.stderr.write(f"llmsim: error: cannot write the output: {exc.strerror or exc}\n")
+        else:  # not about a path the user named nor the disk: a bug
             raise
-        # an output folder that cannot be created, a file that cannot be written or read
-        sys.stderr.write(f"llmsim: error: {exc.filename}: {exc.strerror or exc}\n")
         raise SystemExit(2) from None
     except MemoryError as exc:  # a request asking for more than the machine holds
         detail = f" ({' '.join(str(exc).split())})" if str(exc) else ""

@@ -77,8 +77,12 @@ def print_json(obj: Any) -> None:
 def write_json(path: str | None, data: Any) -> None:
     """`data` as indented JSON in the file `path` (nothing when None: no --output-json)."""
     if path:
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, default=str)
+        text = json.dumps(data, indent=2, default=str)
+        try:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:  # a full disk shows only at the flush: name the file
+            raise OSError(exc.errno, exc.strerror or str(exc), path) from None
 
 
 def wide_console() -> Console:

@@ -17,7 +17,7 @@ from simulator.cli.common import (
     print_json,
     progress_line,
 )
-from simulator.errors import SpecError, not_a_file
+from simulator.errors import SpecError
 
 
 def run_cmd(
@@ -34,6 +34,7 @@ def run_cmd(
 ) -> None:
     """A full what-if from a scenario file: replica groups, router, workload, SLOs."""
     from simulator.metrics.summary import format_serve_summary
+    from simulator.outputs import check_replaceable
     from simulator.runs import runner
     from simulator.serving.disagg import pool_lines
     from simulator.specs.scenario import Scenario
@@ -46,7 +47,7 @@ def run_cmd(
     if report and not out:
         raise SpecError("--report needs --out DIR (it writes DIR/report.html)", field="report")
     if out:
-        not_a_file(out)
+        check_replaceable(out, runner.RUN_FILES)  # before a long run whose results go there
     result = runner.run(scenario)
     if out:
         runner.save_run(result, out, interval_coverage=interval_coverage)
@@ -113,8 +114,9 @@ def plan_cmd(
     schema: Annotated[bool, typer.Option("--schema", help="print the plan JSON schema")] = False,
 ) -> None:
     """The cheapest deployments that meet the SLOs: per layout, and the cheapest mixed fleet."""
+    from simulator.outputs import check_replaceable
     from simulator.planning.plan import plan
-    from simulator.planning.report import print_plan, save_plan
+    from simulator.planning.report import PLAN_FILES, print_plan, save_plan
     from simulator.planning.spec import PlanSpec
 
     if schema:
@@ -123,7 +125,7 @@ def plan_cmd(
     if plan_file is None:
         raise SpecError("missing PLAN.yaml", field="plan")
     if out:
-        not_a_file(out)
+        check_replaceable(out, PLAN_FILES)
     err = Console(stderr=True)
     status = err.status("planning") if err.is_terminal else None
     if status:

@@ -13,21 +13,24 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from simulator.errors import output_folder
 from simulator.metrics.bands import band_lines, band_text
+from simulator.outputs import atomic_folder
 
 if TYPE_CHECKING:
     from simulator.planning.plan import PlanResult
 
+PLAN_FILES = ("plan.json", "candidates.csv", "pareto.csv", "probes.csv")  # beside manifest.json
+
 
 def save_plan(result: PlanResult, out: str | Path) -> Path:
-    """Write plan.json, candidates.csv, pareto.csv and probes.csv under `out`; returns it."""
-    folder = output_folder(out)
-    (folder / "plan.json").write_text(json.dumps(result.as_json(), indent=2) + "\n")
-    result.candidates.to_csv(folder / "candidates.csv", index=False)
-    result.pareto.to_csv(folder / "pareto.csv", index=False)
-    result.probes.to_csv(folder / "probes.csv", index=False)
-    return folder
+    """Write plan.json, candidates.csv, pareto.csv, probes.csv and manifest.json as the folder
+    `out`, whole or not at all (`simulator.outputs.atomic_folder`); returns it."""
+    with atomic_folder(out, "plan", PLAN_FILES) as folder:
+        (folder / "plan.json").write_text(json.dumps(result.as_json(), indent=2) + "\n")
+        result.candidates.to_csv(folder / "candidates.csv", index=False)
+        result.pareto.to_csv(folder / "pareto.csv", index=False)
+        result.probes.to_csv(folder / "probes.csv", index=False)
+    return Path(out)
 
 
 def _num(value: Any, spec: str) -> str:

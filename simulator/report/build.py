@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import SpecError
+from simulator.outputs import replace_file
 from simulator.report import costfigures as cf
 from simulator.report import figures as fg
 from simulator.report.html import Section, render, table_html
@@ -318,13 +319,17 @@ def build(loaded: Loaded) -> tuple[str, str, list[Section]]:
 
 def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
     """Write the report of a run, sweep or plan folder to `out` (default DIR/report.html);
-    returns its path. SpecError for a folder that is none of these or a file it cannot
-    write."""
+    returns its path. SpecError for a folder that is none of these (or one cut short or mixing
+    two results) or a file it cannot write."""
     title, subtitle, sections = build(load(folder))
     path = Path(out) if out is not None else Path(folder) / REPORT_FILE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(title, subtitle, sections), encoding="utf-8")
+        html = render(title, subtitle, sections)
+        if out is None:  # into the result folder: never through a link planted there
+            replace_file(path, html)
+        else:
+            path.write_text(html, encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot write the report ({exc.strerror})", source=str(path)) from None
     return path

@@ -2,8 +2,10 @@
 (`llmsim sweep --out`) or a plan (`llmsim plan --out`). Anything else is a SpecError naming the
 folder and what was expected; a missing or unreadable file is one naming that file.
 
-A run folder written before `save_run` wrote `itl.csv`, `scenario.json` and `memory.json` still
-loads: those parts are None and the report leaves out what needs them.
+A run or plan folder must be whole: its `manifest.json` (written last, see `simulator.outputs`)
+lists each file with its size and SHA-256, and a folder without one (cut short, or written by an
+llmsim before manifests), with a file that differs from it, or with a result file it does not
+list (left by another run) is refused. A sweep's results.csv must hold each run once.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import pandas as pd
 
 from simulator.errors import SpecError
 from simulator.metrics.recorder import STEP_COLUMNS
+from simulator.outputs import check_manifest
+from simulator.planning.report import PLAN_FILES as PLAN_OUTPUTS
 from simulator.report.figures import require
+from simulator.runs.runner import RUN_FILES as RUN_OUTPUTS
 from simulator.specs.loader import read_yaml, validate
 from simulator.specs.scenario import Scenario
 
@@ -75,10 +80,12 @@ def load(folder: str | Path) -> Loaded:
         what = "is not a folder" if path.exists() else "no such folder"
         raise SpecError(what, source=str(path))
     if any((path / name).exists() for name in RUN_FILES):
+        check_manifest(path, "run", RUN_OUTPUTS)
         return _run(path)
     if (path / SWEEP_FILE).exists():
         return _sweep(path)
     if any((path / name).exists() for name in PLAN_FILES):
+        check_manifest(path, "plan", PLAN_OUTPUTS)
         return _plan(path)
     raise SpecError(
         "not a run, sweep or plan folder: expected summary.json, requests.csv and steps.csv "
@@ -161,6 +168,13 @@ def _run(folder: Path) -> RunFolder:
 
 def _sweep(folder: Path) -> SweepFolder:
     results = _csv(folder / SWEEP_FILE, ("run_id",))
+    repeated = results["run_id"][results["run_id"].duplicated()]
+    if len(repeated):
+        raise SpecError(
+            f"holds run {repeated.iloc[0]} {int((results['run_id'] == repeated.iloc[0]).sum())} "
+            "times: two sweeps wrote this folder at once; rerun the sweep into a new folder",
+            source=str(folder / SWEEP_FILE),
+        )
     columns = list(results.columns)
     # The varied paths: the sweep file's, else the columns between run_id and status.
     end = columns.index("status") if "status" in columns else 1

@@ -17,7 +17,7 @@ import pandas as pd
 
 from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
-from simulator.errors import naming, output_folder
+from simulator.errors import naming
 from simulator.metrics import bands
 from simulator.metrics.summary import (
     PERCENTILES,
@@ -25,6 +25,7 @@ from simulator.metrics.summary import (
     serve_summary,
     throughput_summary,
 )
+from simulator.outputs import atomic_folder
 from simulator.runs.energy import GroupAccount, fleet_energy
 from simulator.serving.cluster import (
     ReplicaGroup,
@@ -43,6 +44,12 @@ from simulator.specs.loader import validate
 from simulator.specs.scenario import ReplicaGroupSpec, Scenario, load_scenario
 from simulator.specs.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec, WorkloadSpec
 from simulator.workload.requests import RequestTable, generate_requests
+
+# What `save_run` writes (kv_tiers.csv only with KV tiers), beside its manifest.json.
+RUN_FILES = (
+    "summary.json", "requests.csv", "steps.csv", "itl.csv", "kv_tiers.csv", "scenario.json",
+    "memory.json",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -249,21 +256,23 @@ def save_run(
     requests.csv, steps.csv, itl.csv (the ITL sample: `itl_s`, and `weight`, the tokens that
     came that long after their previous one), scenario.json (the resolved scenario),
     memory.json (each replica group's memory plan) and, with KV tiers, kv_tiers.csv (their
-    samples) under `out`; returns the folder. `llmsim report` reads it back."""
-    folder = output_folder(out)
+    samples), then manifest.json, as the folder `out`; returns it. The folder is written
+    beside `out` and renamed into place (`simulator.outputs.atomic_folder`): a kill or a full
+    disk leaves the previous folder or this one, whole. `llmsim report` reads it back."""
     summary = result.as_json(interval_coverage=interval_coverage)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    result.sim.requests.to_csv(folder / "requests.csv", index=False)
-    result.sim.steps.to_csv(folder / "steps.csv", index=False)
-    itl = {"itl_s": result.sim.itl_s, "weight": result.sim.itl_weight}
-    pd.DataFrame(itl).to_csv(folder / "itl.csv", index=False)
-    if result.sim.kv_tiers is not None:
-        result.sim.kv_tiers.to_csv(folder / "kv_tiers.csv", index=False)
-    scenario = result.scenario.model_dump(mode="json")
-    (folder / "scenario.json").write_text(json.dumps(scenario, indent=2) + "\n")
-    memory = [plan.as_dict() for plan in result.memory]
-    (folder / "memory.json").write_text(json.dumps(memory, indent=2) + "\n")
-    return folder
+    with atomic_folder(out, "run", RUN_FILES) as folder:
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        result.sim.requests.to_csv(folder / "requests.csv", index=False)
+        result.sim.steps.to_csv(folder / "steps.csv", index=False)
+        itl = {"itl_s": result.sim.itl_s, "weight": result.sim.itl_weight}
+        pd.DataFrame(itl).to_csv(folder / "itl.csv", index=False)
+        if result.sim.kv_tiers is not None:
+            result.sim.kv_tiers.to_csv(folder / "kv_tiers.csv", index=False)
+        scenario = result.scenario.model_dump(mode="json")
+        (folder / "scenario.json").write_text(json.dumps(scenario, indent=2) + "\n")
+        memory = [plan.as_dict() for plan in result.memory]
+        (folder / "memory.json").write_text(json.dumps(memory, indent=2) + "\n")
+    return Path(out)
 
 
 def bench_scenario(

@@ -7,16 +7,22 @@ column per path; lists and mappings as JSON), `status` (ok | error), `error`, th
 `RunResult.as_json()` flattened (nested keys joined by dots). A rerun with the same command skips
 ids already present (ok or error) and drops a last line cut short by a kill. A run whose scenario
 fails validation or whose simulation raises is an error row; the others go on. `DIR/sweep.yaml`
-holds the sweep as run, the base scenario inlined.
+holds the sweep as run, the base scenario inlined. A sweep holds `DIR/.llmsim.lock` while it
+writes: a second sweep into the same folder is refused, naming the first one's pid and host (the
+lock dies with its holder, however it dies). No file of the folder is written through a symbolic
+link: sweep.yaml and a rewritten results.csv are written beside and renamed over a link, and a
+link at results.csv is refused.
 
 Executors: a local process pool (`spawn` workers, each caching loaded specs for all its runs;
-`workers=1` runs in this process) or Ray (`RAY_ADDRESS` if set, else a local Ray; the workers must
-be able to import `simulator`). Not done: adaptive search (each sweep is fixed up front), parquet
-output, retrying failed runs (delete their rows to rerun them).
+`workers=1` runs in this process; a worker exits when the sweep's process dies, even by
+`kill -9`) or Ray (`RAY_ADDRESS` if set, checked to answer within RAY_CONNECT_TIMEOUT_S, else a
+local Ray; the workers must be able to import `simulator`). Not done: adaptive search (each
+sweep is fixed up front), parquet output, retrying failed runs (delete their rows to rerun them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import itertools
@@ -24,7 +30,11 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
+import socket
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -33,7 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import pandas as pd
 from rich.console import Console
@@ -47,6 +57,7 @@ from rich.progress import (
 )
 
 from simulator.errors import SpecError, output_folder
+from simulator.outputs import folder_lock, open_append, refuse_link, remove_leftovers, replacing
 from simulator.runs import runner
 from simulator.specs.scenario import Scenario
 from simulator.specs.sweep import (
@@ -78,6 +89,10 @@ SPEC_FILE = "sweep.yaml"
 # Runs in flight per worker: enough to keep workers busy, few enough that Ctrl-C stops soon.
 IN_FLIGHT_PER_WORKER = 2
 MAX_ERROR_CHARS = 500
+# How long a cluster at RAY_ADDRESS has to accept a connection, and then `ray.init` to connect,
+# before the sweep gives up (each; LLMSIM_RAY_CONNECT_TIMEOUT_S overrides it).
+RAY_CONNECT_TIMEOUT_S = 30.0
+PARENT_POLL_S = 0.5  # a pool worker checks this often that the sweep's process lives
 
 
 # -- running --------------------------------------------------------------------------------------
@@ -121,7 +136,12 @@ def _pool(jobs: list[Job], workers: int) -> Iterator[Outcome]:
     threads (the progress bar's), and the same on every platform."""
     queue = iter(jobs)
     context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=context,
+        initializer=die_with_parent,
+        initargs=(os.getpid(),),
+    )
     in_flight: set[Future[Outcome]] = set()
     try:
         while True:
@@ -142,6 +162,31 @@ def _pool(jobs: list[Job], workers: int) -> Iterator[Outcome]:
         pool.shutdown(cancel_futures=True)
 
 
+def die_with_parent(parent: int) -> None:
+    """In a pool worker: exit as soon as the process `parent` (the sweep's) dies, however it
+    dies (`kill -9` included), rather than live on holding memory. On Linux the kernel sends
+    the worker SIGKILL (prctl PR_SET_PDEATHSIG: it follows the thread that started the worker,
+    the sweep's, which outlives its pool); everywhere a daemon thread also polls the parent's
+    pid every PARENT_POLL_S (a worker whose parent died is re-parented)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass  # the thread below still watches
+    if os.getppid() != parent:  # died before the watch was set
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="llmsim-parent-watch", daemon=True).start()
+
+
 def import_ray() -> ModuleType:
     try:
         import ray
@@ -157,10 +202,17 @@ def _ray(jobs: list[Job], workers: int | None) -> Iterator[Outcome]:
     `workers` CPUs) and shut down after. A task Ray itself fails (a worker died) is an error row."""
     ray = import_ray()
     started = not ray.is_initialized()
-    if started and os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], logging_level=logging.WARNING)
+    address = os.environ.get("RAY_ADDRESS", "")
+    if started and address:
+        _connect_ray(ray, address, connect_timeout_s())
     elif started:
-        ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING)
+        try:
+            ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING)
+        except Exception as exc:
+            raise SpecError(
+                f"cannot start a local Ray: {_one_line(f'{type(exc).__name__}: {exc}')}",
+                field="executor",
+            ) from None
     task = ray.remote(execute)
     limit = IN_FLIGHT_PER_WORKER * max(1, int(ray.cluster_resources().get("CPU", 1)))
     queue = iter(jobs)
@@ -183,6 +235,108 @@ def _ray(jobs: list[Job], workers: int | None) -> Iterator[Outcome]:
             ray.shutdown()
 
 
+def connect_timeout_s() -> float:
+    """RAY_CONNECT_TIMEOUT_S, or the seconds in LLMSIM_RAY_CONNECT_TIMEOUT_S."""
+    text = os.environ.get("LLMSIM_RAY_CONNECT_TIMEOUT_S", "")
+    try:
+        value = float(text) if text else RAY_CONNECT_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise SpecError(
+            f"must be a positive number of seconds (got {text!r})",
+            field="LLMSIM_RAY_CONNECT_TIMEOUT_S",
+        )
+    return value
+
+
+def _connect_ray(ray: ModuleType, address: str, timeout_s: float) -> None:
+    """`ray.init(address)` within `timeout_s`: a SpecError if it fails (refused, an
+    authentication error, a version mismatch) or has not returned by then (something that is
+    not a Ray cluster answers there: Ray would retry for many minutes). It runs in a daemon
+    thread, left behind on a timeout."""
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except BaseException as exc:  # reported by the caller
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=connect, name="llmsim-ray-connect", daemon=True)
+    with _held_stderr() as held:  # Ray's retries log there: kept for a success only
+        thread.start()
+        thread.join(timeout_s)
+        held.replay = bool(outcome) and outcome[0] is None
+    if not outcome:
+        raise SpecError(
+            f"the Ray cluster at {address} did not answer within {timeout_s:g} s (is a Ray "
+            "head there? LLMSIM_RAY_CONNECT_TIMEOUT_S sets the wait)",
+            field="RAY_ADDRESS",
+        )
+    if outcome[0] is not None:
+        exc = outcome[0]
+        raise SpecError(
+            f"cannot connect to the Ray cluster at {address}: "
+            f"{_one_line(f'{type(exc).__name__}: {exc}')}",
+            field="RAY_ADDRESS",
+        )
+
+
+@dataclass
+class _Held:
+    replay: bool = False
+
+
+@contextmanager
+def _held_stderr() -> Iterator[_Held]:
+    """What is written to file descriptor 2 in the block (Ray's C++ core logs there directly),
+    held in a temporary file and written out at the end if `replay` was set; else dropped, so
+    that a failure is the one line of its SpecError."""
+    held = _Held()
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no file descriptor 2 (an embedding host)
+        yield held
+        return
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield held
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if held.replay:
+                log.seek(0)
+                os.write(2, log.read())
+
+
+def reach_ray(address: str, timeout_s: float | None = None) -> None:
+    """A SpecError unless the Ray cluster at `address` (host:port, or ray://host:port for Ray
+    Client) accepts a TCP connection within `timeout_s` (default `connect_timeout_s()`):
+    `ray.init` would retry an unreachable one for minutes. "auto" and "local" (found by Ray
+    itself) are not checked."""
+    timeout_s = connect_timeout_s() if timeout_s is None else timeout_s
+    target = address.removeprefix("ray://").rstrip("/")
+    host, _, port = target.rpartition(":")
+    if address in ("auto", "local") or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = "no answer" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        raise SpecError(
+            f"cannot reach the Ray cluster at {address} within {timeout_s:g} s ({reason}); "
+            "check the address, or unset RAY_ADDRESS to run a local Ray",
+            field="RAY_ADDRESS",
+        ) from None
+
+
 # -- results --------------------------------------------------------------------------------------
 class ResultsFile:
     """`results.csv`: what an earlier invocation left (a last line cut short by a kill is
@@ -194,7 +348,9 @@ class ResultsFile:
         self.path = path
         self.columns: list[str] = []
         self.done: set[str] = set()
-        self._fh: io.TextIOWrapper | None = None
+        self._fh: IO[str] | None = None
+        refuse_link(path)
+        remove_leftovers(path)  # a rewrite's temporary file, left by a kill
         if path.exists():
             self._recover(varied)
 
@@ -229,15 +385,21 @@ class ResultsFile:
         self.done = {row["run_id"] for row in reader}
 
     def append(self, row: dict[str, Any]) -> None:
+        """Add a row; an OSError (a full disk) names the file, and what an earlier invocation
+        left stays whole (a row cut short is dropped on resume)."""
         cells = {key: _cell(value) for key, value in row.items()}
         new = [key for key in cells if key not in self.columns]
-        if new or not self.columns:
-            self._rewrite([*self.columns, *new], cells)
-        else:
-            if self._fh is None:
-                self._fh = self.path.open("a", newline="", encoding="utf-8")
-            _writer(self._fh, self.columns).writerow(cells)
-            self._fh.flush()
+        try:
+            if new or not self.columns:
+                self._rewrite([*self.columns, *new], cells)
+            else:
+                if self._fh is None:
+                    self._fh = open_append(self.path)
+                _writer(self._fh, self.columns).writerow(cells)
+                self._fh.flush()
+        except OSError as exc:
+            self._drop()
+            raise OSError(exc.errno, exc.strerror or str(exc), str(self.path)) from None
         self.done.add(str(row["run_id"]))
 
     def _rewrite(self, columns: list[str], cells: dict[str, str]) -> None:
@@ -246,17 +408,25 @@ class ResultsFile:
         if self.path.exists():
             with self.path.open(newline="", encoding="utf-8") as fh:
                 rows = list(csv.DictReader(fh))
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("w", newline="", encoding="utf-8") as fh:
+        with replacing(self.path, newline="") as fh:
             writer = _writer(fh, columns)
             writer.writeheader()
             writer.writerows([*rows, cells])
-        os.replace(tmp, self.path)
         self.columns = columns
 
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
+            self._fh = None
+
+    def _drop(self) -> None:
+        """Close after a failed write without flushing again (the disk is full: what did not
+        fit is a line cut short, dropped on resume)."""
+        if self._fh is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fh.fileno())
+            with contextlib.suppress(OSError, ValueError):
+                self._fh.close()
             self._fh = None
 
 
@@ -308,13 +478,33 @@ def execute_sweep(
     if workers is not None and workers < 1:
         raise SpecError(f"must be at least 1 (got {workers})", field="workers")
     if executor == "ray":
-        import_ray()
+        ray = import_ray()
+        if os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+            reach_ray(os.environ["RAY_ADDRESS"])  # before anything is written
     elif executor != "local":
         raise SpecError(f"unknown executor '{executor}' (local or ray)", field="executor")
     runs = expand(spec)
     folder = output_folder(out)
+    with folder_lock(folder, "llmsim sweep"):
+        return _execute(spec, runs, folder, executor=executor, workers=workers, progress=progress)
+
+
+def _execute(
+    spec: SweepSpec,
+    runs: list[SweepRun],
+    folder: Path,
+    *,
+    executor: str,
+    workers: int | None,
+    progress: bool,
+) -> SweepReport:
+    """The sweep's missing runs into `folder`, whose lock this process holds."""
     results = ResultsFile(folder / RESULTS_FILE, varied=varied_paths(spec))
-    write_sweep(spec, folder / SPEC_FILE)
+    remove_leftovers(folder / SPEC_FILE)
+    try:
+        write_sweep(spec, folder / SPEC_FILE)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), str(folder / SPEC_FILE)) from None
     todo = [run for run in runs if run["run_id"] not in results.done]
     values = {run["run_id"]: run["values"] for run in todo}
     counts = {"ok": 0, "error": 0}

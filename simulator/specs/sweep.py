@@ -48,6 +48,7 @@ import yaml
 from pydantic import Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
 from simulator.errors import SpecError, naming
+from simulator.outputs import replace_file
 from simulator.specs._base import Frozen
 from simulator.specs.loader import UNKNOWN_FIELD, read_yaml, validate
 from simulator.specs.scenario import ReplicaGroupSpec, Scenario, paths_beside
@@ -355,9 +356,8 @@ def write_sweep(spec: SweepSpec, path: Path) -> None:
     data = {"base": paths_beside(base, root), **rest}  # its files named from anywhere
     source = f"{spec.base} in {spec._root}" if isinstance(spec.base, str) else "inline"
     header = f"# The sweep as run by `llmsim sweep`; the base ({source}) inlined.\n"
-    path.write_text(
-        header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None), encoding="utf-8"
-    )
+    # written beside and renamed over: a link planted at `path` is replaced, never followed
+    replace_file(path, header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
 
 
 def _beside_base(base: dict[str, Any], path: str, value: Any, root: Path) -> Any:

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from simulator.errors import SpecError
+from simulator.outputs import write_manifest
 from simulator.report.load import PlanFolder, RunFolder, SweepFolder, load
 
 
@@ -25,24 +26,67 @@ def test_a_run_folder(run_folder: Path) -> None:
     assert run.memory is not None and run.memory[0]["kv_capacity_blocks"] > 0
 
 
-def test_an_older_run_folder_loads_without_the_extras(run_folder: Path, tmp_path: Path) -> None:
+def test_a_run_folder_without_the_extras_loads(run_folder: Path, tmp_path: Path) -> None:
     for name in ("summary.json", "requests.csv", "steps.csv"):
         shutil.copy(run_folder / name, tmp_path / name)
+    write_manifest(tmp_path, "run")
     run = load(tmp_path)
     assert isinstance(run, RunFolder)
     assert run.itl is None and run.scenario is None and run.memory is None
 
 
+def test_a_run_folder_without_its_manifest_is_refused(run_folder: Path, tmp_path: Path) -> None:
+    # what a writer cut short before its last file leaves (or an llmsim before manifests)
+    shutil.copytree(run_folder, tmp_path / "run")
+    (tmp_path / "run" / "manifest.json").unlink()
+    with pytest.raises(SpecError, match=r"no manifest\.json: not a whole run folder") as err:
+        load(tmp_path / "run")
+    assert err.value.source == str(tmp_path / "run")
+
+
 def test_an_incomplete_run_folder(run_folder: Path, tmp_path: Path) -> None:
-    shutil.copy(run_folder / "summary.json", tmp_path / "summary.json")
-    with pytest.raises(SpecError, match=r"missing requests\.csv"):
-        load(tmp_path)
+    shutil.copytree(run_folder, tmp_path / "run")
+    (tmp_path / "run" / "requests.csv").unlink()
+    with pytest.raises(SpecError, match=r"missing requests\.csv, which manifest\.json lists"):
+        load(tmp_path / "run")
+
+
+def test_a_torn_file_is_refused(run_folder: Path, tmp_path: Path) -> None:
+    shutil.copytree(run_folder, tmp_path / "run")
+    steps = tmp_path / "run" / "steps.csv"
+    steps.write_bytes(steps.read_bytes()[:-100])
+    with pytest.raises(SpecError, match="mixes two results or was cut short") as err:
+        load(tmp_path / "run")
+    assert err.value.source == str(steps)
+
+
+def test_a_folder_mixing_two_runs_is_refused(run_folder: Path, tmp_path: Path) -> None:
+    shutil.copytree(run_folder, tmp_path / "a")
+    shutil.copytree(run_folder, tmp_path / "b")
+    # another run's file of the same size: only its content tells
+    memory = tmp_path / "b" / "memory.json"
+    text = memory.read_text()
+    memory.write_text(text.replace("1", "2", 1) if "1" in text else text.replace("0", "9", 1))
+    assert memory.stat().st_size == (tmp_path / "a" / "memory.json").stat().st_size
+    with pytest.raises(SpecError, match="mixes two results"):
+        load(tmp_path / "b")
+    # a file of another run that this one did not write
+    shutil.copy(tmp_path / "a" / "steps.csv", tmp_path / "a" / "kv_tiers.csv")
+    with pytest.raises(SpecError, match=r"holds kv_tiers\.csv, which manifest\.json does not"):
+        load(tmp_path / "a")
+
+
+def test_a_report_beside_the_run_is_no_stray(run_folder: Path, tmp_path: Path) -> None:
+    shutil.copytree(run_folder, tmp_path / "run")
+    (tmp_path / "run" / "report.html").write_text("<html></html>")
+    assert isinstance(load(tmp_path / "run"), RunFolder)
 
 
 def test_a_csv_without_its_columns(run_folder: Path, tmp_path: Path) -> None:
     shutil.copytree(run_folder, tmp_path / "run")
     steps = pd.read_csv(run_folder / "steps.csv").drop(columns="kv_used_blocks")
     steps.to_csv(tmp_path / "run" / "steps.csv", index=False)
+    write_manifest(tmp_path / "run", "run")
     with pytest.raises(SpecError) as err:
         load(tmp_path / "run")
     assert "steps.csv" in err.value.source and err.value.field == "kv_used_blocks"
@@ -51,11 +95,13 @@ def test_a_csv_without_its_columns(run_folder: Path, tmp_path: Path) -> None:
 def test_broken_files_name_themselves(run_folder: Path, tmp_path: Path) -> None:
     shutil.copytree(run_folder, tmp_path / "run")
     (tmp_path / "run" / "summary.json").write_text("{not json")
+    write_manifest(tmp_path / "run", "run")
     with pytest.raises(SpecError, match="not valid JSON") as err:
         load(tmp_path / "run")
     assert err.value.source.endswith("summary.json")
     (tmp_path / "run" / "summary.json").write_text('{"completed": 1}')
     (tmp_path / "run" / "requests.csv").write_text("")
+    write_manifest(tmp_path / "run", "run")
     with pytest.raises(SpecError, match="empty"):
         load(tmp_path / "run")
 
@@ -77,11 +123,21 @@ def test_a_sweep_folder(tmp_path: Path) -> None:
     assert sweep.varied == ["workload.request_rate"] and sweep.slo is None
 
 
+def test_a_sweep_folder_two_sweeps_wrote_at_once_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "results.csv").write_text(
+        "run_id,seed,status,error\na,1,ok,\nb,2,ok,\na,1,ok,\nb,2,ok,\n"
+    )
+    with pytest.raises(SpecError, match="holds run a 2 times: two sweeps wrote") as err:
+        load(tmp_path)
+    assert err.value.source == str(tmp_path / "results.csv")
+
+
 def test_a_plan_folder(tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text(
         '{"name": "p", "model": "m", "fleet": {}, "pareto_metric": "p99_tpot_ms"}'
     )
     (tmp_path / "probes.csv").write_text("layout,feasible,p99_tpot_ms\na,True,10\n")
+    write_manifest(tmp_path, "plan")
     plan = load(tmp_path)
     assert isinstance(plan, PlanFolder)
     assert plan.plan["name"] == "p" and len(plan.probes) == 1 and plan.pareto.empty
@@ -110,6 +166,7 @@ def test_a_summary_that_is_not_ours_is_refused(
     tmp_path: Path, name: str, text: str, reason: str
 ) -> None:
     (tmp_path / name).write_text(text)
+    write_manifest(tmp_path, "run" if name == "summary.json" else "plan")
     with pytest.raises(SpecError, match=re.escape(reason)) as err:
         load(tmp_path)
     assert err.value.source == str(tmp_path / name)
@@ -131,6 +188,7 @@ def test_the_plan_report_shows_the_binding_slo_and_why_candidates_were_dropped(
         "1,a,feasible,,3.5,tpot,0.9\n"
         "2,b,pruned,dominated by a,,,\n"
     )
+    write_manifest(tmp_path, "plan")
     _, _, sections = build(load(tmp_path))
     summary, dropped, frontier = sections
     assert "binding SLO" in summary.tables[0] and "tpot" in summary.tables[0]

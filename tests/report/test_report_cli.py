@@ -10,6 +10,7 @@ import pytest
 from clitools import run_cli
 from factories import scenario_data, write_yaml
 
+from simulator.outputs import write_manifest
 from simulator.report.html import PLOT_CONFIG
 
 FIGURE_DIV = re.compile(r'<div id="(fig-\d+)" class="plotly-graph-div"')
@@ -91,6 +92,7 @@ def test_report_of_a_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
         "layout,rate,feasible,usd_per_million_output_tokens,p99_tpot_ms\n"
         "a,1,True,2.0,20\na,2,False,1.0,70\n"
     )
+    write_manifest(tmp_path, "plan")
     code, _, stderr = run_cli(capsys, "report", str(tmp_path))
     assert code == 0, stderr
     html = (tmp_path / "report.html").read_text()
