@@ -11,6 +11,7 @@ are in `serving.group` (re-exported here).
 from __future__ import annotations
 
 __all__ = [
+    "FrontEndQueue",
     "ReplicaGroup",
     "SimResult",
     "build_replica",

@@ -15,6 +15,8 @@ from simulator.costmodel.deployment import deployment
 from simulator.errors import SpecError
 from simulator.runs.runner import run
 from simulator.serving.cluster import SimResult, serve
+from simulator.serving.disagg import serve_disaggregated
+from simulator.serving.kv_transfer import TransferModel
 from simulator.specs import load_engine
 from simulator.specs.engine import FrontEnd, FrontEndCost
 from simulator.specs.loader import validate
@@ -177,3 +179,32 @@ def test_front_end_time_is_in_the_request_rows() -> None:
     assert cost is not None
     wait = (rows["first_scheduled_s"] - rows["arrival_s"]).to_numpy()
     assert np.all(wait >= cost.request_s + 500 * cost.tokenize_s_per_token - 1e-12)
+
+
+def test_disaggregated_arrivals_pass_the_prefill_groups_front_end() -> None:
+    # As test_disagg's one request, behind FRONT: in at the prefill replica at 3 ms, first
+    # token sampled at 14 ms and read at 15; a 1 ms link puts the KV in place at 15 ms; 3
+    # decode steps of 5 ms sample the last token at 30 ms, read at 31 ms.
+    link = TransferModel(  # 100 tokens' KV in 1 ms
+        kind="test",
+        bandwidth_bytes_per_s=1e9,
+        latency_s=0.0,
+        bytes_per_token=1e4,
+        parallel_links=1,
+        num_layers=10,
+        layerwise=False,
+    )
+    result = serve_disaggregated(
+        make_requests((0.0, 100, 4)),
+        groups=[fixed_group(frontend=FRONT), fixed_group(frontend=FRONT)],
+        roles=["prefill", "decode"],
+        links={(0, 1): link},
+    )
+    r = result.requests.set_index("request_id").loc[0]
+    assert (r["first_token_s"] / MS, r["finish_s"] / MS) == pytest.approx((15.0, 31.0))
+    # the phases count from the engine's first token: they still partition arrival -> KV in
+    # place (3 ms of front-end in the prefill queue), none negative
+    assert r["prefill_queue_s"] / MS == pytest.approx(3.0)
+    assert r["prefill_s"] / MS == pytest.approx(11.0)
+    assert r["decode_queue_s"] == pytest.approx(0.0)
+    assert r["transfer_s"] / MS == pytest.approx(1.0)
