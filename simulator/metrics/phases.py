@@ -31,10 +31,12 @@ def with_phases(
     prefill_replica: np.ndarray | None = None,
     decode_admit_s: np.ndarray | None = None,
     kv_ready_s: np.ndarray | None = None,
+    prefill_end_s: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """`requests` with PHASE_COLUMNS added in place (a run's fresh frame: no copy of a million
     rows) and returned. The arrays are indexed by request id (None: a colocated run, every
-    column empty)."""
+    column empty). `prefill_end_s`: when the prefill replica sampled each first token, where
+    the client read it later (an API server's way back, `first_token_s`); None: then."""
     ids = requests["request_id"].to_numpy()
     if prefill_replica is None or decode_admit_s is None or kv_ready_s is None:
         requests["prefill_replica"] = np.full(len(ids), -1, dtype=np.int64)
@@ -43,6 +45,8 @@ def with_phases(
         return requests
     split = prefill_replica[ids] >= 0
     first = requests["first_token_s"].to_numpy(dtype=float)
+    if prefill_end_s is not None:
+        first = np.where(np.isnan(prefill_end_s[ids]), first, prefill_end_s[ids])
     scheduled = requests["first_scheduled_s"].to_numpy(dtype=float)
     admitted = decode_admit_s[ids]
     requests["prefill_replica"] = prefill_replica[ids].astype(np.int64)

@@ -11,6 +11,7 @@ are in `serving.group` (re-exported here).
 from __future__ import annotations
 
 __all__ = [
+    "FrontEndQueue",
     "ReplicaGroup",
     "SimResult",
     "build_replica",
@@ -47,6 +48,7 @@ from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 from simulator.serving.router import Router
 from simulator.serving.speculative import Acceptance
+from simulator.specs.engine import FrontEndCost
 from simulator.specs.serving import RouterSpec, SchedulerSpec, SpeculativeSpec
 from simulator.workload.requests import RequestTable
 
@@ -124,6 +126,7 @@ def serve(
     replicas: list[Replica] = []
     for group in groups:
         for _ in range(group.count):
+            first = len(replicas)
             if group.loop is not None:
                 replicas += group.loop.build(
                     env,
@@ -132,17 +135,20 @@ def serve(
                     recorder=recorder,
                     on_finish=client.finished,
                 )
-                continue
-            replicas.append(
-                build_replica(
-                    env,
-                    group,
-                    index=len(replicas),
-                    recorder=recorder,
-                    on_finish=client.finished,
-                    seed=seed,
+            else:
+                replicas.append(
+                    build_replica(
+                        env,
+                        group,
+                        index=len(replicas),
+                        recorder=recorder,
+                        on_finish=client.finished,
+                        seed=seed,
+                    )
                 )
-            )
+            if group.frontend is not None:
+                for replica in replicas[first:]:
+                    client.frontends[replica.index] = FrontEndQueue(group.frontend)
     route = Router(router or RouterSpec(), replicas, np.random.default_rng(seed))
     env.process(client.send(requests, route))
     run_to_end(env, client, replicas)
@@ -227,10 +233,42 @@ def check_budgets(requests: RequestTable, groups: Sequence[ReplicaGroup]) -> Non
             )
 
 
+class FrontEndQueue:
+    """The API server in front of one replica (`FrontEndCost`): a request spends `request_s`
+    on its own, then waits for the one tokenizer thread, which takes `tokenize_s_per_token`
+    per prompt token, one request after another; then it reaches the replica's scheduler.
+    Its tokens reach the client `first_token_s` after the step that sampled them."""
+
+    __slots__ = ("cost", "tokenizer_free_s")
+
+    def __init__(self, cost: FrontEndCost) -> None:
+        self.cost = cost
+        self.tokenizer_free_s = 0.0  # when the tokenizer thread is next idle
+
+    def through(
+        self, env: simpy.Environment, req: Request, replica: Replica
+    ) -> Generator[simpy.Event, Any, None]:
+        """`req` through the front-end into `replica` (counted as incoming meanwhile)."""
+        cost = self.cost
+        req.return_s = cost.first_token_s
+        replica.incoming += 1  # the router sees it as the replica's
+        if cost.request_s > 0:
+            yield env.timeout(cost.request_s)
+        if cost.tokenize_s_per_token > 0:
+            start = max(env.now, self.tokenizer_free_s)
+            self.tokenizer_free_s = start + cost.tokenize_s_per_token * req.prompt_len
+            yield env.timeout(self.tokenizer_free_s - env.now)
+        replica.incoming -= 1
+        replica.submit(req)
+
+
 class _Clients:
     """The benchmark clients: send at arrival times, at most `limit` outstanding. A follow-up
     turn of a conversation is sent `think_s` after the turn it follows finished (vLLM's
-    multi-turn benchmark client); it too waits for a slot under the limit."""
+    multi-turn benchmark client); it too waits for a slot under the limit. A request routed
+    to a replica with a front-end (`frontends`, by replica index) goes through it first, and
+    its tokens come back `first_token_s` later: the client records it, frees its slot and
+    sends the next turn then."""
 
     def __init__(self, env: simpy.Environment, limit: int | None, recorder: Recorder) -> None:
         self.env = env
@@ -239,8 +277,31 @@ class _Clients:
         self.outstanding = 0
         self._slot = env.event()
         self._next_turn: dict[int, int] = {}  # request id -> the turn sent after it finishes
+        self.frontends: dict[int, FrontEndQueue] = {}
+
+    def _deliver(self, replica: Replica, req: Request) -> None:
+        """Hand `req` to the replica the router chose, through its front-end if it has one."""
+        queue = self.frontends.get(replica.index)
+        if queue is None:
+            replica.submit(req)
+        else:
+            self.env.process(queue.through(self.env, req, replica))
 
     def finished(self, req: Request) -> None:
+        delay = req.return_s
+        if delay > 0:  # the client sees every token `delay` after the engine sampled it
+            req.first_token_s += delay
+            req.last_token_s += delay
+            req.finish_s += delay
+            self.env.process(self._returned(req, delay))
+            return
+        self._done(req)
+
+    def _returned(self, req: Request, delay: float) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(delay)
+        self._done(req)
+
+    def _done(self, req: Request) -> None:
         self.recorder.request(req)
         self.outstanding -= 1
         if not self._slot.triggered:
@@ -282,7 +343,7 @@ class _Clients:
                 priority=int(priorities[i]),
             )
             self.outstanding += 1
-            router.choose().submit(req)
+            self._deliver(router.choose(), req)
 
     def _send_next_turn(self, i: int) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(float(self._table.think_s[i]))
@@ -303,4 +364,4 @@ class _Clients:
             session_id=int(t.session_id[i]),
         )
         self.outstanding += 1
-        self._router.choose().submit(req)
+        self._deliver(self._router.choose(), req)

@@ -23,7 +23,9 @@ So decode KV pressure backs up into the prefill pool: hand-offs waiting for room
 prefill blocks, and a prefill replica admits no more prompts than its cache holds. A request
 of one output token finishes on the prefill replica. Replicas are numbered in group order
 (as `cluster.serve` numbers them), so energy and cost read the steps as for colocated runs.
-The request rows carry the phase columns (`metrics.phases`).
+The request rows carry the phase columns (`metrics.phases`). Arrivals pass the prefill group's
+API server (`FrontEndQueue`) as on a colocated replica, and the client reads each token its way
+back later; the phases count from when the prefill replica sampled the first token.
 
 Not modelled: routing that looks at both pools at once (the decode replica is chosen when the
 prefill ends), a decode replica pulling from several prefill replicas in one transfer, moving a
@@ -46,6 +48,7 @@ from simulator.errors import SpecError
 from simulator.metrics.phases import phase_summary, with_phases
 from simulator.metrics.recorder import Recorder
 from simulator.serving.cluster import (
+    FrontEndQueue,
     ReplicaGroup,
     SimResult,
     _Clients,
@@ -119,6 +122,7 @@ class _Handoff:
         self.prefill_replica = np.full(num_requests, -1, dtype=np.int64)
         self.decode_admit_s = np.full(num_requests, np.nan)
         self.kv_ready_s = np.full(num_requests, np.nan)
+        self.prefill_end_s = np.full(num_requests, np.nan)  # first token sampled (engine)
 
     def bind(self, replicas: list[Replica], group_of: list[int], decode_router: Router) -> None:
         self.replicas, self.group_of, self.decode_router = replicas, group_of, decode_router
@@ -131,6 +135,7 @@ class _Handoff:
         """A prefill replica sampled `req`'s first token: route it to a decode replica."""
         assert self.decode_router is not None  # bound before the run starts
         self.prefill_replica[req.id] = req.replica
+        self.prefill_end_s[req.id] = req.first_token_s
         target = self.decode_router.choose()
         target.incoming += 1
         self.pending[target.index].append((req, _decode_copy(req)))
@@ -140,7 +145,8 @@ class _Handoff:
         """Any replica finished `req`."""
         if req.replica not in self.pending:  # one output token: it never left the prefill pool
             self.prefill_replica[req.id] = req.replica
-        self.client.finished(req)
+            self.prefill_end_s[req.id] = req.first_token_s
+        self.client.finished(req)  # the client reads it after the front-end's way back
 
     def admit(self, decode: Replica) -> None:
         """At a step boundary of `decode` (only there: a run of decode steps in flight has
@@ -238,6 +244,8 @@ def serve_disaggregated(
                 )
             )
             group_of.append(g)
+            if role == "prefill" and group.frontend is not None:  # arrivals enter here
+                client.frontends[len(replicas) - 1] = FrontEndQueue(group.frontend)
     pools = pool_replicas(roles, [g.count for g in groups])
     rng = np.random.default_rng(seed)
     prefill_router = Router(router or RouterSpec(), [replicas[i] for i in pools["prefill"]], rng)
@@ -250,6 +258,7 @@ def serve_disaggregated(
         prefill_replica=handoff.prefill_replica,
         decode_admit_s=handoff.decode_admit_s,
         kv_ready_s=handoff.kv_ready_s,
+        prefill_end_s=handoff.prefill_end_s,
     )
     return sim_result(recorder, replicas, requests=frame, wall=wall)
 

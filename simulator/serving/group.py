@@ -22,7 +22,7 @@ from simulator.serving.kv_tiers import KVTiers, block_manager, plan_tiers
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 from simulator.serving.steptime import StepTimer
-from simulator.specs.engine import EngineSpec
+from simulator.specs.engine import EngineSpec, FrontEndCost
 from simulator.specs.model import ModelSpec
 from simulator.specs.serving import KVOffloadSpec, SchedulerSpec, SpeculativeSpec
 from simulator.specs.workload import SamplingSpec
@@ -63,6 +63,9 @@ class ReplicaGroup:
     # How each replica is built when not a plain Replica: DP-attention ranks in lockstep
     # (serving.dp_group) or pipeline micro-batches in flight (serving.pipeline).
     loop: ReplicaLoop | None = None
+    # What a request costs outside the engine's steps: the API server in front of each
+    # replica (its engine profile's at the deployment's entrypoint; None: nothing added).
+    frontend: FrontEndCost | None = None
 
     def new_kv(self) -> BlockManager:
         """An empty KV cache for one replica (or attention rank) of the group."""
@@ -242,5 +245,6 @@ def replica_group(
             gpus=dep.layout.tp * dep.layout.pp,
             swap_space_gib=swap_space_gib,
         ),
+        frontend=dep.engine.front_end(),
     )
     return group, plan

@@ -39,6 +39,7 @@ class Request:
         "priority",
         "prompt_len",
         "replica",
+        "return_s",
         "stream",
         "swapped_blocks",
     )
@@ -71,6 +72,7 @@ class Request:
         self.blocks = 0
         self.preemptions = 0
         self.replica = -1
+        self.return_s = 0.0  # a sampled token's way from the engine to the client (front-end)
         self.first_scheduled_s = math.nan
         self.first_token_s = math.nan
         self.finish_s = math.nan

@@ -35,6 +35,30 @@ KvBudget = Literal["total", "static", "free"]
 Entrypoint = Literal["server", "offline"]
 
 
+class FrontEndCost(Frozen):
+    """What a request costs outside the engine's steps at one entrypoint (`EngineSpec.frontend`):
+    `request_s` from the client's send to the request reaching the scheduler, per request and
+    concurrent across requests (HTTP and JSON handling, the engine client's input processing,
+    the hop to the engine process); `tokenize_s_per_token` per prompt token on the
+    front-end's one tokenizer thread, where requests are tokenized one after another (so it
+    queues under load); `first_token_s` from the end of the step that samples a token to the
+    client reading it (the hop back, detokenization, the streamed chunk): every token is
+    delayed alike, so it adds to TTFT and E2EL, not to TPOT or ITL."""
+
+    request_s: Seconds = Field(default=0.0, ge=0)
+    tokenize_s_per_token: Seconds = Field(default=0.0, ge=0)
+    first_token_s: Seconds = Field(default=0.0, ge=0)
+
+
+class FrontEnd(Frozen):
+    """The front-end at each entrypoint: `server` (the OpenAI-compatible API server that
+    `bench serve` and scenarios model), `offline` (vLLM's LLM class, `bench latency|throughput`);
+    None: nothing is added there."""
+
+    server: FrontEndCost | None = None
+    offline: FrontEndCost | None = None
+
+
 class BatchLimits(Frozen):
     max_num_seqs: int | None = Field(default=None, gt=0)
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
@@ -276,6 +300,20 @@ class EngineSpec(Frozen):
         description="steps overlap the next step's CPU work with the GPU (vLLM's "
         "--async-scheduling; set by `with_async_scheduling`, not in a profile)",
     )
+    frontend: FrontEnd = Field(
+        default_factory=FrontEnd,
+        description="what a request costs outside the engine's steps, by entrypoint (API "
+        "server, offline): request handling, tokenization, the first token's way back",
+    )
+    entrypoint: Entrypoint = Field(
+        default="server",
+        description="how the engine runs (set by `on_device`, not in a profile): `server` "
+        "or `offline`; picks the batch defaults and the front-end",
+    )
+
+    def front_end(self) -> FrontEndCost | None:
+        """The front-end costs at the profile's entrypoint (None: none modelled)."""
+        return self.frontend.server if self.entrypoint == "server" else self.frontend.offline
 
     def check_runs_on(self, hw: HardwareSpec) -> None:
         """SpecError (field `engine`) unless the engine runs on `hw`'s vendor's GPUs."""
@@ -297,8 +335,8 @@ class EngineSpec(Frozen):
     ) -> EngineSpec:
         """The profile as it runs on a device: the batch limits (and largest captured batch)
         of its first `by_device` entry that matches the device and tensor parallelism, for
-        `entrypoint` (an API server, or offline); then the memory fraction its
-        `static_reserve` gives."""
+        `entrypoint` (an API server, or offline), which also picks its front-end
+        (`front_end`); then the memory fraction its `static_reserve` gives."""
         if entrypoint not in get_args(Entrypoint):
             raise SpecError(
                 f"unknown entrypoint {entrypoint!r} ({', '.join(get_args(Entrypoint))})",
@@ -321,9 +359,15 @@ class EngineSpec(Frozen):
                 gpus=tensor_parallel * pipeline_parallel,
             )
             sched = sched.model_copy(update={"gpu_memory_utilization": fraction})
-        if sched is self.scheduler and graphs == self.cuda_graph_max_tokens:
+        if (
+            sched is self.scheduler
+            and graphs == self.cuda_graph_max_tokens
+            and entrypoint == self.entrypoint
+        ):
             return self
-        return self.model_copy(update={"scheduler": sched, "cuda_graph_max_tokens": graphs})
+        return self.model_copy(
+            update={"scheduler": sched, "cuda_graph_max_tokens": graphs, "entrypoint": entrypoint}
+        )
 
     def with_async_scheduling(self) -> EngineSpec:
         """The profile with async scheduling on (vLLM's --async-scheduling): a step takes

@@ -163,10 +163,16 @@ def row_engine_args(row: pd.Series, **flags: Any) -> EngineArgs:
     )
 
 
+# Harnesses that run the engine in-process on token ids (vLLM's LLM class, trtllm-bench's
+# own executor), not behind its API server: the `offline` entrypoint.
+OFFLINE_HARNESSES = ("vllm bench throughput", "trtllm-bench")
+
+
 def _scenario(row: pd.Series, *, num_prompts: int, rate: float) -> Scenario:
     """The scenario of one published run (its setup columns), with `num_prompts` prompts,
     sampling as its harness does (`vllm bench throughput` at temperature 1.0; the others
-    greedy)."""
+    greedy), at the entrypoint it ran (OFFLINE_HARNESSES in-process, the others against the
+    API server, whose front-end the engine profile prices)."""
     offline = row["harness"] == "vllm bench throughput"
     workload = validate(
         WorkloadSpec,
@@ -191,6 +197,7 @@ def _scenario(row: pd.Series, *, num_prompts: int, rate: float) -> Scenario:
             num_scheduler_steps=_int(row["num_scheduler_steps"]),
         ),
         seed=SEED,
+        entrypoint="offline" if row["harness"] in OFFLINE_HARNESSES else "server",
     )
 
 
