@@ -310,7 +310,9 @@ def bench_latency(
             positive(knob, field=name)
     dep.layout.check(dep.model, dep.hardware)
     sched = dep.engine.scheduler
-    chunked = sched.chunked_prefill if chunked_prefill is None else chunked_prefill
+    chunked = (
+        dep.engine.chunked_by_default(max_model_len) if chunked_prefill is None else chunked_prefill
+    )
     max_tokens = pick(
         max_num_batched_tokens,
         dep.engine.step_tokens(chunked=chunked, max_model_len=max_model_len),

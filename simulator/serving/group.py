@@ -87,7 +87,7 @@ def default_scheduler(
     `max_model_len` tokens a step unless max_num_batched_tokens is given."""
     sched = engine.scheduler
     given = {k: v for k, v in overrides.items() if v is not None}
-    chunked = given.get("chunked_prefill", sched.chunked_prefill)
+    chunked = given.get("chunked_prefill", engine.chunked_by_default(max_model_len))
     mixed = chunked and sched.mixed_prefill
     values = {
         "kind": "continuous" if mixed else "prefill_first",  # unless `kind` is given

@@ -181,6 +181,13 @@ class SchedulerDefaults(Frozen):
         description="batch limits the engine picks by device and entrypoint, first match "
         "wins (`EngineSpec.on_device`); none matching: max_num_seqs, max_num_batched_tokens",
     )
+    chunked_prefill_above: int | None = Field(
+        default=None,
+        gt=0,
+        description="chunked prefill turns on by default where the served context length "
+        "(max_model_len) exceeds this many tokens, whatever `chunked_prefill` says (vLLM V0's "
+        "EngineArgs: 32768 on CUDA); None: `chunked_prefill` alone",
+    )
     unchunked_holds_max_model_len: bool = Field(
         default=False,
         description="without chunked prefill and with max_num_batched_tokens left to the "
@@ -380,6 +387,15 @@ class EngineSpec(Frozen):
                 field="async_scheduling",
             )
         return self.model_copy(update={"async_scheduling": True})
+
+    def chunked_by_default(self, max_model_len: int | None) -> bool:
+        """Whether the engine runs chunked prefill when not told: the profile's
+        `chunked_prefill`, or on for a served context longer than `chunked_prefill_above`
+        (vLLM V0 turns it on above 32K tokens)."""
+        sched = self.scheduler
+        above = sched.chunked_prefill_above
+        long_context = above is not None and max_model_len is not None and max_model_len > above
+        return sched.chunked_prefill or long_context
 
     def step_tokens(self, *, chunked: bool, max_model_len: int | None) -> int:
         """The default max_num_batched_tokens: the profile's, raised to the model's context

@@ -17,7 +17,16 @@ ENGINE_DIR = Path(__file__).resolve().parents[2] / "simulator" / "specs" / "engi
 ENGINE_IDS = sorted(p.stem for p in ENGINE_DIR.glob("*.yaml"))
 
 # Ids the CLI, scenarios and docs refer to; they must always exist.
-INTERFACE_IDS = ["llamacpp", "sglang", "trtllm", "vllm"]
+INTERFACE_IDS = [
+    "llamacpp",
+    "sglang",
+    "trtllm",
+    "vllm",
+    "vllm-0.7",
+    "vllm-0.8",
+    "vllm-0.9",
+    "sglang-0.4",
+]
 
 # A step replayed from a graph must be cheaper to launch than even a tiny eager step.
 TYPICAL_KERNELS = 10

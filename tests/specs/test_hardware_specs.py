@@ -30,6 +30,12 @@ INTERFACE_IDS = [
     "b200",
     "mi300x",
     "mi325x",
+    "l4",
+    "a10g",
+    "rtx_3090",
+    "rtx_6000_ada",
+    "mi250x",
+    "gh200_144gb",
 ]
 
 
@@ -193,6 +199,7 @@ def test_interconnect_is_consistent(path: Path) -> None:
 SIBLINGS = {
     "h200_sxm": "h100_sxm",
     "gh200": "h100_sxm",
+    "gh200_144gb": "h100_sxm",
     "h100_pcie": "h100_sxm",
     "a100_sxm_40gb": "a100_sxm_80gb",
     "a100_pcie_80gb": "a100_sxm_80gb",
@@ -219,6 +226,8 @@ def test_same_die_takes_the_siblings_fitted_attention(hw: str, sibling: str) -> 
 COLLECTIVE_SIBLINGS = {
     "h200_sxm": "h100_sxm",
     "gh200": "h100_sxm",
+    "gh200_144gb": "h100_sxm",
+    "mi250x": "mi300x",
     "b200": "h100_sxm",
     "a100_sxm_40gb": "a100_sxm_80gb",
 }
