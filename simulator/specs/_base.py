@@ -22,6 +22,9 @@ MAX_HOST_GIB = 2**20  # GiB of host memory per GPU (swap, offloaded weights): a 
 MAX_LAYERS = 10_000  # layers of a model (the largest have ~200)
 MAX_DIM = 2**24  # a model dimension: hidden, heads, vocabulary, MLP width (16M)
 MAX_TIME_SCALE = 1e6  # a trace replay's stretch of its inter-arrival times
+# A plan's target rate, requests/s: a million, far above any service's (a fleet for more is
+# millions of replicas, each simulated)
+MAX_PLAN_RATE = 1e6
 
 
 class Frozen(BaseModel):

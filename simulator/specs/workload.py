@@ -129,7 +129,7 @@ class Sessions(Frozen):
     by the workload's arrival process (request_rate counts conversations per second), turn k+1
     is sent `think_time_s` after turn k finished (a constant, or exponential with that mean)."""
 
-    turns: int = Field(ge=1)
+    turns: int = Field(ge=1, le=MAX_REQUESTS)
     think_time_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     think_time: Literal["constant", "exponential"] = "constant"
 
