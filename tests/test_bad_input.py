@@ -45,6 +45,7 @@ def scenario(tmp_path: Path, **fields: object) -> Path:
 def one_line_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     """The one error line of `llmsim ARGS`, which must exit 2 and print nothing else."""
     code, out, err = run_cli(capsys, *args)
+    assert out == ""
     assert code == 2, err
     assert err.startswith("llmsim: error: ") and err.count("\n") == 1, err
     assert "Traceback" not in err and "Warning" not in err
