@@ -94,6 +94,14 @@ class ConfigKeyError(KeyError):
         super().__init__(f"{key}: {reason}")
 
 
+def _model_type(cfg: dict[str, Any]) -> str:
+    """The config's `model_type` ("" when absent); anything but text is a ConfigKeyError."""
+    value = cfg.get("model_type") or ""
+    if not isinstance(value, str):
+        raise ConfigKeyError("model_type", f"expected a name, got {value!r}")
+    return value
+
+
 def _get(cfg: dict[str, Any], name: str, default: Any = ...) -> Any:
     for key in _ALIASES.get(name, (name,)):
         if cfg.get(key) is not None:
@@ -151,7 +159,7 @@ def _attention(cfg: dict[str, Any], hidden: int) -> GQAttention | MLAttention:
             qk_rope_head_dim=_int(cfg, "qk_rope_head_dim"),
             v_head_dim=_int(cfg, "v_head_dim"),
         )
-    model_type = cfg.get("model_type", "")
+    model_type = _model_type(cfg)
     bias = bool(cfg.get("attention_bias", False)) or model_type in ("qwen2", "qwen2_moe", "bloom")
     use_window = cfg.get("use_sliding_window", True) and cfg.get("sliding_window")
     return GQAttention(
@@ -166,7 +174,7 @@ def _attention(cfg: dict[str, Any], hidden: int) -> GQAttention | MLAttention:
 
 
 def _dense_mlp(cfg: dict[str, Any], hidden: int) -> MLP:
-    model_type = cfg.get("model_type", "")
+    model_type = _model_type(cfg)
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
     gated = act in _GATED_ACTS and model_type != "bloom"
     keys = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
@@ -307,7 +315,7 @@ def _context(cfg: dict[str, Any], model_type: str) -> int:
 def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
     """Build a ModelSpec from a parsed Hugging Face config. Raises ConfigKeyError on a missing
     or malformed key and pydantic's ValidationError on inconsistent values."""
-    model_type = str(cfg.get("model_type", ""))
+    model_type = _model_type(cfg)
     if model_type in _NOT_ATTENTION:
         raise ConfigKeyError(
             "model_type",

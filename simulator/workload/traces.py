@@ -239,7 +239,7 @@ def _as_float(value: object) -> object:
     try:
         return float(value)
     except OverflowError:
-        return math.copysign(math.inf, value)
+        return math.inf if value > 0 else -math.inf
 
 
 def _token_counts(
