@@ -379,3 +379,22 @@ def test_trace_errors_name_the_offending_line_without_warnings(
         with pytest.raises(SpecError) as err:
             read_trace(ds, with_timestamps=True)
     assert message in err.value.reason
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (("latency", "--num-iters", str(2**64)), "--num-iters: must be at most 1,000,000"),
+        (("latency", "--batch-size", str(2**64)), "--batch-size: must be at most 1,000,000"),
+        (("throughput", "--num-prompts", str(2**64)), "--num-prompts: Input should be less"),
+        (("throughput", "--output-len", str(2**64)), "--output-len: Input should be less"),
+        (("throughput", "--swap-space", "1e308"), "--swap-space: Input should be less"),
+    ],
+)
+def test_bench_flags_that_overflow_are_one_line(
+    capsys: pytest.CaptureFixture[str], flags: tuple[str, ...], line: str
+) -> None:
+    err = one_line_error(
+        capsys, "bench", *flags, "--hardware", "h100_sxm", "--model", "llama-3.1-8b"
+    )
+    assert err.startswith(f"llmsim: error: {line}")

@@ -283,7 +283,9 @@ def ignored_flags(ctx: typer.Context) -> None:
 # Sources of the SpecErrors raised while a bench command validates the scenario its flags make.
 BENCH_SOURCES = frozenset({"bench", "bench serve"})
 # Fields the checks before a run name without a source (the run's size, its step budget).
-_SIZE_FIELDS = frozenset({"workload.num_prompts", "max_num_batched_tokens"})
+_SIZE_FIELDS = frozenset(
+    {"workload.num_prompts", "max_num_batched_tokens", "batch_size", "num_iters", "input_len"}
+)
 
 
 def flag_error(exc: SpecError, flags: set[str]) -> SpecError:
@@ -303,6 +305,8 @@ def _flag_candidates(field: str) -> list[str]:
     keys = field.split(".")
     if keys == ["replicas", "0", "count"]:
         return ["--data-parallel-size"]
+    if keys == ["replicas", "0", "swap_space_gib"]:
+        return ["--swap-space"]
     if keys[:3] == ["replicas", "0", "scheduler"]:
         keys = keys[3:]
     elif keys[:2] == ["replicas", "0"]:
