@@ -71,7 +71,7 @@ def test_a_budget_below_the_prompts_without_chunked_prefill_is_refused_up_front(
 ) -> None:
     group = ", scheduler: {kind: continuous, max_num_batched_tokens: 256, chunked_prefill: false}"
     err = one_line_error(capsys, "run", str(scenario(tmp_path, group=group)))
-    assert "max_num_batched_tokens: 256 is below the longest prompt (300 tokens)" in err
+    assert "max_num_batched_tokens: 256 is below the longest request's prompt + output (310" in err
 
 
 def test_the_bench_flags_name_the_budget_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,14 +81,27 @@ def test_the_bench_flags_name_the_budget_flag(capsys: pytest.CaptureFixture[str]
         *("--num-prompts", "4", "--input-len", "300", "--max-num-batched-tokens", "256"),
         "--no-enable-chunked-prefill",
     )
-    assert "--max-num-batched-tokens: 256 is below the longest prompt" in err
+    assert "--max-num-batched-tokens: 256 is below the longest request's prompt + output" in err
+
+
+def test_a_budget_below_a_preempted_request_is_refused_up_front(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # 300-token prompts fit a 512-token step, but a request preempted after 300 output tokens
+    # re-prefills 600: it would never be scheduled again ("nothing schedulable" mid-run)
+    group = (
+        ", gpu_memory_utilization: 0.235, scheduler: {kind: continuous, "
+        "max_num_batched_tokens: 512, chunked_prefill: false}"
+    )
+    err = one_line_error(capsys, "run", str(scenario(tmp_path, group=group, output_len=1000)))
+    assert "512 is below the longest request's prompt + output (1300 tokens)" in err
 
 
 def test_a_budget_that_holds_the_prompts_still_runs(tmp_path: Path) -> None:
     import simulator as sim
 
     group = ", scheduler: {kind: continuous, max_num_batched_tokens: 512, chunked_prefill: false}"
-    result = sim.run(scenario(tmp_path, group=group, num_prompts=3))
+    result = sim.run(scenario(tmp_path, group=group, num_prompts=3, output_len=200))
     assert result.summary["completed"] == 3
 
 

@@ -113,31 +113,6 @@ def _check_multi_step(spec: SchedulerSpec, engine: EngineSpec, *, speculative: b
         )
 
 
-def _check_step_budget(spec: SchedulerSpec, requests: RequestTable) -> None:
-    """Without chunked prefill a prompt is prefilled in one step, so a prompt longer than the
-    step budget (max_num_batched_tokens) could never be scheduled: refused before the run.
-
-    vLLM refuses more, when it starts (SchedulerConfig._verify_args in vllm/config/scheduler.py;
-    vllm/config.py before 0.10): `max_num_batched_tokens < max_model_len and not
-    chunked_prefill_enabled` raises "max_num_batched_tokens (B) is smaller than max_model_len
-    (L). This effectively limits the maximum sequence length to max_num_batched_tokens and
-    makes vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease
-    max_model_len." Here the rule is the prompts given: published runs (the validation rows)
-    set a small budget with a max_model_len they do not record, and other engines
-    (TensorRT-LLM's max_num_tokens) have no such start-up check."""
-    if spec.chunked_prefill or spec.kind == "static" or not len(requests):
-        return
-    longest = int(requests.prompt_len.max())
-    if longest > spec.max_num_batched_tokens:
-        raise SpecError(
-            f"{spec.max_num_batched_tokens} is below the longest prompt ({longest} tokens) "
-            "without chunked prefill, so it could never be scheduled (vLLM refuses a budget "
-            "below max_model_len for this reason): raise max_num_batched_tokens or turn "
-            "chunked_prefill on",
-            field="max_num_batched_tokens",
-        )
-
-
 def _check_requests(
     requests: RequestTable,
     model: ModelSpec,
@@ -194,7 +169,6 @@ def replica_group(
         dep.engine, max_model_len=max_model_len or dep.model.max_position_embeddings
     )
     _check_multi_step(spec, dep.engine, speculative=speculative is not None)
-    _check_step_budget(spec, requests)
     drafter = None
     if speculative is not None:
         drafter = resolve_drafter(
