@@ -37,7 +37,7 @@ READ_KEYS = frozenset(
      "seq_length", "n_positions", "vocab_size"}
 )  # fmt: skip
 # Hugging Face keys of other meanings that are one edit away from a key read above: never
-# typos (MPT's n_heads and n_layers, GPT-2's n_ctx, Qwen's seq_length family, ...).
+# typos (MPT's n_heads and n_layers, GPT-2's n_ctx, and plural or singular forms in use).
 OTHER_HF_KEYS = frozenset(
     {"n_heads", "n_layers", "n_embed_dim", "num_expert", "num_key_value_head_dim", "head_dims",
      "max_seq_length", "model_types", "dtypes", "n_ctx", "n_experts", "n_shared_expert",
