@@ -23,7 +23,8 @@ class SpecError(ValueError):
 
     def line(self) -> str:
         where = ": ".join(part for part in (self.source, self.field) if part)
-        return f"{where}: {self.reason}" if where else self.reason
+        line = f"{where}: {self.reason}" if where else self.reason
+        return line.replace("\r", "\\r").replace("\n", "\\n")  # a key may hold a line break
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

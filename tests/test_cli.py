@@ -366,15 +366,15 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
         "kv_transfer.latency_s: Input should be a finite number",
     ),
     "tp-not-dividing-heads": (lambda p: [*LATENCY, "-tp", "3"], "tensor_parallel_size"),
-    "negative-input-len": (lambda p: [*LATENCY, "--input-len", "-5"], "input_len"),
-    "zero-batch-size": (lambda p: [*LATENCY, "--batch-size", "0"], "batch_size"),
+    "negative-input-len": (lambda p: [*LATENCY, "--input-len", "-5"], "--input-len"),
+    "zero-batch-size": (lambda p: [*LATENCY, "--batch-size", "0"], "--batch-size"),
     "does-not-fit": (
         lambda p: ["bench", "latency", "--hardware", "rtx_4090", "--model", "llama-3.1-405b"],
         "does not fit",
     ),
     "batch-too-large-for-kv": (
         lambda p: [*LATENCY, "--batch-size", "4096", "--input-len", "4096"],
-        "batch_size",
+        "--batch-size",
     ),
     "prompt-over-token-budget": (
         lambda p: [

@@ -340,7 +340,7 @@ def test_run_prints_its_schema(capsys: pytest.CaptureFixture[str]) -> None:
                 *("bench", "serve", "--hardware", "h100_sxm", "--model", "llama-3.1-8b"),
                 *("--preemption-mode", "swap", "--swap-space", "inf"),
             ),
-            "swap_space",
+            "--swap-space",
         ),
     ],
 )

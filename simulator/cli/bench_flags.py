@@ -282,13 +282,17 @@ def ignored_flags(ctx: typer.Context) -> None:
 
 # Sources of the SpecErrors raised while a bench command validates the scenario its flags make.
 BENCH_SOURCES = frozenset({"bench", "bench serve"})
+# Fields the checks before a run name without a source (the run's size, its step budget).
+_SIZE_FIELDS = frozenset(
+    {"workload.num_prompts", "max_num_batched_tokens", "batch_size", "num_iters", "input_len"}
+)
 
 
 def flag_error(exc: SpecError, flags: set[str]) -> SpecError:
     """`exc` with its scenario field named as the bench command's flag (one of `flags`) that
     set it, where there is one: `replicas.0.count` is --data-parallel-size,
     `dataset.random.input_len` --random-input-len (serve) or --input-len (throughput)."""
-    if exc.source not in BENCH_SOURCES:
+    if exc.source not in BENCH_SOURCES and not (exc.source == "" and _SIZE_FIELDS & {exc.field}):
         return exc
     for flag in _flag_candidates(exc.field):
         if flag in flags:
@@ -301,11 +305,13 @@ def _flag_candidates(field: str) -> list[str]:
     keys = field.split(".")
     if keys == ["replicas", "0", "count"]:
         return ["--data-parallel-size"]
+    if keys == ["replicas", "0", "swap_space_gib"]:
+        return ["--swap-space"]
     if keys[:3] == ["replicas", "0", "scheduler"]:
         keys = keys[3:]
     elif keys[:2] == ["replicas", "0"]:
         keys = keys[2:]
-    elif keys[:1] == ["sampling"]:
+    elif keys[:1] in (["sampling"], ["workload"]):
         keys = keys[1:]
     elif keys[:1] == ["dataset"]:  # only the random dataset's lengths have flags
         if keys[:2] != ["dataset", "random"] or len(keys) != 3:

@@ -21,7 +21,7 @@ from pydantic import BeforeValidator, Field, ValidationError, field_validator, m
 
 from simulator.errors import SpecError
 from simulator.specs import load_engine, load_hardware, load_model
-from simulator.specs._base import Frozen
+from simulator.specs._base import MAX_PLAN_RATE, MAX_REQUESTS, MAX_TIME_SCALE, MAX_TOKENS, Frozen
 from simulator.specs.deployment import Quantization
 from simulator.specs.loader import (
     beside,
@@ -212,13 +212,13 @@ class PlanWorkload(Frozen):
     (`search.duration_s`), so `num_prompts` is for traces only."""
 
     dataset: DatasetSpec
-    request_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    request_rate: float | None = Field(default=None, gt=0, le=MAX_PLAN_RATE)
     burstiness: float = Field(default=1.0, gt=0)
     arrival: Literal["poisson_gamma", "constant", "trace"] = "poisson_gamma"
-    time_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    num_prompts: int | None = Field(default=None, ge=1)
-    max_input_len: int | None = Field(default=None, ge=1)
-    max_output_len: int | None = Field(default=None, ge=1)
+    time_scale: float = Field(default=1.0, gt=0, le=MAX_TIME_SCALE)
+    num_prompts: int | None = Field(default=None, ge=1, le=MAX_REQUESTS)
+    max_input_len: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_output_len: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)  # greedy unless set
 
     @model_validator(mode="after")

@@ -31,6 +31,7 @@ from simulator.errors import SpecError
 from simulator.metrics import bands
 from simulator.serving.drafter import resolve_drafter
 from simulator.serving.steptime import sampler_passes
+from simulator.specs._base import MAX_TOKENS
 from simulator.specs.engine import EngineSpec, LogitsPass
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
@@ -143,6 +144,12 @@ def prefill_schedule(
     return steps
 
 
+# The largest batch `bench latency` takes (its waves are computed one by one) and the most
+# iterations it averages: far beyond any measured (vLLM's defaults: 8 and 30).
+MAX_BATCH = 10**6
+MAX_ITERS = 10**6
+
+
 def _check_lengths(
     model: ModelSpec,
     *,
@@ -154,13 +161,15 @@ def _check_lengths(
 ) -> int:
     """The longest request served (`max_model_len`, default the model's context length), once
     the lengths are checked against it."""
-    for name, value in (
-        ("batch_size", batch_size),
-        ("input_len", input_len),
-        ("output_len", output_len),
-        ("num_iters", num_iters),
+    for name, value, most in (
+        ("batch_size", batch_size, MAX_BATCH),
+        ("input_len", input_len, MAX_TOKENS),
+        ("output_len", output_len, MAX_TOKENS),
+        ("num_iters", num_iters, MAX_ITERS),
     ):
         positive(value, field=name)
+        if value > most:
+            raise SpecError(f"must be at most {most:,}, got {value:,}", field=name)
     if max_model_len is not None:
         positive(max_model_len, field="max_model_len")
     served = model.served_length(max_model_len)

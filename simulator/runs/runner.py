@@ -26,6 +26,7 @@ from simulator.metrics.summary import (
     throughput_summary,
 )
 from simulator.outputs import atomic_folder
+from simulator.runs import sizes
 from simulator.runs.energy import GroupAccount, fleet_energy
 from simulator.serving.cluster import (
     ReplicaGroup,
@@ -196,7 +197,12 @@ def _simulate(
 ) -> RunResult:
     model = load_model(scenario.model)
     if requests is None:
+        if scenario.workload.num_prompts is not None:  # before drawing them
+            sizes.check_fits(scenario.workload.num_prompts)
         requests = generate_requests(scenario.workload, rng=np.random.default_rng(scenario.seed))
+    sizes.check_fits(len(requests), field="workload")  # a trace's rows, requests given
+    if len(requests):
+        sizes.announce_long_run(len(requests), float(np.mean(requests.output_len)))
     held = {"prefill": prefill_view(requests)}  # a prefill replica keeps prompt + 1 token
     built = []
     for i, spec in enumerate(scenario.replicas):

@@ -12,6 +12,20 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator, mo
 
 from simulator.units import parse_quantity
 
+# Upper bounds of values with a physical meaning. Each is far beyond any real model, workload or
+# deployment; they keep a slip (2**64 prompts, 1e308 GiB of swap, 10**9 layers) from overflowing
+# numpy's integers or running until memory is gone, and refuse it with a line naming the field.
+MAX_TOKENS = 10**9  # one request's prompt or output, a step's tokens: 100x the longest context
+MAX_REQUESTS = 10**12  # requests of a workload or a batch (memory refuses far fewer: runs.sizes)
+MAX_GPUS = 2**20  # GPUs in one parallel dimension, replicas of a group
+MAX_HOST_GIB = 2**20  # GiB of host memory per GPU (swap, offloaded weights): a PiB
+MAX_LAYERS = 10_000  # layers of a model (the largest have ~200)
+MAX_DIM = 2**24  # a model dimension: hidden, heads, vocabulary, MLP width (16M)
+MAX_TIME_SCALE = 1e6  # a trace replay's stretch of its inter-arrival times
+# A plan's target rate, requests/s: a million, far above any service's (a fleet for more is
+# millions of replicas, each simulated)
+MAX_PLAN_RATE = 1e6
+
 
 class Frozen(BaseModel):
     """Frozen, strict spec data: unknown keys are errors, nothing mutates after loading, and

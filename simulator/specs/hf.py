@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from simulator.errors import did_you_mean
 from simulator.specs.model import MLP, GQAttention, MLAttention, ModelSpec, MoE
 
 _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -19,6 +20,70 @@ _ALIASES = {  # our name -> config keys tried in order
 }
 _GATED_ACTS = {"silu", "swiglu", "swish"}
 
+# Every top-level key `from_hf_config` reads. A config key one edit away from one of these,
+# with that one absent, is a typo: left alone it would be ignored and the model silently
+# changed (`num_key_value_head: 8` would leave every head a KV head: 4x the KV bytes).
+READ_KEYS = frozenset(
+    {"_name_or_path", "model_type", "torch_dtype", "dtype", "hidden_size", "n_embd", "n_embed",
+     "d_model", "num_hidden_layers", "n_layer", "num_layers", "num_attention_heads", "n_head",
+     "num_heads", "num_key_value_heads", "head_dim", "kv_lora_rank", "q_lora_rank",
+     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "attention_bias",
+     "use_sliding_window", "sliding_window", "hidden_act", "activation_function",
+     "intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "mlp_bias",
+     "num_local_experts", "n_routed_experts", "num_experts", "moe_intermediate_size",
+     "n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace",
+     "mlp_only_layers", "decoder_sparse_step", "moe_layer_freq", "num_experts_per_tok",
+     "quantization_config", "alibi", "tie_word_embeddings", "max_position_embeddings",
+     "seq_length", "n_positions", "vocab_size"}
+)  # fmt: skip
+# Hugging Face keys of other meanings that are one edit away from a key read above: never
+# typos (MPT's n_heads and n_layers, GPT-2's n_ctx, and plural or singular forms in use).
+OTHER_HF_KEYS = frozenset(
+    {"n_heads", "n_layers", "n_embed_dim", "num_expert", "num_key_value_head_dim", "head_dims",
+     "max_seq_length", "model_types", "dtypes", "n_ctx", "n_experts", "n_shared_expert",
+     "num_layer", "sliding_windows", "alibi_bias", "mlp_biases"}
+)  # fmt: skip
+
+# Architectures whose MLP width is 4 x hidden unless the config says otherwise, as their
+# transformers config documents it (GPT-2 and GPT-BigCode `n_inner`, Falcon
+# `ffn_hidden_size`: None means 4 * hidden; BLOOM has no such key, its MLP is always 4x).
+# Every other architecture must give its MLP width.
+_FOUR_X_MLP = frozenset({"gpt2", "gpt_bigcode", "falcon", "bloom"})
+# Position schemes without a table of positions: no max_position_embeddings to read (BLOOM,
+# MPT); the context length then defaults to 4096. Every other architecture must give it.
+_ALIBI_TYPES = frozenset({"bloom", "mpt"})
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether `a` becomes `b` by one insertion, deletion, substitution or swap of neighbours."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+        return len(diff) == 1 or (
+            len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]]
+            and a[diff[1]] == b[diff[0]]
+        )  # fmt: skip
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    i = next((k for k, (x, y) in enumerate(zip(short, long, strict=False)) if x != y), len(short))
+    return short[i:] == long[i + 1 :]
+
+
+def check_key_typos(cfg: dict[str, Any]) -> None:
+    """ConfigKeyError for a key one edit away from a key llmsim reads, that key being absent
+    and the key itself no Hugging Face key of another meaning: "did you mean ...?"."""
+    for key in cfg:
+        if not isinstance(key, str) or key in READ_KEYS or key in OTHER_HF_KEYS:
+            continue
+        close = sorted(k for k in READ_KEYS if k not in cfg and _one_edit(key.lower(), k))
+        if close:
+            raise ConfigKeyError(
+                key,
+                "not a key llmsim reads, and one letter from one it does"
+                f"{did_you_mean(close[0], close)} (left as it is, the model would silently "
+                "take that key's default)",
+            )
+
 
 class ConfigKeyError(KeyError):
     """A key the cost model needs is missing or has the wrong type."""
@@ -27,6 +92,14 @@ class ConfigKeyError(KeyError):
         self.key = key
         self.reason = reason
         super().__init__(f"{key}: {reason}")
+
+
+def _model_type(cfg: dict[str, Any]) -> str:
+    """The config's `model_type` ("" when absent); anything but text is a ConfigKeyError."""
+    value = cfg.get("model_type") or ""
+    if not isinstance(value, str):
+        raise ConfigKeyError("model_type", f"expected a name, got {value!r}")
+    return value
 
 
 def _get(cfg: dict[str, Any], name: str, default: Any = ...) -> Any:
@@ -70,6 +143,13 @@ def _size(cfg: dict[str, Any], *keys: str, default: int) -> int:
 
 def _attention(cfg: dict[str, Any], hidden: int) -> GQAttention | MLAttention:
     heads = _int(cfg, "num_heads")
+    if cfg.get("head_dim") is None and not cfg.get("kv_lora_rank") and hidden % heads:
+        key = next(k for k in _ALIASES["num_heads"] if cfg.get(k) is not None)
+        raise ConfigKeyError(
+            key,
+            f"{heads} heads do not divide hidden_size {hidden} (and no head_dim is given): "
+            "the head size would not be a whole number",
+        )
     if cfg.get("kv_lora_rank"):
         return MLAttention(
             num_heads=heads,
@@ -79,7 +159,7 @@ def _attention(cfg: dict[str, Any], hidden: int) -> GQAttention | MLAttention:
             qk_rope_head_dim=_int(cfg, "qk_rope_head_dim"),
             v_head_dim=_int(cfg, "v_head_dim"),
         )
-    model_type = cfg.get("model_type", "")
+    model_type = _model_type(cfg)
     bias = bool(cfg.get("attention_bias", False)) or model_type in ("qwen2", "qwen2_moe", "bloom")
     use_window = cfg.get("use_sliding_window", True) and cfg.get("sliding_window")
     return GQAttention(
@@ -94,10 +174,16 @@ def _attention(cfg: dict[str, Any], hidden: int) -> GQAttention | MLAttention:
 
 
 def _dense_mlp(cfg: dict[str, Any], hidden: int) -> MLP:
-    model_type = cfg.get("model_type", "")
+    model_type = _model_type(cfg)
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
     gated = act in _GATED_ACTS and model_type != "bloom"
-    size = _size(cfg, "intermediate_size", "ffn_dim", "n_inner", default=4 * hidden)
+    keys = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
+    if model_type in _FOUR_X_MLP:
+        size = _size(cfg, *keys, default=4 * hidden)
+    elif all(cfg.get(k) is None for k in keys):
+        raise ConfigKeyError("intermediate_size", "missing (the MLP's width)")
+    else:
+        size = _size(cfg, *keys, default=0)
     bias = model_type == "bloom" or bool(cfg.get("mlp_bias", False))  # Llama configs: mlp_bias
     return MLP(intermediate_size=size, gated=gated, bias=bias)
 
@@ -114,8 +200,13 @@ def _moe(cfg: dict[str, Any], num_layers: int) -> MoE | None:
     elif shared:  # DeepSeek: n_shared_experts of the routed-expert size
         shared_size = expert_size
     first_dense = _first_int(cfg, "first_k_dense_replace", default=0)
-    if cfg.get("mlp_only_layers"):
-        first_dense = len(cfg["mlp_only_layers"])
+    only = cfg.get("mlp_only_layers")
+    if only is not None and not (
+        isinstance(only, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in only)
+    ):
+        raise ConfigKeyError("mlp_only_layers", f"expected a list of layer indices, got {only!r}")
+    if only:
+        first_dense = len(only)
     sparse_step = _first_int(cfg, "decoder_sparse_step", default=1)
     if _first_int(cfg, "moe_layer_freq", default=1) != 1 or sparse_step != 1:
         raise ConfigKeyError("moe_layer_freq", "only MoE in every layer after the dense ones")
@@ -190,7 +281,13 @@ def _compressed_tensors(quant: dict[str, Any]) -> tuple[str | None, str]:
     for group in groups.values() if isinstance(groups, dict) else []:
         weights = group.get("weights") if isinstance(group, dict) else None
         if isinstance(weights, dict):
-            formats.add((weights.get("num_bits"), str(weights.get("type", "")).lower()))
+            bits = weights.get("num_bits")
+            if isinstance(bits, bool) or not isinstance(bits, int):
+                raise ConfigKeyError(
+                    "quantization_config",
+                    f"config_groups: num_bits must be an integer, got {bits!r}",
+                )
+            formats.add((bits, str(weights.get("type", "")).lower()))
     if len(formats) != 1:
         return None, "compressed-tensors without one weight format in config_groups"
     bits, kind = formats.pop()
@@ -207,16 +304,25 @@ def _position(cfg: dict[str, Any], model_type: str) -> Literal["rope", "alibi", 
     return "rope"
 
 
+def _context(cfg: dict[str, Any], model_type: str) -> int:
+    """The model's context length: required, except for ALiBi models (no position table)."""
+    keys = ("max_position_embeddings", "seq_length", "n_positions")
+    if model_type not in _ALIBI_TYPES and all(cfg.get(k) is None for k in keys):
+        raise ConfigKeyError("max_position_embeddings", "missing (the model's context length)")
+    return _size(cfg, *keys, default=4096)
+
+
 def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
     """Build a ModelSpec from a parsed Hugging Face config. Raises ConfigKeyError on a missing
     or malformed key and pydantic's ValidationError on inconsistent values."""
-    model_type = str(cfg.get("model_type", ""))
+    model_type = _model_type(cfg)
     if model_type in _NOT_ATTENTION:
         raise ConfigKeyError(
             "model_type",
             f"{model_type!r} is a state-space or recurrent model; llmsim prices attention "
             "transformers (their layers, KV cache and kernels)",
         )
+    check_key_typos(cfg)
     hidden = _int(cfg, "hidden_size")
     num_layers = _int(cfg, "num_layers")
     dtype = _TORCH_DTYPES.get(str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))), "bf16")
@@ -234,7 +340,5 @@ def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type == "bloom")),
         dtype=dtype,
         weight_dtype=_weight_dtype(cfg, dtype),
-        max_position_embeddings=_size(
-            cfg, "max_position_embeddings", "seq_length", "n_positions", default=4096
-        ),
+        max_position_embeddings=_context(cfg, model_type),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
@@ -40,13 +41,48 @@ def hardware_dirs() -> list[Path]:
     return [d for d in (*extra, *_HARDWARE_CANDIDATES) if d.is_dir()]
 
 
-def read_text(path: Path) -> str:
-    """A UTF-8 text file's contents; a file that cannot be read, or is not UTF-8 text, is a
-    SpecError naming it."""
+# The most a spec file (hardware, engine profile, model config, scenario, sweep, plan, golden)
+# may hold: the largest bundled one is under 1 MiB, so this is far above any real spec, and a
+# device or a wrong file (`--hardware /dev/zero`, a checkpoint) is refused after reading this
+# much instead of read until memory runs out.
+MAX_SPEC_BYTES = 16 * 2**20
+# Data files read whole into memory (request traces, ShareGPT JSON): ShareGPT's file, the
+# largest such dataset vLLM's bench reads, is about 0.7 GB.
+MAX_DATA_BYTES = 4 * 2**30
+
+
+def too_large(limit: int, what: str) -> str:
+    """The reason a file over `limit` bytes is refused."""
+    return f"larger than {limit / 2**20:,.0f} MiB, the most {what} may be"
+
+
+def check_data_file(path: Path, *, source: str, field: str = "") -> None:
+    """A data file read whole (a trace, a ShareGPT file) must be a regular file of at most
+    MAX_DATA_BYTES: a device or a pipe (`/dev/zero`) would be read until memory runs out.
+    A missing file is left to the reader, which names it its own way."""
     try:
-        return path.read_text(encoding="utf-8")
+        st = path.stat()
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise SpecError("not a regular file", source=source, field=field)
+    if st.st_size > MAX_DATA_BYTES:
+        raise SpecError(too_large(MAX_DATA_BYTES, "a data file"), source=source, field=field)
+
+
+def read_text(path: Path, *, limit: int = MAX_SPEC_BYTES) -> str:
+    """A UTF-8 text file's contents; a file that cannot be read, is not UTF-8 text or is larger
+    than `limit` bytes is a SpecError naming it (at most `limit` + 1 bytes are read, so a device
+    that never ends is refused too)."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)
     except OSError as exc:
         raise SpecError(f"cannot read file ({exc.strerror})", source=str(path)) from None
+    if len(data) > limit:
+        raise SpecError(too_large(limit, "a spec file"), source=str(path))
+    try:
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError as exc:
         raise SpecError(
             f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})",
@@ -59,26 +95,82 @@ def read_text(path: Path) -> str:
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+# YAML aliases may repeat what an anchor holds; a document whose aliases expand it beyond
+# both numbers below is refused (a "billion laughs": nine nested lists of nine aliases are 9**9
+# values written in nine lines, which a sweep's grid would multiply out). Real spec files use
+# aliases to repeat a replica group or a curve a few times, far below either bound.
+MAX_ALIAS_GROWTH = 10  # expanded nodes per node written
+MAX_ALIAS_NODES = 10_000  # expanded nodes allowed whatever the growth
+
+
 def read_yaml(path: Path) -> Any:
     """safe_load a YAML file; errors name the file and the line. A mapping that sets one key
-    twice is an error (PyYAML would keep the last silently)."""
+    twice is an error (PyYAML would keep the last silently), and so are aliases that expand
+    the document past MAX_ALIAS_GROWTH times its size (and MAX_ALIAS_NODES nodes), and nesting
+    deeper than the parser or Python's stack takes."""
     loader = SAFE_LOADER(read_text(path))  # safe_load's own steps, the node checked between
     try:
         node = loader.get_single_node()
-        _refuse_duplicate_keys(node)
+        _check_nodes(node)
         return None if node is None else loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "not valid YAML"
         raise SpecError(f"malformed YAML: {problem}", source=str(path), field=where) from None
+    except RecursionError:
+        raise SpecError("malformed YAML: nested too deeply", source=str(path)) from None
     finally:
         loader.dispose()
 
 
-def _refuse_duplicate_keys(node: yaml.Node | None) -> None:
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_nodes(node: yaml.Node | None) -> None:
+    """Raise a YAML error at the second occurrence of a key in any mapping under `node`, or
+    when aliases expand the document past the bounds above (an alias of an anchor it is inside
+    expands without end)."""
+    if node is None:
+        return
+    _refuse_duplicate_keys(node)
+    expanded: dict[int, int] = {}  # node -> nodes it stands for, aliases expanded
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(node, False)]
+    while stack:
+        current, done = stack.pop()
+        key = id(current)
+        if done:
+            on_path.discard(key)
+            expanded[key] = 1 + sum(expanded[id(c)] for c in _children(current))
+            continue
+        if key in expanded:
+            continue
+        if key in on_path:
+            raise yaml.MarkedYAMLError(
+                problem="an alias inside its own anchor (a recursive document)",
+                problem_mark=current.start_mark,
+            )
+        on_path.add(key)
+        stack.append((current, True))
+        stack += [(c, False) for c in _children(current) if id(c) not in expanded]
+    total = expanded[id(node)]
+    if total > max(MAX_ALIAS_NODES, MAX_ALIAS_GROWTH * len(expanded)):
+        raise yaml.MarkedYAMLError(
+            problem=f"aliases expand {len(expanded):,} written values to {total:,} (more "
+            f"than {MAX_ALIAS_GROWTH}x and {MAX_ALIAS_NODES:,}): write the values out",
+            problem_mark=node.start_mark,
+        )
+
+
+def _refuse_duplicate_keys(node: yaml.Node) -> None:
     """Raise a YAML error at the second occurrence of a key in any mapping under `node`."""
-    stack = [node] if node is not None else []
+    stack = [node]
     seen_nodes: set[int] = set()  # anchors make a graph; visit each node once
     while stack:
         current = stack.pop()
@@ -420,6 +512,8 @@ def _load_model_file(path: Path, model_id: str) -> ModelSpec:
         raise SpecError(
             f"malformed JSON: {exc.msg}", source=str(path), field=f"line {exc.lineno}"
         ) from None
+    except RecursionError:
+        raise SpecError("malformed JSON: nested too deeply", source=str(path)) from None
     if not isinstance(cfg, dict):
         raise SpecError("expected a JSON object", source=str(path))
     try:

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from simulator.errors import SpecError
-from simulator.specs._base import Frozen
+from simulator.specs._base import MAX_DIM, MAX_LAYERS, MAX_TOKENS, Frozen
 
 WeightDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
 DTYPE_BYTES: dict[str, float] = {
@@ -35,9 +35,9 @@ class GQAttention(Frozen):
     """Multi-head attention with `num_kv_heads` K/V heads (MHA: = num_heads, MQA: 1)."""
 
     kind: Literal["gqa"] = "gqa"
-    num_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
+    num_heads: int = Field(gt=0, le=MAX_DIM)
+    num_kv_heads: int = Field(gt=0, le=MAX_DIM)
+    head_dim: int = Field(gt=0, le=MAX_DIM)
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
@@ -81,9 +81,9 @@ class MLAttention(Frozen):
     rotary key of `qk_rope_head_dim`; only the latent is cached."""
 
     kind: Literal["mla"] = "mla"
-    num_heads: int = Field(gt=0)
+    num_heads: int = Field(gt=0, le=MAX_DIM)
     q_lora_rank: int | None = Field(default=None, gt=0)
-    kv_lora_rank: int = Field(gt=0)
+    kv_lora_rank: int = Field(gt=0, le=MAX_DIM)
     qk_nope_head_dim: int = Field(gt=0)
     qk_rope_head_dim: int = Field(gt=0)
     v_head_dim: int = Field(gt=0)
@@ -119,7 +119,7 @@ Attention = Annotated[GQAttention | MLAttention, Field(discriminator="kind")]
 class MLP(Frozen):
     """Feed-forward block: gated (SwiGLU: gate, up, down) or plain (up, act, down)."""
 
-    intermediate_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0, le=MAX_DIM)
     gated: bool = True
     bias: bool = False
 
@@ -137,7 +137,7 @@ class MLP(Frozen):
 class MoE(Frozen):
     """Mixture of experts replacing the MLP in layers >= `first_dense_layers`."""
 
-    num_experts: int = Field(gt=1)
+    num_experts: int = Field(gt=1, le=MAX_DIM)
     top_k: int = Field(gt=0)
     expert: MLP
     num_shared_experts: int = Field(default=0, ge=0)
@@ -163,9 +163,9 @@ class MoE(Frozen):
 class ModelSpec(Frozen):
     id: str = Field(default="", description="catalogue id or config path, set by the loader")
     name: str
-    hidden_size: int = Field(gt=0)
-    num_layers: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
+    hidden_size: int = Field(gt=0, le=MAX_DIM)
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
+    vocab_size: int = Field(gt=0, le=MAX_DIM)
     attention: Attention
     mlp: MLP = Field(description="the dense MLP (all layers of a dense model)")
     moe: MoE | None = None
@@ -181,7 +181,7 @@ class ModelSpec(Frozen):
     weight_dtype: WeightDtype = Field(
         default="bf16", description="native checkpoint precision of the linear weights"
     )
-    max_position_embeddings: int = Field(default=4096, gt=0)
+    max_position_embeddings: int = Field(default=4096, gt=0, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _moe_layers(self) -> ModelSpec:

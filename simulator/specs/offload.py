@@ -117,6 +117,8 @@ def parse_offload(value: OffloadLike, *, source: str = "offload") -> OffloadSpec
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise SpecError(f"not valid JSON ({exc.msg})", source=source) from None
+        except RecursionError:
+            raise SpecError("not valid JSON (nested too deeply)", source=source) from None
     if value is not None and not isinstance(value, Mapping):
         raise SpecError("expected a JSON object of offload settings", source=source)
     return validate(OffloadSpec, dict(value or {}), source=source)

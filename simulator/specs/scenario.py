@@ -15,7 +15,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from simulator.errors import SpecError
-from simulator.specs._base import Frozen, Watts
+from simulator.specs._base import (
+    MAX_GPUS,
+    MAX_HOST_GIB,
+    MAX_REQUESTS,
+    MAX_TOKENS,
+    Frozen,
+    Watts,
+)
 from simulator.specs.deployment import Quantization
 from simulator.specs.engine import Entrypoint
 from simulator.specs.loader import (
@@ -44,8 +51,8 @@ class SchedulerOverrides(Frozen):
     kind: Literal["continuous", "prefill_first", "static"] | None = None
     policy: Literal["fcfs", "priority"] | None = None
     preemption_mode: Literal["recompute", "swap"] | None = None
-    max_num_seqs: int | None = Field(default=None, gt=0)
-    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    max_num_seqs: int | None = Field(default=None, gt=0, le=MAX_REQUESTS)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0, le=MAX_TOKENS)
     chunked_prefill: bool | None = None
     watermark: float | None = Field(default=None, ge=0, lt=1)
     num_scheduler_steps: int | None = Field(
@@ -62,15 +69,16 @@ class ReplicaGroupSpec(Frozen):
     role: Literal["both", "prefill", "decode"] = Field(
         default="both", description="both: colocated; prefill/decode: a disaggregated pool"
     )
-    count: int = Field(default=1, ge=1)
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    pipeline_parallel_size: int = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, le=MAX_GPUS)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=MAX_GPUS)
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=MAX_GPUS)
     pipeline_micro_batching: bool = Field(
         default=False, description="pp > 1: up to pp batches in flight (vLLM V1); off: one"
     )
     data_parallel_size: int = Field(
         default=1,
         ge=1,
+        le=MAX_GPUS,
         description="attention ranks per replica in lockstep, EP over all (vLLM -dp with "
         "--enable-expert-parallel; SGLang --dp-size with --enable-dp-attention)",
     )
@@ -90,6 +98,7 @@ class ReplicaGroupSpec(Frozen):
     max_model_len: int | None = Field(
         default=None,
         gt=0,
+        le=MAX_TOKENS,
         description="vLLM's --max-model-len: the longest request (prompt + output) served, and "
         "without chunked prefill the default step budget; None: the model's context length",
     )
@@ -100,7 +109,7 @@ class ReplicaGroupSpec(Frozen):
     )
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     swap_space_gib: float = Field(
-        default=4.0, ge=0, allow_inf_nan=False, description="host swap space per GPU"
+        default=4.0, ge=0, le=MAX_HOST_GIB, description="host swap space per GPU"
     )
     enable_prefix_caching: bool | None = Field(
         default=None,
@@ -119,7 +128,10 @@ class ReplicaGroupSpec(Frozen):
         "bandwidths (vLLM's --kv-offloading-size/--kv-offloading-backend; serving.kv_tiers)",
     )
     cpu_offload_gb: float = Field(
-        default=0.0, ge=0, description="GiB of weights per GPU streamed from host memory (vLLM)"
+        default=0.0,
+        ge=0,
+        le=MAX_HOST_GIB,
+        description="GiB of weights per GPU streamed from host memory (vLLM)",
     )
     offload: OffloadSpec | None = Field(
         default=None,
@@ -197,7 +209,7 @@ class Scenario(Frozen):
         default=None, description="disaggregated: the prefill -> decode link (default auto)"
     )
     workload: WorkloadSpec
-    max_concurrency: int | None = Field(default=None, ge=1)
+    max_concurrency: int | None = Field(default=None, ge=1, le=MAX_REQUESTS)
     slo: SLOSpec | None = None
     seed: int = Field(default=0, ge=0)
 

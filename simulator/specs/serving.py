@@ -124,6 +124,8 @@ def parse_speculative_config(
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise SpecError(f"not valid JSON ({exc.msg})", source=source, field=FIELD) from None
+        except RecursionError:
+            raise SpecError("not valid JSON (nested too deeply)", source=source) from None
     return validate(
         SpeculativeSpec, dict(value) if isinstance(value, Mapping) else value, source=source
     )

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from simulator.specs._base import Frozen
+from simulator.specs._base import MAX_REQUESTS, MAX_TIME_SCALE, MAX_TOKENS, Frozen
 
 # vLLM's ShareGPT filter: is_valid_sequence() defaults in vllm/benchmarks/dataset_utils.py, applied
 # by ShareGPTDataset.sample (inherited from sample_sharegpt_requests in benchmark_serving.py).
@@ -28,8 +28,8 @@ class RandomDataset(Frozen):
     """vLLM's `--dataset-name random` (defaults are vLLM's)."""
 
     name: Literal["random"] = "random"
-    input_len: int = Field(1024, ge=1)
-    output_len: int = Field(128, ge=1)
+    input_len: int = Field(1024, ge=1, le=MAX_TOKENS)
+    output_len: int = Field(128, ge=1, le=MAX_TOKENS)
     range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
@@ -129,7 +129,7 @@ class Sessions(Frozen):
     by the workload's arrival process (request_rate counts conversations per second), turn k+1
     is sent `think_time_s` after turn k finished (a constant, or exponential with that mean)."""
 
-    turns: int = Field(ge=1)
+    turns: int = Field(ge=1, le=MAX_REQUESTS)
     think_time_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     think_time: Literal["constant", "exponential"] = "constant"
 
@@ -233,13 +233,13 @@ class WorkloadSpec(Frozen):
     """What arrives: a dataset for the lengths and an arrival process (see the module doc)."""
 
     dataset: DatasetSpec
-    num_prompts: int | None = Field(None, ge=1)  # None: every row of a trace
+    num_prompts: int | None = Field(None, ge=1, le=MAX_REQUESTS)  # None: every row of a trace
     request_rate: float = Field(math.inf, gt=0)  # requests/s; inf: all at t=0
     burstiness: float = Field(1.0, gt=0)  # gamma shape; 1 = Poisson, inf = constant
     arrival: Literal["poisson_gamma", "constant", "trace"] = "poisson_gamma"
-    time_scale: float = Field(1.0, gt=0, allow_inf_nan=False)  # trace replay: x inter-arrivals
-    max_input_len: int | None = Field(None, ge=1)  # clamp prompt lengths
-    max_output_len: int | None = Field(None, ge=1)  # clamp output lengths
+    time_scale: float = Field(1.0, gt=0, le=MAX_TIME_SCALE)  # trace replay: x inter-arrivals
+    max_input_len: int | None = Field(None, ge=1, le=MAX_TOKENS)  # clamp prompt lengths
+    max_output_len: int | None = Field(None, ge=1, le=MAX_TOKENS)  # clamp output lengths
     # share of requests in priority class 0, 1, ... (0 most urgent; for the priority policy)
     priority_mix: list[float] | None = Field(None, min_length=1)
     prefix: SharedPrefix | None = None  # a shared system prompt

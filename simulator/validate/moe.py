@@ -78,6 +78,7 @@ def _shape_model(num_experts: int, top_k: int, hidden: int, inter: int) -> Model
             "num_experts_per_tok": top_k,
             "moe_intermediate_size": inter,
             "torch_dtype": "bfloat16",
+            "max_position_embeddings": 4096,  # a shape, never served
         },
         name=f"moe-e{num_experts}-k{top_k}-h{hidden}-n{inter}",
     )

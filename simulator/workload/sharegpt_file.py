@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from simulator.errors import SpecError
+from simulator.specs.loader import check_data_file
 from simulator.specs.workload import sharegpt_filter
 
 BYTES_PER_TOKEN = 4.0  # estimate, see the module docstring
@@ -104,6 +105,7 @@ def _lengths(
 
 def _conversations(path: Path) -> list[tuple[str, str]]:
     """(first turn, second turn) of every entry vLLM keeps, in file order."""
+    check_data_file(path, source=str(path))
     try:
         with path.open(encoding="utf-8") as fh:
             data: Any = json.load(fh)
@@ -111,6 +113,8 @@ def _conversations(path: Path) -> list[tuple[str, str]]:
         raise SpecError(f"cannot read file ({exc.strerror})", source=str(path)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SpecError(f"not ShareGPT's JSON ({exc})", source=str(path)) from None
+    except RecursionError:
+        raise SpecError("not ShareGPT's JSON (nested too deeply)", source=str(path)) from None
     if not isinstance(data, list):
         raise SpecError("not ShareGPT's JSON: expected a list of conversations", source=str(path))
     pairs = []

@@ -10,13 +10,17 @@ optionally what the request shares with others (for prefix caching):
   content (a system prompt, a document), the first `prefix_len` tokens of it.
 
 Ids may be numbers or strings; they are only compared for equality. Problems in a file are
-SpecErrors naming the file and the column.
+SpecErrors naming the file, the column and the line of the file (1-based, a CSV's header being
+line 1; blank lines counted, as an editor numbers them).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +28,16 @@ import numpy as np
 import pandas as pd
 
 from simulator.errors import SpecError
+from simulator.specs._base import MAX_TOKENS
+from simulator.specs.loader import check_data_file
 from simulator.specs.workload import TraceDataset
+
+# The most seconds from a trace's first row to its last: timestamps are seconds (or datetimes),
+# and a trace longer than this (31.7 years) is a unit slip (milliseconds, nanoseconds) or a
+# corrupt row, which would overflow the arrival times.
+MAX_TRACE_SPAN_S = 1e9
+# Maps a data row (0-based, in file order) to the line of the file it is on.
+LineOf = Callable[[int], int]
 
 TRACE_DIR = Path(__file__).resolve().parent.parent / "data" / "traces"
 BUNDLED_FILES = {
@@ -69,31 +82,56 @@ def bundled_trace(name: str) -> Trace:
     dtypes = {"TIMESTAMP": str, "ContextTokens": np.int64, "GeneratedTokens": np.int64}
     frame = pd.read_csv(path, dtype=dtypes)
     cols = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-    return _parse_trace(frame, cols, source=str(path), fields=("", "", ""))
+    return _parse_trace(frame, cols, source=str(path), fields=("", "", ""), line_of=_csv_line(path))
 
 
 def read_trace(ds: TraceDataset, *, with_timestamps: bool) -> Trace:
     source = str(ds.path)
+    check_data_file(ds.path, source=source, field="dataset.path")
     try:
-        frame = pd.read_csv(ds.path) if ds.file_format == "csv" else _read_jsonl(ds.path)
+        if ds.file_format == "csv":
+            frame, line_of = pd.read_csv(ds.path), _csv_line(ds.path)
+        else:
+            frame, lines = _read_jsonl(ds.path)
+            line_of = lines.__getitem__
     except FileNotFoundError:
         raise SpecError("trace file not found", source=source, field="dataset.path") from None
     except OSError as exc:
         raise SpecError(f"cannot read trace file ({exc.strerror})", source=source) from None
+    except UnicodeDecodeError:
+        raise SpecError(f"malformed {ds.file_format}: not UTF-8 text", source=source) from None
     except ValueError as exc:  # pandas' and json's parser errors are ValueErrors
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SpecError(f"malformed {ds.file_format}: {reason}", source=source) from None
     ts_col = ds.timestamp_column if with_timestamps else None
     cols = (ts_col, ds.prompt_column, ds.output_column)
     fields = ("dataset.timestamp_column", "dataset.prompt_column", "dataset.output_column")
-    trace = _parse_trace(frame, cols, source=source, fields=fields)
-    return _with_sharing(trace, frame, ds, source=source)
+    trace = _parse_trace(frame, cols, source=source, fields=fields, line_of=line_of)
+    return _with_sharing(trace, frame, ds, source=source, line_of=line_of)
 
 
-def _read_jsonl(path: Path) -> pd.DataFrame:
-    """One JSON object per line. Not pd.read_json: pandas 2 turns a numeric column named
-    "timestamp" into dates (epoch milliseconds), and its date-guessing switches are deprecated."""
-    rows = []
+def _csv_line(path: Path) -> LineOf:
+    """The file line of a CSV's data row: the header is the first line that is not blank, and
+    pandas skips blank lines (counted here only when an error names a row)."""
+
+    def line_of(row: int) -> int:
+        seen = -2  # the header's number among non-blank lines is -1
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            for number, line in enumerate(fh, start=1):
+                if line.strip():
+                    seen += 1
+                    if seen == row:
+                        return number
+        return row + 2
+
+    return line_of
+
+
+def _read_jsonl(path: Path) -> tuple[pd.DataFrame, list[int]]:
+    """One JSON object per line, and the file line of each row (blank lines are skipped).
+    Not pd.read_json: pandas 2 turns a numeric column named "timestamp" into dates (epoch
+    milliseconds), and its date-guessing switches are deprecated."""
+    rows, numbers = [], []
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if line.strip():
@@ -101,10 +139,13 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"line {number}: {exc.msg}") from None
+                except RecursionError:
+                    raise ValueError(f"line {number}: nested too deeply") from None
                 if not isinstance(row, dict):
                     raise ValueError(f"line {number}: expected a JSON object")
                 rows.append(row)
-    return pd.DataFrame.from_records(rows)
+                numbers.append(number)
+    return pd.DataFrame.from_records(rows), numbers
 
 
 def _require_columns(
@@ -122,6 +163,7 @@ def _parse_trace(
     *,
     source: str,
     fields: tuple[str, str, str],
+    line_of: LineOf,
 ) -> Trace:
     _require_columns(frame, cols, fields, source)
     if frame.empty:
@@ -129,16 +171,18 @@ def _parse_trace(
     ts_col, prompt_col, output_col = cols
     timestamps = None
     if ts_col is not None:
-        timestamps = _seconds(frame[ts_col], source=source, field=fields[0])
-    prompt = _token_counts(frame[prompt_col], source=source, field=fields[1])
-    output = _token_counts(frame[output_col], source=source, field=fields[2])
+        timestamps = _seconds(frame[ts_col], source=source, field=fields[0], line_of=line_of)
+    prompt = _token_counts(frame[prompt_col], source=source, field=fields[1], line_of=line_of)
+    output = _token_counts(frame[output_col], source=source, field=fields[2], line_of=line_of)
     for arr in (timestamps, prompt, output):
         if arr is not None:
             arr.setflags(write=False)  # the bundled traces are cached: nobody may edit them
     return Trace(timestamps, prompt, output)
 
 
-def _with_sharing(trace: Trace, frame: pd.DataFrame, ds: TraceDataset, *, source: str) -> Trace:
+def _with_sharing(
+    trace: Trace, frame: pd.DataFrame, ds: TraceDataset, *, source: str, line_of: LineOf
+) -> Trace:
     """`trace` with the session and prefix columns `ds` names, if any."""
     cols = (ds.session_column, ds.prefix_column, ds.prefix_len_column)
     fields = ("dataset.session_column", "dataset.prefix_column", "dataset.prefix_len_column")
@@ -149,7 +193,7 @@ def _with_sharing(trace: Trace, frame: pd.DataFrame, ds: TraceDataset, *, source
         prefix_id = _ids(frame[ds.prefix_column])
         # a row without a prefix id needs no length
         lengths = frame[ds.prefix_len_column].where(prefix_id >= 0, 0)
-        counts = _token_counts(lengths, source=source, field=fields[2], least=0)
+        counts = _token_counts(lengths, source=source, field=fields[2], least=0, line_of=line_of)
         prefix_len = np.where(prefix_id >= 0, np.minimum(counts, trace.prompt_len), 0)
     return Trace(
         trace.timestamps_s, trace.prompt_len, trace.output_len, session, prefix_id, prefix_len
@@ -163,7 +207,7 @@ def _ids(column: pd.Series) -> np.ndarray:
 
 
 def _bad_value(
-    column: pd.Series, bad: np.ndarray, what: str, *, source: str, field: str
+    column: pd.Series, bad: np.ndarray, what: str, *, source: str, field: str, line_of: LineOf
 ) -> SpecError:
     row = int(np.flatnonzero(bad)[0])
     value = column.iloc[row]
@@ -173,32 +217,73 @@ def _bad_value(
         else repr(value.item() if hasattr(value, "item") else value)
     )
     return SpecError(
-        f"row {row + 1} of column {column.name!r}: {shown} is not {what}",
+        f"line {line_of(row)}, column {column.name!r}: {shown} is not {what}",
         source=source,
         field=field,
     )
 
 
-def _token_counts(column: pd.Series, *, source: str, field: str, least: int = 1) -> np.ndarray:
-    """Non-negative numbers, rounded; below `least` becomes `least` (a request yields at least
-    one token)."""
-    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64)
+def _numbers(column: pd.Series) -> np.ndarray:
+    """The column as float64, NaN where a cell is not a number (numbers too large for a float
+    become inf, quietly)."""
+    if column.dtype == object:  # Python ints beyond int64 (a JSONL 2**64) make pandas raise
+        column = column.map(_as_float)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64)
+
+
+def _as_float(value: object) -> object:
+    """An int as a float (beyond a float's range: inf of its sign); anything else as it is."""
+    if not isinstance(value, int):
+        return value
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _token_counts(
+    column: pd.Series, *, source: str, field: str, line_of: LineOf, least: int = 1
+) -> np.ndarray:
+    """Non-negative numbers up to MAX_TOKENS, rounded; below `least` becomes `least` (a request
+    yields at least one token)."""
+    values = _numbers(column)
     bad = ~np.isfinite(values) | (values < 0)
     if bad.any():
-        raise _bad_value(column, bad, "a token count", source=source, field=field)
+        raise _bad_value(column, bad, "a token count", source=source, field=field, line_of=line_of)
+    huge = values > MAX_TOKENS
+    if huge.any():
+        what = f"a token count of at most {MAX_TOKENS:,}"
+        raise _bad_value(column, huge, what, source=source, field=field, line_of=line_of)
     return np.maximum(np.rint(values), least).astype(np.int64)
 
 
-def _seconds(column: pd.Series, *, source: str, field: str) -> np.ndarray:
-    """Seconds since the earliest row, from numbers (seconds) or datetime strings."""
-    numeric = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64)
-    if np.isfinite(numeric).all():
-        return numeric - numeric.min()
-    stamps = pd.to_datetime(column, format="ISO8601", errors="coerce", utc=True)
-    bad = stamps.isna().to_numpy()
-    if bad.any():
-        raise _bad_value(column, bad, "seconds or a datetime", source=source, field=field)
-    return (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=np.float64)
+def _seconds(column: pd.Series, *, source: str, field: str, line_of: LineOf) -> np.ndarray:
+    """Seconds since the earliest row, from numbers (seconds) or datetime strings; at most
+    MAX_TRACE_SPAN_S from the first to the last."""
+    numeric = _numbers(column)
+    finite = np.isfinite(numeric)
+    if finite.any():  # a column of numbers: the first cell that is none is the bad one
+        if not finite.all():
+            raise _bad_value(
+                column, ~finite, "seconds", source=source, field=field, line_of=line_of
+            )
+        with np.errstate(over="ignore", invalid="ignore"):
+            seconds = numeric - numeric.min()
+    else:
+        with warnings.catch_warnings():  # pandas warns of formats it infers cell by cell
+            warnings.simplefilter("ignore")
+            stamps = pd.to_datetime(column, format="ISO8601", errors="coerce", utc=True)
+        bad = stamps.isna().to_numpy()
+        if bad.any():
+            what = "seconds or a datetime"
+            raise _bad_value(column, bad, what, source=source, field=field, line_of=line_of)
+        seconds = (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=np.float64)
+    late = ~np.isfinite(seconds) | (seconds > MAX_TRACE_SPAN_S)
+    if late.any():
+        what = f"within {MAX_TRACE_SPAN_S:.0e} s of the earliest row (seconds, not ms or ns)"
+        raise _bad_value(column, late, what, source=source, field=field, line_of=line_of)
+    return seconds
 
 
 def replay_rows(

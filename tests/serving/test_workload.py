@@ -351,8 +351,8 @@ def test_user_trace_without_timestamps_uses_generated_arrivals(tmp_path: Path) -
     [
         ("t,input,out\n1,2,3\n", "dataset.prompt_column", "no column 'in'"),
         ("t,in,out\n1,2,3\n", None, None),
-        ("t,in,out\n1,abc,3\n", "dataset.prompt_column", "row 1"),
-        ("t,in,out\n1,2,3\n2,-5,3\n", "dataset.prompt_column", "row 2 of column 'in': -5 is not"),
+        ("t,in,out\n1,abc,3\n", "dataset.prompt_column", "line 2,"),  # the header is line 1
+        ("t,in,out\n1,2,3\n2,-5,3\n", "dataset.prompt_column", "line 3, column 'in': -5 is not"),
         ("t,in,out\n1,2,3\n2,,3\n", "dataset.prompt_column", "an empty cell is not"),
         ("t,in,out\nyesterday,2,3\n", "dataset.timestamp_column", "'yesterday'"),
         ("t,in,out\n", "", "no rows"),

@@ -208,6 +208,7 @@ TINY = {
     "vocab_size": 1000,
     "torch_dtype": "bfloat16",
     "tie_word_embeddings": False,
+    "max_position_embeddings": 4096,
 }
 
 
