@@ -112,11 +112,13 @@ def test_engines_differ_where_expected(engines: dict[str, EngineSpec]) -> None:
 
 def test_sglang_runs_prefill_steps_apart_from_decodes(engines: dict[str, EngineSpec]) -> None:
     """SGLang (no --enable-mixed-chunk) prefills first in steps of their own, still chunked;
-    vLLM mixes chunks into decode steps; turning chunking off gives vLLM V0's whole prompts."""
+    vLLM mixes chunks into decode steps, and with chunking off whole prompts (V1); vLLM V0
+    without chunking runs prompts first (tests/serving/test_unchunked_mixing.py)."""
     sglang = default_scheduler(engines["sglang"])
     assert (sglang.kind, sglang.chunked_prefill) == ("prefill_first", True)
     assert default_scheduler(engines["vllm"]).kind == "continuous"
-    assert default_scheduler(engines["vllm"], chunked_prefill=False).kind == "prefill_first"
+    assert default_scheduler(engines["vllm"], chunked_prefill=False).kind == "continuous"
+    assert default_scheduler(engines["vllm-0.6"], chunked_prefill=False).kind == "prefill_first"
     assert default_scheduler(engines["sglang"], kind="continuous").kind == "continuous"
 
 
