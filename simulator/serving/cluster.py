@@ -218,14 +218,15 @@ def build_replica(
 
 
 def check_budgets(requests: RequestTable, groups: Sequence[ReplicaGroup]) -> None:
-    """Without chunked prefill a step must hold the longest request: a preempted request
-    re-prefills prompt + output so far in one step (vLLM needs max_num_batched_tokens >=
-    max_model_len then, for this reason)."""
+    """Without chunked prefill a step must hold the longest request: a prompt goes in whole,
+    and a preempted request re-prefills prompt + output so far in one step (vLLM needs
+    max_num_batched_tokens >= max_model_len then, for this reason). Static batches run
+    their prompts in budget-sized pieces and are not held to it."""
     longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 0
     for group in groups:
         spec = group.scheduler
         budget = spec.max_num_batched_tokens
-        if spec.kind == "prefill_first" and not spec.chunked_prefill and longest > budget:
+        if spec.kind != "static" and not spec.chunked_prefill and longest > budget:
             raise SpecError(
                 f"without chunked prefill, max_num_batched_tokens ({budget}) must "
                 f"hold the longest request ({longest} tokens)",

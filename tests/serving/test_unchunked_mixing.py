@@ -16,6 +16,7 @@ import pytest
 from clitools import run_cli
 from factories import fixed_group, make_requests
 
+from simulator.errors import SpecError
 from simulator.runs import runner
 from simulator.serving.cluster import serve
 from simulator.serving.group import default_scheduler
@@ -91,6 +92,19 @@ def test_an_explicit_kind_still_wins() -> None:
     assert default_scheduler(v0, chunked_prefill=False, kind="continuous").kind == "continuous"
     spec = unchunked("vllm").model_copy(update={"kind": "prefill_first"})
     assert one_step(spec, 2000) == [(1, 2000)]
+
+
+@pytest.mark.parametrize("kind", ["continuous", "prefill_first"])
+def test_without_chunking_a_step_must_hold_the_longest_request(kind: str) -> None:
+    """Either way a prompt goes in whole and a preempted request re-prefills in one step, so a
+    request longer than the budget exits 2 (SpecError) rather than waiting forever."""
+    spec = SchedulerSpec(
+        kind=kind, max_num_seqs=8, max_num_batched_tokens=1024, chunked_prefill=False
+    )
+    with pytest.raises(SpecError, match="longest request"):
+        serve(make_requests((0.0, 1000, 100)), groups=[fixed_group(scheduler=spec)])
+    result = serve(make_requests((0.0, 900, 100)), groups=[fixed_group(scheduler=spec)])
+    assert len(result.requests) == 1
 
 
 def test_on_paper_a_prompt_joins_the_running_decodes() -> None:
