@@ -201,14 +201,15 @@ def test_trtllm_06_is_todays_trtllm_without_graphs_python_or_split() -> None:
     """trtllm-0.6 (TensorRT engines in the C++ session) starts from trtllm and changes only
     the host side, the decode split, the KV memory and the GEMMs: launched from C++, no graphs,
     no per-request work, the batch's non-paged KV in all the free memory, and TensorRT's own
-    GEMM tactics (the device's factors) instead of the PyTorch backend's cuBLAS calls."""
+    GEMM tactics (the device's factors) instead of the PyTorch backend's cuBLAS calls; and
+    static session batches, not the in-flight batching that puts whole prompts beside decodes."""
     old, new = load_engine("trtllm-0.6"), load_engine("trtllm")
     assert (old.cuda_graphs, old.cuda_graph_max_tokens, old.decode_split) == (False, 0, "none")
     assert old.overhead.per_seq_s == 0 and old.overhead.launch_eager_s < new.overhead.launch_eager_s
     assert (old.gemm_library, new.gemm_library) == (None, "cublas-13.1")
     same = ("attention_factor", "scalar_row_kernels", "fused_activation_quant")
     assert all(getattr(old, f) == getattr(new, f) for f in same)
-    memory = {"gpu_memory_utilization": 1.0, "prefix_caching": False}
+    memory = {"gpu_memory_utilization": 1.0, "prefix_caching": False, "unchunked_mixed": False}
     assert old.scheduler == new.scheduler.model_copy(update=memory)
     assert old.scheduler.kv_budget == new.scheduler.kv_budget == "free"
 
