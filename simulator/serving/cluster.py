@@ -218,18 +218,31 @@ def build_replica(
 
 
 def check_budgets(requests: RequestTable, groups: Sequence[ReplicaGroup]) -> None:
-    """Without chunked prefill a step must hold the longest request: a prompt goes in whole,
-    and a preempted request re-prefills prompt + output so far in one step (vLLM needs
-    max_num_batched_tokens >= max_model_len then, for this reason). Static batches run
-    their prompts in budget-sized pieces and are not held to it."""
-    longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 0
+    """Without chunked prefill a step must hold the longest request: a prompt is prefilled in
+    one step, and a request preempted by recompute re-prefills its prompt and the output so far
+    in one step. A shorter budget would leave a request that can never be scheduled.
+
+    vLLM refuses such a configuration when it starts (SchedulerConfig._verify_args in
+    vllm/config/scheduler.py; vllm/config.py before 0.10): `max_num_batched_tokens <
+    max_model_len and not chunked_prefill_enabled` raises "max_num_batched_tokens (B) is
+    smaller than max_model_len (L). This effectively limits the maximum sequence length to
+    max_num_batched_tokens and makes vLLM reject longer sequences. Please increase
+    max_num_batched_tokens or decrease max_model_len." Here the rule is the requests given
+    (their longest prompt + output), not max_model_len: published runs (the validation rows)
+    set a small budget with a max_model_len they do not record, and other engines
+    (TensorRT-LLM's max_num_tokens) have no such start-up check. A static batch prefills its
+    batch whole, whatever the budget."""
+    total = requests.prompt_len + requests.output_len
+    longest = int(total.max()) if len(requests) else 0
     for group in groups:
         spec = group.scheduler
         budget = spec.max_num_batched_tokens
         if spec.kind != "static" and not spec.chunked_prefill and longest > budget:
             raise SpecError(
-                f"without chunked prefill, max_num_batched_tokens ({budget}) must "
-                f"hold the longest request ({longest} tokens)",
+                f"{budget} is below the longest request's prompt + output ({longest} tokens), "
+                "which a step must hold without chunked prefill (a preempted request "
+                "re-prefills both; vLLM refuses a budget below max_model_len for this "
+                "reason): raise max_num_batched_tokens or turn chunked_prefill on",
                 field="max_num_batched_tokens",
             )
 
