@@ -84,11 +84,14 @@ def default_scheduler(
 ) -> SchedulerSpec:
     """The engine's scheduler defaults, with `overrides` (None values ignored). Without
     chunked prefill an engine that sizes its step by the model (vLLM) holds at least
-    `max_model_len` tokens a step unless max_num_batched_tokens is given."""
+    `max_model_len` tokens a step unless max_num_batched_tokens is given. Prompts share a
+    step with the running decodes (`continuous`) where the engine mixes them: chunks with
+    chunked prefill (`mixed_prefill`), whole prompts without it (`unchunked_mixed`); elsewhere
+    a step is all prefill or all decode (`prefill_first`)."""
     sched = engine.scheduler
     given = {k: v for k, v in overrides.items() if v is not None}
     chunked = given.get("chunked_prefill", engine.chunked_by_default(max_model_len))
-    mixed = chunked and sched.mixed_prefill
+    mixed = sched.mixed_prefill if chunked else sched.unchunked_mixed
     values = {
         "kind": "continuous" if mixed else "prefill_first",  # unless `kind` is given
         "max_num_seqs": sched.max_num_seqs,

@@ -9,7 +9,9 @@ the plan and advances time. Three policies (`kind`):
   blocks cannot be allocated, the most recently admitted running request is preempted until
   they can. Then waiting requests in queue order while the token budget, max_num_seqs and the
   KV cache (above the watermark) allow; the first that does not fit stops admission
-  (head-of-line, as vLLM). No admissions in a step that preempted.
+  (head-of-line, as vLLM). No admissions in a step that preempted. Without chunked prefill
+  a waiting prompt goes in whole or waits: whole prompts share the step with the running
+  decodes (vLLM V1, TensorRT-LLM's in-flight batching; a profile's `unchunked_mixed`).
 - `prefill_first`: a step either prefills or decodes every running request, and prefill goes
   first. Without chunked prefill (vLLM V0) it prefills whole prompts of waiting requests, as
   many as the budget holds. With chunked prefill (SGLang without --enable-mixed-chunk) the

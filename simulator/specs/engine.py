@@ -164,6 +164,14 @@ class SchedulerDefaults(Frozen):
         "in-flight batching); false: a step is all prefill or all decode, prefill first (SGLang "
         "without --enable-mixed-chunk)",
     )
+    unchunked_mixed: bool = Field(
+        default=False,
+        description="with chunked prefill off, whole waiting prompts still share a step with the "
+        "running decodes: the decodes are scheduled first, then prompts are admitted whole while "
+        "they fit the step's remaining token budget (vLLM V1's scheduler, TensorRT-LLM's "
+        "in-flight batching); false: without chunking a step is all prefill or all decode, "
+        "prefill first (vLLM V0, SGLang)",
+    )
     block_size: int = Field(gt=0)
     gpu_memory_utilization: float = Field(gt=0, le=1)
     kv_budget: KvBudget = Field(

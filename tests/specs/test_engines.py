@@ -112,11 +112,13 @@ def test_engines_differ_where_expected(engines: dict[str, EngineSpec]) -> None:
 
 def test_sglang_runs_prefill_steps_apart_from_decodes(engines: dict[str, EngineSpec]) -> None:
     """SGLang (no --enable-mixed-chunk) prefills first in steps of their own, still chunked;
-    vLLM mixes chunks into decode steps; turning chunking off gives vLLM V0's whole prompts."""
+    vLLM mixes chunks into decode steps, and with chunking off whole prompts (V1); vLLM V0
+    without chunking runs prompts first (tests/serving/test_unchunked_mixing.py)."""
     sglang = default_scheduler(engines["sglang"])
     assert (sglang.kind, sglang.chunked_prefill) == ("prefill_first", True)
     assert default_scheduler(engines["vllm"]).kind == "continuous"
-    assert default_scheduler(engines["vllm"], chunked_prefill=False).kind == "prefill_first"
+    assert default_scheduler(engines["vllm"], chunked_prefill=False).kind == "continuous"
+    assert default_scheduler(engines["vllm-0.6"], chunked_prefill=False).kind == "prefill_first"
     assert default_scheduler(engines["sglang"], kind="continuous").kind == "continuous"
 
 
@@ -199,14 +201,15 @@ def test_trtllm_06_is_todays_trtllm_without_graphs_python_or_split() -> None:
     """trtllm-0.6 (TensorRT engines in the C++ session) starts from trtllm and changes only
     the host side, the decode split, the KV memory and the GEMMs: launched from C++, no graphs,
     no per-request work, the batch's non-paged KV in all the free memory, and TensorRT's own
-    GEMM tactics (the device's factors) instead of the PyTorch backend's cuBLAS calls."""
+    GEMM tactics (the device's factors) instead of the PyTorch backend's cuBLAS calls; and
+    static session batches, not the in-flight batching that puts whole prompts beside decodes."""
     old, new = load_engine("trtllm-0.6"), load_engine("trtllm")
     assert (old.cuda_graphs, old.cuda_graph_max_tokens, old.decode_split) == (False, 0, "none")
     assert old.overhead.per_seq_s == 0 and old.overhead.launch_eager_s < new.overhead.launch_eager_s
     assert (old.gemm_library, new.gemm_library) == (None, "cublas-13.1")
     same = ("attention_factor", "scalar_row_kernels", "fused_activation_quant")
     assert all(getattr(old, f) == getattr(new, f) for f in same)
-    memory = {"gpu_memory_utilization": 1.0, "prefix_caching": False}
+    memory = {"gpu_memory_utilization": 1.0, "prefix_caching": False, "unchunked_mixed": False}
     assert old.scheduler == new.scheduler.model_copy(update=memory)
     assert old.scheduler.kv_budget == new.scheduler.kv_budget == "free"
 
