@@ -253,7 +253,7 @@ def test_requests_beyond_the_machines_memory_are_refused_before_drawing_them(
     monkeypatch.setattr(sizes, "available_memory_bytes", lambda: 8 * 2**30)
     err = one_line_error(capsys, "run", str(scenario(tmp_path, num_prompts=10**9)))
     assert "workload.num_prompts: 1,000,000,000 requests need about 2,048.9 GiB" in err
-    assert "more than the 8.0 GiB this machine has available" in err
+    assert "more than 80% of the 8.0 GiB this machine has available" in err
 
 
 def test_the_bench_flag_names_the_size(

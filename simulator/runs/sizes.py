@@ -63,8 +63,8 @@ def check_fits(num_requests: int, *, field: str = "workload.num_prompts") -> Non
         return
     raise SpecError(
         f"{num_requests:,} requests need about {_gib(need)} of memory to simulate "
-        f"({BYTES_PER_REQUEST:,} bytes each), more than the {_gib(available)} this machine "
-        "has available: ask for fewer",
+        f"({BYTES_PER_REQUEST:,} bytes each), more than {USABLE_FRACTION:.0%} of the "
+        f"{_gib(available)} this machine has available: ask for fewer",
         field=field,
     )
 
