@@ -25,7 +25,15 @@ from simulator.planning.layouts import Candidate, Prepared, Searched, Traffic
 from simulator.planning.margins import DISAGGREGATED_NOTE
 from simulator.planning.spec import PlanSpec
 from simulator.planning.tables import prepared_row, usd_per_million_tokens
-from simulator.planning.trials import SeedCheck, Trial, needed, over_seeds, seed_list, simulate
+from simulator.planning.trials import (
+    SeedCheck,
+    Trial,
+    needed,
+    over_seeds,
+    seed_list,
+    simulate,
+    simulate_replica,
+)
 from simulator.planning.units import Unit
 from simulator.specs.scenario import ReplicaGroupSpec
 
@@ -199,16 +207,7 @@ def check_seeds(spec: PlanSpec, s: Searched, flow: Traffic) -> SeedCheck:
     for _ in range(LOWER_STEPS + 1):
 
         def run_one(seed: int, rate: float = rate) -> Trial:
-            return simulate(
-                spec,
-                p.groups(spec),
-                flow,
-                num_prompts=p.num_prompts,
-                rate=rate,
-                margin=p.margin,
-                seed=seed,
-                name=p.key,
-            )
+            return simulate_replica(spec, p, flow, rate=rate, seed=seed)
 
         trials, met = over_seeds(run_one, others, need=need, met=1)
         sims += len(trials)

@@ -70,7 +70,7 @@ from simulator.planning.tables import (
     searched_row,
     usd_per_million_tokens,
 )
-from simulator.planning.trials import simulate
+from simulator.planning.trials import simulate_replica
 from simulator.planning.units import build_units
 from simulator.specs import ModelSpec, load_model
 from simulator.specs.scenario import ReplicaGroupSpec, Scenario
@@ -330,16 +330,7 @@ def _search(spec: PlanSpec, p: Candidate, flow: Traffic, *, mean_out: float) -> 
     probes: list[dict[str, Any]] = []
 
     def feasible(rate: float) -> bool:
-        trial = simulate(
-            spec,
-            p.groups(spec),
-            flow,
-            num_prompts=p.num_prompts,
-            rate=rate,
-            margin=p.margin,
-            seed=spec.seed,
-            name=p.key,
-        )
+        trial = simulate_replica(spec, p, flow, rate=rate, seed=spec.seed)
         verdict = trial.verdict
         verdicts[rate] = (verdict, trial.energy_j)
         cost = usd_per_million_tokens(p.usd_per_hour, rate=rate, tokens_per_request=mean_out)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from simulator.metrics.bands import Margin
-from simulator.planning.layouts import Traffic, scenario
+from simulator.planning.layouts import Candidate, Traffic, scenario
 from simulator.planning.search import Verdict, judge
 from simulator.planning.spec import PlanSpec
 from simulator.runs import runner
@@ -75,6 +75,23 @@ def simulate(
     )
     energy = result.as_json(interval_coverage=None).get("energy_per_output_token_j")
     return Trial(seed, verdict, energy, simulated)
+
+
+def simulate_replica(
+    spec: PlanSpec, p: Candidate, flow: Traffic, *, rate: float, seed: int
+) -> Trial:
+    """One replica (or unit) of candidate `p` on its requests at credited `rate`, drawn with
+    `seed`, judged at the edge of its margin."""
+    return simulate(
+        spec,
+        p.groups(spec),
+        flow,
+        num_prompts=p.num_prompts,
+        rate=rate,
+        margin=p.margin,
+        seed=seed,
+        name=p.key,
+    )
 
 
 def needed(confidence: float, seeds: int) -> int:
