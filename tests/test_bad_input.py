@@ -283,7 +283,7 @@ def test_a_long_run_says_what_it_will_take(capsys: pytest.CaptureFixture[str]) -
     minutes = 10**7 * per_request / 60
     err = capsys.readouterr().err
     assert err == (
-        f"llmsim: note: simulating 10,000,000 requests: about {minutes / 60:,.1f} h and "
+        f"llmsim: note: simulating 10,000,000 requests: up to about {minutes / 60:,.1f} h and "
         f"{10**7 * sizes.BYTES_PER_REQUEST / 2**30:,.1f} GiB of memory\n"
     )
 

@@ -24,7 +24,11 @@ from simulator.errors import SpecError
 # a 10**7-request run found (23 GB).
 BYTES_PER_REQUEST = 2_200
 # Seconds of simulation per request, and per output token of a request: a line through the
-# measured 0.44 ms at 16 output tokens and 4.9 ms at 1,024 (module docstring).
+# measured 0.44 ms at 16 output tokens and 4.9 ms at 1,024 (module docstring), runs at a few
+# requests per second where each decode step carries few requests. Under load a step carries
+# many and the run is faster (benchmarks/bench_serving.py --million, 1,000,000 requests of 128
+# output tokens at 40/s on 4 replicas: 207 s where this gives 930 s), so this is an upper
+# estimate.
 SECONDS_PER_REQUEST = 3.7e-4
 SECONDS_PER_OUTPUT_TOKEN = 4.4e-6
 # A run expected to take longer than this says so on stderr before it starts.
@@ -71,7 +75,7 @@ def check_fits(num_requests: int, *, field: str = "workload.num_prompts") -> Non
 
 def estimate_s(num_requests: int, mean_output_tokens: float) -> float:
     """Seconds a run of `num_requests` requests of `mean_output_tokens` output tokens takes to
-    simulate, about (the development machine's speed)."""
+    simulate at most, about (the development machine's speed; a loaded run is faster)."""
     per_request = SECONDS_PER_REQUEST + SECONDS_PER_OUTPUT_TOKEN * mean_output_tokens
     return num_requests * per_request
 
@@ -84,6 +88,6 @@ def announce_long_run(num_requests: int, mean_output_tokens: float) -> None:
         return
     took = f"{seconds / 60:,.0f} min" if seconds < 7200 else f"{seconds / 3600:,.1f} h"
     sys.stderr.write(
-        f"llmsim: note: simulating {num_requests:,} requests: about {took} and "
+        f"llmsim: note: simulating {num_requests:,} requests: up to about {took} and "
         f"{_gib(num_requests * BYTES_PER_REQUEST)} of memory\n"
     )
