@@ -1,4 +1,5 @@
-"""Running `llmsim` in this process from a test: `run_cli(capsys, *args)`."""
+"""Running `llmsim` in this process from a test: `run_cli(capsys, *args)`, and
+`one_line_error` for a command that must fail as bad input."""
 
 from __future__ import annotations
 
@@ -17,3 +18,13 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
         code = 0
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The one error line of `llmsim ARGS`, which must exit 2 and print nothing else."""
+    code, out, err = run_cli(capsys, *args)
+    assert out == ""
+    assert code == 2, err
+    assert err.startswith("llmsim: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err and "Warning" not in err
+    return err

@@ -21,7 +21,7 @@ from simulator.specs.loader import (
 )
 from simulator.specs.workload import TraceDataset
 from simulator.workload.traces import read_trace
-from tests.clitools import run_cli
+from tests.clitools import one_line_error
 
 SCENARIO = """\
 name: bad
@@ -40,16 +40,6 @@ def scenario(tmp_path: Path, **fields: object) -> Path:
     path = tmp_path / "s.yaml"
     path.write_text(SCENARIO.format(**values), encoding="utf-8")
     return path
-
-
-def one_line_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    """The one error line of `llmsim ARGS`, which must exit 2 and print nothing else."""
-    code, out, err = run_cli(capsys, *args)
-    assert out == ""
-    assert code == 2, err
-    assert err.startswith("llmsim: error: ") and err.count("\n") == 1, err
-    assert "Traceback" not in err and "Warning" not in err
-    return err
 
 
 def hf_config(tmp_path: Path, name: str = "config.json", **changes: object) -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from clitools import run_cli
+from clitools import one_line_error, run_cli
 from factories import scenario_data, write_yaml
 
 from simulator.errors import SpecError
@@ -33,12 +33,6 @@ from simulator.runs import runner
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = scenario_data(input_len=128, output_len=16, num_prompts=20, request_rate=10)
-
-
-def one_error_line(err: str) -> None:
-    assert "Traceback" not in err
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("llmsim: error: ")
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -184,9 +178,7 @@ def test_cli_run_out_into_a_foreign_folder_exits_2_before_running(
     monkeypatch.setattr(runner, "run", no_run)
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "thesis.tex").write_text("years of work")
-    code, _, err = run_cli(capsys, "run", str(two_runs[0]), "--out", str(tmp_path / "home"))
-    assert code == 2
-    one_error_line(err)
+    err = one_line_error(capsys, "run", str(two_runs[0]), "--out", str(tmp_path / "home"))
     assert "thesis.tex" in err
     assert (tmp_path / "home" / "thesis.tex").read_text() == "years of work"
 
@@ -205,9 +197,7 @@ def test_cli_run_out_on_a_full_disk_exits_2_and_keeps_the_old_folder(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(pd.DataFrame, "to_csv", full)
-    code, _, err = run_cli(capsys, "run", str(two_runs[1]), "--out", str(out))
-    assert code == 2
-    one_error_line(err)
+    err = one_line_error(capsys, "run", str(two_runs[1]), "--out", str(out))
     assert err == f"llmsim: error: {out}: No space left on device\n"
     assert snapshot(out) == before
 
@@ -266,9 +256,7 @@ def test_report_refuses_a_folder_mixing_two_runs(
     runner.save_run(runner.run(two_runs[1]), new)
     for name in ("summary.json", "requests.csv"):
         (old / name).write_bytes((new / name).read_bytes())
-    code, _, err = run_cli(capsys, "report", str(old))
-    assert code == 2
-    one_error_line(err)
+    err = one_line_error(capsys, "report", str(old))
     assert "requests.csv" in err and "mixes two results" in err
     assert not (old / "report.html").exists()
 
@@ -280,14 +268,10 @@ def test_report_refuses_an_incomplete_folder(
     runner.save_run(runner.run(two_runs[0]), out)
     steps = out / "steps.csv"
     steps.write_bytes(steps.read_bytes()[: steps.stat().st_size // 2])  # torn
-    code, _, err = run_cli(capsys, "report", str(out))
-    assert code == 2
-    one_error_line(err)
+    err = one_line_error(capsys, "report", str(out))
     assert str(steps) in err
     (out / MANIFEST).unlink()  # cut short before its last file
-    code, _, err = run_cli(capsys, "report", str(out))
-    assert code == 2
-    one_error_line(err)
+    err = one_line_error(capsys, "report", str(out))
     assert "no manifest.json" in err
 
 
