@@ -79,7 +79,7 @@ def test_the_margin_is_the_upper_edge_of_the_band_and_never_below_one() -> None:
 def test_more_confidence_never_narrows_the_margin() -> None:
     low, high = (bands.margin([H100], confidence=c) for c in (0.7, 0.95))
     assert high.capacity >= low.capacity
-    assert all(high.scale()[k] >= low.scale()[k] for k in bands.PLAN_METRICS)
+    assert all(high.scale()[k] >= low.scale()[k] for k in bands.LATENCY_FAMILIES)
 
 
 def test_an_unbacked_setup_takes_the_pooled_bands_and_says_so() -> None:

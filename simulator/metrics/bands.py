@@ -37,7 +37,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from simulator.costmodel.deployment import Deployment
 
 BANDS_PATH = Path(__file__).resolve().parents[1] / "data" / "error_bands.yaml"
 DEFAULT_COVERAGE = 0.8
@@ -97,6 +100,11 @@ def target(*, hardware: str, vendor: str, engine: str) -> Target:
     return Target(hardware, vendor, engine_family(engine))
 
 
+def deployment_target(dep: Deployment) -> Target:
+    """The Target of a deployment: its hardware, the hardware's vendor and its engine."""
+    return target(hardware=dep.hardware.id, vendor=dep.hardware.vendor, engine=dep.engine.id)
+
+
 @dataclass(frozen=True)
 class Metric:
     """How an output key is banded: the families whose band it takes (several: their hull),
@@ -123,7 +131,8 @@ THROUGHPUT_METRICS: dict[str, Metric] = {
 }
 SERVE_RATES = ("request_throughput", "output_throughput", "total_token_throughput")
 _SERVE_LATENCY = re.compile(r"^(mean|median|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
-_SERVE_FAMILIES: dict[str, tuple[Family, ...]] = {
+# The families each served latency takes its band from (a plan's SLO metrics are the same four).
+LATENCY_FAMILIES: dict[str, tuple[Family, ...]] = {
     "ttft": ("ttft",),
     "tpot": ("tpot",),
     "itl": ("tpot",),  # a decode step, as TPOT
@@ -144,7 +153,7 @@ def serve_metrics(keys: Iterable[str], *, all_at_once: bool) -> dict[str, Metric
     for key in keys:
         match = _SERVE_LATENCY.match(key)
         if match:
-            out[key] = Metric(_SERVE_FAMILIES[match.group(2)])
+            out[key] = Metric(LATENCY_FAMILIES[match.group(2)])
         elif key in SERVE_RATES and all_at_once:
             out[key] = Metric(("throughput",), rate=True, regime="offline")
     return out
@@ -287,12 +296,6 @@ def backing_note(rows: Sequence[Residual], targets: Sequence[Target]) -> str | N
 
 
 # -- margins for plans -----------------------------------------------------------------------------
-PLAN_METRICS: dict[str, tuple[Family, ...]] = {
-    "ttft": ("ttft",),
-    "tpot": ("tpot",),
-    "itl": ("tpot",),
-    "e2el": ("ttft", "tpot"),
-}
 
 
 @dataclass(frozen=True)
@@ -323,7 +326,7 @@ class Margin:
 
     def scale(self) -> dict[str, float]:
         """Each SLO metric's factor (`latency_factor`)."""
-        return {metric: self.latency_factor(metric) for metric in PLAN_METRICS}
+        return {metric: self.latency_factor(metric) for metric in LATENCY_FAMILIES}
 
     @property
     def trivial(self) -> bool:
@@ -342,7 +345,7 @@ def worst(margins: Sequence[Margin]) -> Margin:
     return Margin(
         confidence=max(m.confidence for m in margins),
         capacity=max(m.capacity for m in margins),
-        latency={k: max(m.latency.get(k, 1.0) for m in margins) for k in PLAN_METRICS},
+        latency={k: max(m.latency.get(k, 1.0) for m in margins) for k in LATENCY_FAMILIES},
         groups=tuple(dict.fromkeys(g for m in margins for g in m.groups)),
         source=tuple(sorted({s for m in margins for s in m.source})),
         note=notes[0] if notes else None,
@@ -379,7 +382,7 @@ def margin(
     capacity = max(edge("throughput", "offline"), edge("latency", "offline"))
     latency = {
         metric: max(edge(family, "online") for family in families)
-        for metric, families in PLAN_METRICS.items()
+        for metric, families in LATENCY_FAMILIES.items()
     }
     return Margin(
         confidence=confidence,

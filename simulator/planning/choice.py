@@ -323,10 +323,8 @@ def _predict(
     except SpecError as exc:
         return {"rate": target, "interval_note": exc.reason}
     latency = trial.verdict.latency_ms
-    deployments = [x.deployment for part in parts for x in _candidate_parts(part)]
     targets = [
-        bands.target(hardware=d.hardware.id, vendor=d.hardware.vendor, engine=d.engine.id)
-        for d in deployments
+        bands.deployment_target(x.deployment) for part in parts for x in _candidate_parts(part)
     ]
     split = any(not isinstance(part, Prepared) for part in parts)
     return (

@@ -28,10 +28,7 @@ def plan_margin(
     off): backed setups take their groups' bands, others the pooled ones, with a note."""
     if not spec.search.band_margin:
         return bands.NO_MARGIN
-    targets = tuple(
-        bands.target(hardware=d.hardware.id, vendor=d.hardware.vendor, engine=d.engine.id)
-        for d in deployments
-    )
+    targets = tuple(bands.deployment_target(d) for d in deployments)
     return _margin(targets, spec.confidence, DISAGGREGATED_NOTE if disaggregated else None)
 
 

@@ -390,9 +390,7 @@ def bench_latency(
         decode_cost=dec_cost,
         num_iters=num_iters,
         engine_rows=engine_rows,
-        band_target=bands.target(
-            hardware=dep.hardware.id, vendor=dep.hardware.vendor, engine=dep.engine.id
-        ),
+        band_target=bands.deployment_target(dep),
         config={
             "model": dep.model.id,
             "hardware": dep.hardware.id,

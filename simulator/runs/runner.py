@@ -85,10 +85,7 @@ class RunResult:
 
     def band_targets(self) -> list[bands.Target]:
         """The hardware and engine of each replica group, as the error bands look them up."""
-        return [
-            bands.target(hardware=d.hardware.id, vendor=d.hardware.vendor, engine=d.engine.id)
-            for d in self.deployments
-        ]
+        return [bands.deployment_target(d) for d in self.deployments]
 
     def intervals(self, *, coverage: float = bands.DEFAULT_COVERAGE) -> dict[str, Any]:
         """The error bands of the serve summary's latencies (mean, median, percentiles of
