@@ -18,9 +18,12 @@ from simulator.metrics import bands
 from simulator.planning.layouts import enumerate_layouts
 from simulator.planning.margins import plan_margin
 from simulator.planning.plan import PlanResult, plan
+from simulator.planning.report import save_plan
 from simulator.planning.search import judge
 from simulator.planning.spec import PlanSpec, load_plan
 from simulator.planning.trials import Trial, needed, over_seeds
+from simulator.report.build import write_report
+from simulator.report.costfigures import cost_frontier
 from simulator.runs import runner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,6 +195,31 @@ def test_a_plan_json_names_attainment_binding_slo_headroom_and_bands(
     first = doc["candidates"][0]
     assert first["seeds_met"] == 3 and first["seeds"] == 3
     assert doc["simulations"] > len(margined.probes)
+
+
+def test_the_plan_report_shows_the_margin_the_backing_and_the_fleets_band(
+    margined: PlanResult, tmp_path: Path
+) -> None:
+    html = write_report(save_plan(margined, tmp_path / "plan")).read_text()
+    fleet = margined.fleet_summary
+    assert f"meets the SLOs in {fleet['verification']['seeds_met']} of 3 seeds" in html
+    assert f"Binding SLO: {fleet['binding_slo']} at" in html and "headroom +" in html
+    assert "Point prediction at the target: p99 TTFT" in html and "(bands at 80%)" in html
+    assert "What backs each device" in html and "e2e_serving" in html
+    assert "chosen fleet (point prediction and its error band)" in html
+
+
+def test_the_chosen_fleet_is_drawn_with_its_band_as_an_error_bar() -> None:
+    probes = pd.DataFrame(
+        {"layout": ["a"], "feasible": ["True"], "usd_per_million_output_tokens": [1.0]}
+        | {"p99_tpot_ms": [20.0]}
+    )
+    fleet = {"x": 20.0, "band": [18.0, 29.0], "y": 1.5}
+    star = cost_frontier(probes, metric="p99_tpot_ms", fleet=fleet).data[-1]
+    assert (star.x[0], star.y[0], star.marker.symbol) == (20.0, 1.5, "star")
+    assert list(star.error_x.array) == [9.0] and list(star.error_x.arrayminus) == [2.0]
+    bare = cost_frontier(probes, metric="p99_tpot_ms", fleet=fleet | {"band": None}).data[-1]
+    assert bare.error_x.array is None and "error band" not in bare.name
 
 
 def test_every_layouts_rate_can_be_checked_over_the_seeds() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,10 +34,17 @@ def save_plan(result: PlanResult, out: str | Path) -> Path:
     return Path(out)
 
 
+def _given(value: Any) -> bool:
+    """Whether a table cell holds a value (not None, NA or NaN)."""
+    return (
+        value is not None
+        and value is not pd.NA
+        and not (isinstance(value, float) and math.isnan(value))
+    )
+
+
 def _num(value: Any, spec: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return "-"
-    return format(value, spec)
+    return format(value, spec) if _given(value) else "-"
 
 
 def _slo_line(result: PlanResult) -> str:
@@ -106,7 +114,7 @@ def _fleet_lines(result: PlanResult) -> list[str]:
             seeds = f" in {check['seeds_met']} of {check['seeds']} seeds"
         lines.append(
             f"  simulated at {check['rate']:.4g} req/s{edge} ({check['num_prompts']} requests, "
-            f"{result.spec.router.kind} router, median of the seeds): {_latencies(check)}: "
+            f"{result.spec.router.kind} router, median of the seeds): {latency_text(check)}: "
             f"{verdict}{seeds}"
         )
         if check.get("binding_slo"):
@@ -119,14 +127,15 @@ def _fleet_lines(result: PlanResult) -> list[str]:
     if prediction and any(k.endswith("_ms") for k in prediction):
         lines.append(
             f"  point prediction at {prediction['rate']:.4g} req/s: "
-            f"{_latencies(prediction, bands=True)}"
+            f"{latency_text(prediction, bands=True)}"
         )
         lines += [f"  {line}" for line in band_lines(prediction)]
     return lines
 
 
-def _latencies(data: dict[str, Any], *, bands: bool = False) -> str:
-    """`p99 TTFT 162.0 ms, ...` for the latency keys of `data` (with their bands)."""
+def latency_text(data: Mapping[str, Any], *, bands: bool = False) -> str:
+    """`p99 TTFT 162.0 ms, ...` for the latency keys of `data` (with their bands): the plan's
+    fleet check and point prediction, on the terminal and in the report."""
     keys = [k for k in data if k.startswith("p") and k.endswith("_ms")]
     return ", ".join(
         f"{key.split('_')[0]} {key.split('_')[1].upper()} {data[key]:.1f} ms"
@@ -141,14 +150,6 @@ def _edge_words(result: PlanResult) -> str:
     if not result.spec.search.band_margin or margin.get("capacity_factor", 1.0) == 1.0:
         return ""
     return f" at the {result.spec.confidence:.0%} edge of the error bands"
-
-
-def _given(value: Any) -> bool:
-    return (
-        value is not None
-        and value is not pd.NA
-        and not (isinstance(value, float) and math.isnan(value))
-    )
 
 
 def _margin_line(result: PlanResult) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from simulator.errors import SpecError
 from simulator.outputs import replace_file
+from simulator.planning.report import latency_text
 from simulator.report import costfigures as cf
 from simulator.report import figures as fg
 from simulator.report.html import Section, render, table_html
@@ -273,22 +274,15 @@ def _plan_margin_lines(p: dict[str, Any]) -> list[str]:
             f" of its target; headroom {_fmt(fleet.get('headroom'), '+.0%')} load."
         )
     prediction = fleet.get("prediction") or {}
-    shown = [k for k in prediction if k.startswith("p") and k.endswith("_ms")]
-    if shown:
-        parts = []
-        for key in shown:
-            band = prediction.get(f"{key}_interval")
-            text = f"{key.removesuffix('_ms').replace('_', ' ')} {_fmt(prediction[key], '.1f')} ms"
-            if band:
-                text += f" [{band[0]:.1f}, {band[1]:.1f}]"
-            parts.append(text)
+    if any(k.startswith("p") and k.endswith("_ms") for k in prediction):
         coverage = prediction.get("interval_coverage")
         where = (
             f" (bands at {coverage:.0%})"
             if coverage
             else f" (no bands: {prediction.get('interval_note', '')})"
         )
-        lines.append(f"Point prediction at the target: {', '.join(parts)}{where}.")
+        text = latency_text(prediction, bands=True)
+        lines.append(f"Point prediction at the target: {text}{where}.")
     return lines
 
 
