@@ -8,6 +8,8 @@
   at that name is replaced, never followed.
 - `folder_lock`: an exclusive lock on a folder (a sweep's), released by the system when its
   holder dies, however it dies; a second holder is refused with the first one's pid and host.
+- `held_fd`: what native code writes to a file descriptor (a solver's diagnostics on stdout,
+  Ray's retries on stderr) held back, and written out only if the caller says so.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import secrets
 import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -346,3 +350,38 @@ def _try_lock(fd: int) -> bool:
     except (BlockingIOError, PermissionError):
         return False
     return True
+
+
+@dataclass
+class HeldOutput:
+    """What `held_fd` holds back: set `replay` for it to be written out when the block ends."""
+
+    replay: bool = False
+
+
+@contextmanager
+def held_fd(fd: int) -> Iterator[HeldOutput]:
+    """What is written to file descriptor `fd` (1 or 2) in the block, by Python or by native
+    code that writes there directly, held in a temporary file and written out at the end only
+    if `replay` was set, else dropped. A process without that descriptor (an embedding host)
+    is left as it is."""
+    held = HeldOutput()
+    stream = sys.stdout if fd == 1 else sys.stderr
+    try:
+        stream.flush()
+        saved = os.dup(fd)
+    except (OSError, ValueError):
+        yield held
+        return
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), fd)
+        try:
+            yield held
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            if held.replay:
+                log.seek(0)
+                os.write(fd, log.read())

@@ -498,9 +498,9 @@ def test_the_bundled_plan_loads() -> None:
 def test_the_solver_cannot_write_into_json_output(capfd: pytest.CaptureFixture[str]) -> None:
     # HiGHS prints some MIP diagnostics from C++ straight to file descriptor 1, which would
     # break `llmsim plan --json`; the fleet program silences the descriptor while it solves.
-    from simulator.planning.fleet import _native_stdout_silenced
+    from simulator.outputs import held_fd
 
-    with _native_stdout_silenced():
+    with held_fd(1):
         os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution\n")
     print("after")
     out, _ = capfd.readouterr()

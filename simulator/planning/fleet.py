@@ -16,14 +16,13 @@ The planner checks the chosen fleet with one simulation at the target rate.
 from __future__ import annotations
 
 import math
-import os
-import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from simulator.outputs import held_fd
 
 if TYPE_CHECKING:
     from scipy.optimize import OptimizeResult
@@ -227,7 +226,9 @@ class _Program:
         cost = np.zeros(width)
         for column, value in objective.items():
             cost[column] = value
-        with _native_stdout_silenced():
+        # HiGHS prints some MIP diagnostics from C++ to file descriptor 1 whatever `disp`
+        # says, which would corrupt `llmsim plan --json`: held back and dropped
+        with held_fd(1):
             result = milp(
                 cost,
                 constraints=LinearConstraint(matrix, self.lows, self.highs),
@@ -235,22 +236,3 @@ class _Program:
                 bounds=Bounds(np.zeros(width), np.array(self.upper)),
             )
         return result if result.success else None
-
-
-@contextmanager
-def _native_stdout_silenced() -> Iterator[None]:
-    """File descriptor 1 goes to /dev/null meanwhile: HiGHS prints some MIP diagnostics from
-    C++ whatever `disp` says, which would corrupt `llmsim plan --json`."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no real stdout (an embedding host): nothing to protect
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)

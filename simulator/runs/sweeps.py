@@ -33,7 +33,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -57,7 +56,14 @@ from rich.progress import (
 )
 
 from simulator.errors import SpecError, output_folder
-from simulator.outputs import folder_lock, open_append, refuse_link, remove_leftovers, replacing
+from simulator.outputs import (
+    folder_lock,
+    held_fd,
+    open_append,
+    refuse_link,
+    remove_leftovers,
+    replacing,
+)
 from simulator.runs import runner
 from simulator.specs.scenario import Scenario
 from simulator.specs.sweep import (
@@ -266,7 +272,7 @@ def _connect_ray(ray: ModuleType, address: str, timeout_s: float) -> None:
             outcome.append(None)
 
     thread = threading.Thread(target=connect, name="llmsim-ray-connect", daemon=True)
-    with _held_stderr() as held:  # Ray's retries log there: kept for a success only
+    with held_fd(2) as held:  # Ray's retries log there (C++): kept for a success only
         thread.start()
         thread.join(timeout_s)
         held.replay = bool(outcome) and outcome[0] is None
@@ -283,37 +289,6 @@ def _connect_ray(ray: ModuleType, address: str, timeout_s: float) -> None:
             f"{_one_line(f'{type(exc).__name__}: {exc}')}",
             field="RAY_ADDRESS",
         )
-
-
-@dataclass
-class _Held:
-    replay: bool = False
-
-
-@contextmanager
-def _held_stderr() -> Iterator[_Held]:
-    """What is written to file descriptor 2 in the block (Ray's C++ core logs there directly),
-    held in a temporary file and written out at the end if `replay` was set; else dropped, so
-    that a failure is the one line of its SpecError."""
-    held = _Held()
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):  # no file descriptor 2 (an embedding host)
-        yield held
-        return
-    with tempfile.TemporaryFile() as log:
-        os.dup2(log.fileno(), 2)
-        try:
-            yield held
-        finally:
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            if held.replay:
-                log.seek(0)
-                os.write(2, log.read())
 
 
 def reach_ray(address: str, timeout_s: float | None = None) -> None:
