@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from clitools import one_line_error, run_cli
-from factories import cost_model_step_s, scenario_data, write_yaml
+from factories import cost_model_step_s, plan_data, scenario_data, write_yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +19,8 @@ from simulator.costmodel.ops import step_ops
 from simulator.costmodel.roofline import evaluate
 from simulator.costmodel.step import step_cost
 from simulator.errors import SpecError
+from simulator.planning.layouts import enumerate_layouts
+from simulator.planning.spec import PlanSpec
 from simulator.serving.steptime import StepTimer
 from simulator.specs import load_hardware, load_model
 from simulator.specs.deployment import Parallelism
@@ -261,3 +263,14 @@ def test_meta_context_parallel_scaling_in_direction_and_magnitude() -> None:
     assert 14.0 < one / sixteen < 17.0
     for predicted, paper in ((one, 60.0), (sixteen, 3.8), (million, 77.0)):
         assert paper / 2 < predicted < paper * 2
+
+
+def test_plan_candidates_list_cp_values() -> None:
+    """A plan's `context_parallel_size` list makes layouts of tp x pp x cp GPUs, each run as a
+    replica group with that CP size."""
+    data = plan_data(candidates={"hardware": ["h100_sxm"], "context_parallel_size": [1, 2]})
+    layouts = enumerate_layouts(PlanSpec.model_validate(data))
+    assert [(layout.cp, layout.gpus) for layout in layouts] == [(1, 1), (2, 2)]
+    assert layouts[1].key.endswith("/cp2")
+    spec = PlanSpec.model_validate(data)
+    assert layouts[1].replica_group(spec).context_parallel_size == 2
