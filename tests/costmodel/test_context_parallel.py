@@ -207,6 +207,15 @@ def test_a_prompt_too_long_for_one_replicas_kv_fits_with_cp(
     [
         (("-cp", "0"), "context_parallel_size"),
         (("--model", "deepseek-v3", "-tp", "8", "-cp", "2"), "GQA/MHA attention only"),
+        (
+            (
+                "-cp",
+                "2",
+                "--speculative-config",
+                '{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": 0.7}',
+            ),
+            "speculative decoding with context parallelism",
+        ),
     ],
 )
 def test_bad_cp_layouts_exit_2(
