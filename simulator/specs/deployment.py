@@ -130,7 +130,7 @@ class Parallelism(Frozen):
         if self.cp_crosses_nodes(g) and g % self.tp:
             raise SpecError(
                 f"context parallel size {self.cp} x tensor parallel size {self.tp} spans "
-                f"nodes of {g} {hw.id} GPUs, which {self.tp}-GPU tensor-parallel groups "
+                f"{hw.id} nodes of {g} GPUs, which {self.tp}-GPU tensor-parallel groups "
                 "cannot tile: a TP group would straddle two nodes",
                 source=source,
                 field=field,

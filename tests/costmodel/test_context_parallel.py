@@ -187,6 +187,18 @@ def test_tp_groups_that_would_straddle_nodes_are_refused() -> None:
 
 
 # -- the CLI ------------------------------------------------------------------------------------
+def test_a_cp_group_whose_tp_groups_would_straddle_nodes_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    six = write_yaml(
+        tmp_path / "six.yaml", {"base": "h100_sxm", "interconnect": {"gpus_per_node": 6}}
+    )
+    args = ("bench", "latency", "--model", "llama-3.1-8b", "--hardware", str(six), "-tp", "4")
+    assert run_cli(capsys, *args, "--input-len", "64")[0] == 0  # one node: fine
+    err = one_line_error(capsys, *args, "-cp", "2", "--input-len", "64")
+    assert "context_parallel_size" in err and "straddle" in err
+
+
 def test_a_prompt_too_long_for_one_replicas_kv_fits_with_cp(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
