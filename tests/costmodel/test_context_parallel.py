@@ -21,6 +21,7 @@ from simulator.costmodel.step import step_cost
 from simulator.errors import SpecError
 from simulator.planning.layouts import enumerate_layouts
 from simulator.planning.spec import PlanSpec
+from simulator.report.labels import replica_label
 from simulator.serving.steptime import StepTimer
 from simulator.specs import load_hardware, load_model
 from simulator.specs.deployment import Parallelism
@@ -295,3 +296,8 @@ def test_plan_candidates_list_cp_values() -> None:
     assert layouts[1].key.endswith("/cp2")
     spec = PlanSpec.model_validate(data)
     assert layouts[1].replica_group(spec).context_parallel_size == 2
+
+
+def test_reports_label_cp_groups() -> None:
+    group = {"hardware": "h100_sxm", "tensor_parallel_size": 8, "context_parallel_size": 2}
+    assert replica_label(group) == "1 x h100_sxm TP8 CP2"
