@@ -26,6 +26,15 @@ if TYPE_CHECKING:
 ModelOpt = Annotated[str, typer.Option("--model", help="model id or path to config.json")]
 TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", "-tp")]
 PpOpt = Annotated[int, typer.Option("--pipeline-parallel-size", "-pp")]
+CpOpt = Annotated[
+    int,
+    typer.Option(
+        "--context-parallel-size",
+        "-cp",
+        help="context-parallel ranks of tp x pp GPUs: every prompt's tokens and KV split "
+        "over them (GPUs = tp x pp x cp)",
+    ),
+]
 DpOpt = Annotated[
     int,
     typer.Option(

@@ -63,6 +63,8 @@ def run_cmd(
         role = f"{spec.role} pool: " if spec.role != "both" else ""
         dp = spec.data_parallel_size
         ranks, unit = (f" dp={dp}", "attention rank") if dp > 1 else ("", "replica")
+        cp = spec.context_parallel_size
+        ranks = (f" cp={cp}" if cp > 1 else "") + ranks
         out_console.print(
             f"{role}{spec.count} x {spec.hardware} tp={spec.tensor_parallel_size} "
             f"pp={spec.pipeline_parallel_size}{ranks} ({spec.engine}): KV "

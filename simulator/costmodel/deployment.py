@@ -38,8 +38,9 @@ class Deployment:
     def label(self) -> str:
         """ "llama-3.1-8b on h100_sxm (tp=1, pp=1, bf16)": what a does-not-fit error names."""
         layout = self.layout
+        cp = f", cp={layout.cp}" if layout.cp > 1 else ""
         return (
-            f"{self.model.id} on {self.hardware.id} (tp={layout.tp}, pp={layout.pp}, "
+            f"{self.model.id} on {self.hardware.id} (tp={layout.tp}, pp={layout.pp}{cp}, "
             f"{self.precision.weights})"
         )
 
@@ -74,6 +75,7 @@ def deployment(
     engine: str | EngineSpec = "vllm",
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
+    context_parallel_size: int = 1,
     data_parallel_size: int = 1,
     expert_parallel_size: int = 1,
     expert_load_imbalance: float = 1.0,
@@ -92,6 +94,8 @@ def deployment(
     --async-scheduling (`EngineSpec.with_async_scheduling`; SpecError on an engine without).
     `cpu_offload_gb` (vLLM's flag), `offload` (an OffloadSpec, mapping or JSON text) and
     `expert_offload` keep weights off the GPU (`simulator.specs.offload`).
+    `context_parallel_size`: cp ranks of tp x pp devices share every sequence's tokens and KV
+    (ring-attention prefill, KV-sharded decode; `costmodel.ops.context_parallel_ops`);
     `expert_parallel_size` = tp x dp > tp is DP attention (`Parallelism`);
     `expert_load_imbalance` is the busiest EP rank's tokens over the mean (1: balanced)."""
     m = model if isinstance(model, ModelSpec) else load_model(model)
@@ -109,6 +113,7 @@ def deployment(
     for name, value in (
         ("tensor_parallel_size", tensor_parallel_size),
         ("pipeline_parallel_size", pipeline_parallel_size),
+        ("context_parallel_size", context_parallel_size),
         ("data_parallel_size", data_parallel_size),
         ("expert_parallel_size", expert_parallel_size),
     ):
@@ -122,6 +127,7 @@ def deployment(
     layout = Parallelism(
         tp=tensor_parallel_size,
         pp=pipeline_parallel_size,
+        cp=context_parallel_size,
         dp=data_parallel_size,
         ep=expert_parallel_size,
         expert_load_imbalance=expert_load_imbalance,
@@ -171,7 +177,7 @@ def fitting_layouts(
     found: list[tuple[int, str]] = []
     for flag, prec in precisions:
         for tp, pp in _layouts_by_size(dep.hardware.interconnect.gpus_per_node):
-            layout = Parallelism(tp=tp, pp=pp)
+            layout = Parallelism(tp=tp, pp=pp, cp=dep.layout.cp)
             if tp * pp < dep.layout.tp * dep.layout.pp or (layout, prec) == (
                 dep.layout,
                 dep.precision,
@@ -190,7 +196,7 @@ def fitting_layouts(
             )
             if plan.fits:
                 if not found or tp * pp < found[0][0]:
-                    found.append((tp * pp, _layout_flags(tp, pp) + flag))
+                    found.append((tp * pp, _layout_flags(tp, pp, dep.layout.cp) + flag))
                 break
     if not found:
         return ""
@@ -205,7 +211,8 @@ def _layouts_by_size(gpus_per_node: int) -> list[tuple[int, int]]:
     return sorted(layouts, key=lambda lp: (lp[0] * lp[1], lp[1]))
 
 
-def _layout_flags(tp: int, pp: int) -> str:
+def _layout_flags(tp: int, pp: int, cp: int = 1) -> str:
     flags = [f"-tp {tp} (tensor_parallel_size: {tp})"] if tp > 1 else []
     flags += [f"-pp {pp} (pipeline_parallel_size: {pp})"] if pp > 1 else []
+    flags += [f"-cp {cp} (context_parallel_size: {cp})"] if cp > 1 else []
     return " ".join(flags) or "one GPU"

@@ -107,8 +107,10 @@ def activation_bytes(
     model: ModelSpec, layout: Parallelism, prec: Precision, *, max_tokens: int, max_seqs: int
 ) -> float:
     """Peak activation memory of vLLM's profiling run: the widest intermediate tensors of one
-    layer for `max_tokens` tokens plus fp32 logits and probabilities for `max_seqs` rows."""
+    layer for `max_tokens` tokens plus fp32 logits and probabilities for `max_seqs` rows
+    (with context parallelism a device holds 1/cp of the tokens, rounded up)."""
     h, tp, a = model.hidden_size, layout.tp, DTYPE_BYTES[prec.activations]
+    max_tokens = -(-max_tokens // layout.cp)
     attn = model.attention
     width = attn.num_heads * attn.head_dim / tp + 2 * attn.kv_elems_per_token
     inter = 3 * model.mlp.intermediate_size / tp
@@ -212,7 +214,10 @@ class MemoryPlan:
 
 def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: Precision) -> float:
     """KV bytes one token occupies on one device: its stage's layers, its share of KV heads
-    (replicated when there are fewer KV heads than TP ranks; MLA's latent is replicated)."""
+    (replicated when there are fewer KV heads than TP ranks; MLA's latent is replicated), and
+    with context parallelism 1/cp of them: each of the cp ranks holds 1/cp of every sequence's
+    KV (as vLLM's decode context parallelism interleaves it), so a replica holds cp times the
+    tokens."""
     attn = model.attention
     elems = (
         2 * max(1, attn.num_kv_heads // layout.tp) * attn.head_dim
@@ -220,7 +225,7 @@ def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: P
         else attn.kv_elems_per_token
     )
     layers = -(-model.num_layers // layout.pp)
-    return float(elems * layers * DTYPE_BYTES[prec.kv_cache])
+    return float(elems * layers * DTYPE_BYTES[prec.kv_cache]) / layout.cp
 
 
 def pick(value: T | None, default: T) -> T:

@@ -57,6 +57,8 @@ __all__ = [
     "attention_ops",
     "batch_ops",
     "collective",
+    "context_parallel_ops",
+    "cp_rank_shape",
     "dispatch_ops",
     "dispatch_tokens",
     "elementwise",
@@ -135,19 +137,48 @@ def attention_ops(
 
 
 def _gqa_ops(
-    attn: GQAttention, model: ModelSpec, tp: int, prec: Precision, b: BatchShape
+    attn: GQAttention,
+    model: ModelSpec,
+    layout: Parallelism,
+    prec: Precision,
+    b: BatchShape,
+    *,
+    gpus_per_node: int,
 ) -> list[Op]:
+    """GQA's ops: the projections of this device's tokens (1/cp of the step's), attention."""
     h, d, n_layers = model.hidden_size, attn.head_dim, model.num_layers
-    heads, kv_heads = _gqa_heads(attn, tp)
+    heads, kv_heads = _gqa_heads(attn, layout.tp)
     a = DTYPE_BYTES[prec.activations]
-    t = b.num_tokens
+    t = b.num_tokens / layout.cp
     rope = rotary(t, heads, kv_heads, d, act_bytes=a, count=n_layers)
     return [
         gemm("qkv_proj", m=t, n=(heads + 2 * kv_heads) * d, k=h, count=n_layers, prec=prec),
         *([rope] if model.position == "rope" else []),
-        *_gqa_batch_ops(attn, model, tp, prec, b),
+        *_gqa_attention(attn, model, layout, prec, b, gpus_per_node=gpus_per_node),
         gemm("o_proj", m=t, n=h, k=heads * d, count=n_layers, prec=prec),
     ]
+
+
+def _gqa_attention(
+    attn: GQAttention,
+    model: ModelSpec,
+    layout: Parallelism,
+    prec: Precision,
+    b: BatchShape,
+    *,
+    gpus_per_node: int,
+    parts: tuple[BatchPart, ...] = BATCH_PARTS,
+) -> list[Op]:
+    """The attention ops of each of `parts` on one device, with what context parallelism
+    sends for that part after them."""
+    rank = cp_rank_shape(b, layout.cp)
+    ops: list[Op] = []
+    for part in parts:
+        ops += _gqa_batch_ops(attn, model, layout.tp, prec, rank, (part,))
+        ops += context_parallel_ops(
+            attn, model, layout, prec, b, gpus_per_node=gpus_per_node, parts=(part,)
+        )
+    return ops
 
 
 def _gqa_heads(attn: GQAttention, tp: int) -> tuple[int, int]:
@@ -316,6 +347,7 @@ def batch_ops(
     batch: BatchShape,
     *,
     parts: tuple[BatchPart, ...] = BATCH_PARTS,
+    gpus_per_node: int = 8,
 ) -> list[Op]:
     """The ops of `step_ops` whose cost depends on the batch's shape (`scales_with="batch"`:
     attention, and MLA's per-step projections), the same ops in the same order, built without
@@ -324,18 +356,100 @@ def batch_ops(
     decode fields ("decode"); the prefill ones come first, so `parts=("prefill",)` then
     `parts=("decode",)` is the whole list, in order."""
     attn = model.attention
-    ops = (
-        _gqa_batch_ops(attn, model, layout.tp, prec, batch, parts)
-        if isinstance(attn, GQAttention)
-        else _mla_batch_ops(attn, model, layout.tp, prec, batch, parts)
-    )
+    if isinstance(attn, GQAttention):
+        ops = _gqa_attention(
+            attn, model, layout, prec, batch, gpus_per_node=gpus_per_node, parts=parts
+        )
+    else:
+        ops = _mla_batch_ops(attn, model, layout.tp, prec, batch, parts)
     return [op for op in ops if op.count > 0]
+
+
+# -- context parallelism ------------------------------------------------------------------------
+def cp_rank_shape(batch: BatchShape, cp: int) -> BatchShape:
+    """The attention work of one of `cp` context-parallel ranks. Prefill (ring attention,
+    Liu et al. arXiv 2310.01889, with the load-balanced causal split of Llama 3, arXiv
+    2407.21783 section 3.3: each sequence cut into 2cp chunks, rank i holding chunks i and
+    2cp - 1 - i): a rank computes its 1/cp of every sequence's queries and of the causal
+    (query, key) pairs, writes its 1/cp of the new KV and reads every KV block once as it
+    passes round the ring. Decode (DistAttention, Infinite-LLM arXiv 2401.02669): every
+    decoding query meets the rank's 1/cp of its sequence's KV. Sampling is the owning rank's:
+    1/cp of the rows on average."""
+    if cp == 1:
+        return batch
+    return BatchShape(
+        prefill_tokens=batch.prefill_tokens / cp,
+        prefill_seqs=batch.prefill_seqs,
+        prefill_pairs=batch.prefill_pairs / cp,
+        prefill_kv_tokens=batch.prefill_kv_tokens,
+        decode_seqs=batch.decode_seqs,
+        decode_kv_tokens=batch.decode_kv_tokens / cp,
+        sampled=batch.sampled / cp,
+    )
+
+
+def context_parallel_ops(
+    attn: GQAttention,
+    model: ModelSpec,
+    layout: Parallelism,
+    prec: Precision,
+    batch: BatchShape,
+    *,
+    gpus_per_node: int,
+    parts: tuple[BatchPart, ...] = BATCH_PARTS,
+) -> list[Op]:
+    """What context parallelism sends, per device, for the whole replica's `batch`. Prefill:
+    each layer's KV shards circulate round the ring of cp ranks (pass-KV), cp - 1 transfers
+    of one rank's shard (`cp_ring_kv`), each overlapped with the attention of the block in hand
+    (`roofline.evaluate` keeps only what outlasts it). Decode: the step's queries gathered to
+    every rank (`cp_decode_q_all_gather`), then each rank's partial output with its
+    log-sum-exp gathered and merged (`cp_decode_combine`), once a layer. Ranks in one node
+    talk over its fabric; a group spanning nodes (tp x cp > gpus_per_node) over the
+    scale-out network, whose hops set the pace."""
+    cp = layout.cp
+    if cp == 1:
+        return []
+    heads, kv_heads = _gqa_heads(attn, layout.tp)
+    d, n = attn.head_dim, float(model.num_layers)
+    a, kvb = DTYPE_BYTES[prec.activations], DTYPE_BYTES[prec.kv_cache]
+    out = layout.cp_crosses_nodes(gpus_per_node)
+    ops: list[Op] = []
+    if "prefill" in parts:
+        shard = batch.prefill_kv_tokens / cp * 2 * kv_heads * d * kvb
+        ops.append(
+            collective(
+                "cp_ring_kv",
+                "send_recv",
+                msg_bytes=shard,
+                group=2,  # to the next rank of the ring
+                count=n * (cp - 1),
+                scale_out=out,
+                scales_with="batch",
+            )
+        )
+    if "decode" in parts:
+        q = batch.decode_seqs * heads * d * a
+        partial = batch.decode_seqs * heads * (d * a + 4.0)  # output and fp32 log-sum-exp
+        for name, msg in (("cp_decode_q_all_gather", q), ("cp_decode_combine", partial)):
+            ops.append(
+                collective(
+                    name,
+                    "all_gather",
+                    msg_bytes=msg,
+                    group=cp,
+                    count=n,
+                    scale_out=out,
+                    scales_with="batch",
+                )
+            )
+    return ops
 
 
 def stage_boundaries(layout: Parallelism, *, gpus_per_node: int) -> list[bool]:
     """For each pipeline boundary (after stage 0 .. pp - 2): does it cross a node? Stages of
-    `tp` devices fill nodes of `gpus_per_node` in order."""
-    return [(i * layout.tp) % gpus_per_node == 0 for i in range(1, layout.pp)]
+    tp x cp devices fill nodes of `gpus_per_node` in order."""
+    stage = layout.tp * layout.cp
+    return [(i * stage) % gpus_per_node == 0 for i in range(1, layout.pp)]
 
 
 def step_ops(
@@ -347,18 +461,23 @@ def step_ops(
     gpus_per_node: int = 8,
 ) -> list[Op]:
     """Every kernel of one step on one device of the replica, with repeat counts. Pipeline
-    stages of `tp` devices fill nodes of `gpus_per_node` in order; a stage boundary that
-    crosses a node boundary sends over the scale-out network."""
+    stages of tp x cp devices fill nodes of `gpus_per_node` in order; a stage boundary that
+    crosses a node boundary sends over the scale-out network. With context parallelism each
+    rank runs the layers' GEMMs on its 1/cp of the step's tokens (prompt chunks split, each
+    decoding sequence owned by one rank) and its share of attention (`cp_rank_shape`,
+    `context_parallel_ops`)."""
     h, tp, n_layers = model.hidden_size, layout.tp, float(model.num_layers)
     a = DTYPE_BYTES[prec.activations]
-    t = batch.num_tokens
+    cp = layout.cp
+    t = batch.num_tokens / cp
+    sampled = batch.sampled / cp
     # fused add + RMSNorm: vLLM's kernel is one block per token in 0.2, vectorised from 0.4
     # (width-8 loads, csrc/layernorm_kernels.cu), so only engines naming "norm" price its
     # launch; LayerNorm is PyTorch's (vectorised) kernel
     norm = rms_norm("norm", t, h, act_bytes=a, count=2 * n_layers, launched=model.norm == "rms")
     attn = model.attention
     attn_ops = (
-        _gqa_ops(attn, model, tp, prec, batch)
+        _gqa_ops(attn, model, layout, prec, batch, gpus_per_node=gpus_per_node)
         if isinstance(attn, GQAttention)
         else _mla_ops(attn, model, tp, prec, batch)
     )
@@ -368,12 +487,12 @@ def step_ops(
             "", model.mlp, h=h, shards=tp, tokens=t, count=float(model.num_dense_layers), prec=prec
         )
     if model.moe is not None:
-        ops += moe_ops(model, layout, prec, batch)
+        ops += moe_ops(model, layout, prec, batch if cp == 1 else BatchShape(prefill_tokens=t))
     ops += [
         elementwise("final_norm", bytes_=t * h * a * 2, count=1),
         gemm(
             "lm_head",
-            m=batch.sampled,
+            m=sampled,
             n=model.vocab_size / tp,
             k=h,
             count=1,
@@ -381,7 +500,7 @@ def step_ops(
             weight_dtype=prec.activations,
             scales_with="sampled",
         ),
-        sampler_op(batch.sampled, model.vocab_size),
+        sampler_op(sampled, model.vocab_size),
     ]
     if tp > 1:
         ops += [
@@ -391,7 +510,7 @@ def step_ops(
             collective(
                 "logits_all_gather",
                 "all_gather",
-                msg_bytes=batch.sampled * model.vocab_size * a,
+                msg_bytes=sampled * model.vocab_size * a,
                 group=tp,
                 count=1,
                 scales_with="sampled",

@@ -10,11 +10,13 @@ kernels' thread blocks and the decode KV read live in `costmodel.attention_kerne
 cost of one-block-per-token elementwise kernels in `costmodel.elementwise_kernels`.
 
 Not modelled: L2 cache reuse across kernels, clock throttling under power caps, overlap of
-communication with compute, contention between concurrent kernels.
+communication with compute (but for context parallelism's ring, `_overlap_ring`),
+contention between concurrent kernels.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -284,6 +286,23 @@ def evaluate(ops: list[Op], hw: HardwareSpec, engine: EngineSpec | None = None) 
                 _shaped(latency, shape),
             )
         )
+    return _overlap_ring(costs)
+
+
+def _overlap_ring(costs: list[OpCost]) -> list[OpCost]:
+    """Context parallelism's ring (`ops.context_parallel_ops`): each of a layer's cp - 1 KV
+    transfers runs while the rank attends to the block it holds, 1/cp of its attention, so a
+    layer takes its first block's attention plus cp - 1 steps of max(attention, transfer) =
+    its attention plus cp - 1 times what a transfer outlasts a block's. The transfer's time
+    becomes that exposed part (compute-bound rings hide it all: Liu et al., arXiv 2310.01889
+    section 3)."""
+    at = {c.op.name: i for i, c in enumerate(costs)}
+    if "cp_ring_kv" not in at or "attention_prefill" not in at:
+        return costs
+    ring, attn = costs[at["cp_ring_kv"]], costs[at["attention_prefill"]]
+    cp = ring.op.count / attn.op.count + 1.0
+    exposed = np.maximum(ring.time_s - attn.time_s / cp, 0.0)
+    costs[at["cp_ring_kv"]] = dataclasses.replace(ring, time_s=exposed)
     return costs
 
 

@@ -41,15 +41,17 @@ class Layout:
     tp: int
     pp: int
     knobs: tuple[tuple[str, Any], ...] = ()  # scheduler settings searched (spec.SchedulerSearch)
+    cp: int = 1  # context-parallel ranks of tp x pp GPUs
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.cp
 
     @property
     def key(self) -> str:
         parts = [self.hardware, self.engine, self.quantization or "none", f"tp{self.tp}"]
         parts += [f"pp{self.pp}"] if self.pp > 1 else []
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
         parts += [f"kv-{self.kv_cache_dtype}"] if self.kv_cache_dtype != "auto" else []
         parts += [_knob_label(name, value) for name, value in self.knobs]
         return "/".join(parts)
@@ -63,6 +65,7 @@ class Layout:
             count=count,
             tensor_parallel_size=self.tp,
             pipeline_parallel_size=self.pp,
+            context_parallel_size=self.cp,
             dtype=c.dtype,
             quantization=self.quantization,
             kv_cache_dtype=self.kv_cache_dtype,
@@ -88,14 +91,15 @@ def enumerate_layouts(spec: PlanSpec) -> list[Layout]:
     the plan's order."""
     c = spec.candidates
     return [
-        Layout(hw.id, engine, quant, kv, tp, pp, knobs)
-        for hw, engine, quant, kv, tp, pp, knobs in itertools.product(
+        Layout(hw.id, engine, quant, kv, tp, pp, knobs, cp)
+        for hw, engine, quant, kv, tp, pp, cp, knobs in itertools.product(
             c.hardware,
             c.engine,
             c.quantization,
             c.kv_cache_dtype,
             c.tensor_parallel_size,
             c.pipeline_parallel_size,
+            c.context_parallel_size,
             c.scheduler_search.combinations(),
         )
     ]

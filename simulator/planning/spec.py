@@ -186,6 +186,11 @@ class Candidates(Frozen):
     pipeline_parallel_size: Annotated[list[PositiveInt], BeforeValidator(_as_list)] = Field(
         default_factory=lambda: [1], min_length=1
     )
+    context_parallel_size: Annotated[list[PositiveInt], BeforeValidator(_as_list)] = Field(
+        default_factory=lambda: [1],
+        min_length=1,
+        description="context-parallel ranks per replica to try (GPUs = tp x pp x cp)",
+    )
     data_parallel_size: Annotated[ReplicaRange, BeforeValidator(_replica_range)] = Field(
         default_factory=ReplicaRange
     )

@@ -45,6 +45,7 @@ def layout_row(layout: Layout) -> dict[str, Any]:
         "kv_cache_dtype": layout.kv_cache_dtype,
         "tp": layout.tp,
         "pp": layout.pp,
+        "cp": layout.cp,
         "gpus_per_replica": layout.gpus,
         **dict(layout.knobs),
     }

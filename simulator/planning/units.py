@@ -112,6 +112,7 @@ class Unit:
             "kv_cache_dtype": a.kv_cache_dtype,
             "tp": None,
             "pp": None,
+            "cp": None,
             "gpus_per_replica": self.gpus,
             "prefill_layout": a.key,
             "decode_layout": b.key,

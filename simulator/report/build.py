@@ -67,6 +67,11 @@ def _fmt(value: Any, spec: str) -> str:
         return str(value)
 
 
+def _cp(size: int) -> str:
+    """The `cp=N` suffix of a context-parallel group's label (nothing without CP)."""
+    return f" cp={size}" if size > 1 else ""
+
+
 def _run(run: RunFolder) -> tuple[str, str, list[Section]]:
     s = run.summary
     rows = [(label, _fmt(s[key], spec)) for key, label, spec in SUMMARY_KEYS if key in s]
@@ -76,7 +81,7 @@ def _run(run: RunFolder) -> tuple[str, str, list[Section]]:
     if scenario:
         groups = "; ".join(
             f"{g.count} x {g.hardware} tp={g.tensor_parallel_size} "
-            f"pp={g.pipeline_parallel_size} ({g.engine})"
+            f"pp={g.pipeline_parallel_size}{_cp(g.context_parallel_size)} ({g.engine})"
             for g in scenario.replicas
         )
         top.text.append(f"{scenario.model} on {groups}.")
@@ -121,6 +126,7 @@ def _operator_sections(run: RunFolder) -> list[Section]:
     for index, spec in enumerate(run.scenario.replicas[:MAX_ROOFLINE_GROUPS]):
         ops = run_op_costs(run.scenario, run.requests, run.steps, group=index)
         where = f"{spec.hardware} tp={spec.tensor_parallel_size} pp={spec.pipeline_parallel_size}"
+        where += _cp(spec.context_parallel_size)
         decode = (
             f"{ops.decode_batch} sequences at {ops.context_len} tokens of context"
             if ops.decode_batch

@@ -37,7 +37,11 @@ def value_label(column: str, value: Any) -> str:
 def replica_label(group: Mapping[str, Any]) -> str:
     """One replica group: "2 x h100_sxm TP2 PP2 fp8 (prefill)"."""
     parts = [f"{group.get('count', 1)} x {group.get('hardware', '?')}"]
-    for key, short in (("tensor_parallel_size", "TP"), ("pipeline_parallel_size", "PP")):
+    for key, short in (
+        ("tensor_parallel_size", "TP"),
+        ("pipeline_parallel_size", "PP"),
+        ("context_parallel_size", "CP"),
+    ):
         if group.get(key, 1) != 1:
             parts.append(f"{short}{group[key]}")
     if group.get("data_parallel_size", 1) != 1:

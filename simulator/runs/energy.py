@@ -171,7 +171,7 @@ class GroupAccount:
 
     @property
     def gpus_per_replica(self) -> int:
-        return self.deployment.layout.tp * self.deployment.layout.pp
+        return self.deployment.layout.devices_per_replica
 
 
 def sampler_memory_s(

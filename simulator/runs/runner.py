@@ -123,6 +123,7 @@ def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
         engine=spec.engine,
         tensor_parallel_size=spec.tensor_parallel_size,
         pipeline_parallel_size=spec.pipeline_parallel_size,
+        context_parallel_size=spec.context_parallel_size,
         **expert_layout(model, spec),  # data, expert parallel sizes; expert load imbalance
         dtype=spec.dtype,
         quantization=spec.quantization,

@@ -301,6 +301,10 @@ def resolve_drafter(spec: SpeculativeSpec, dep: Deployment) -> Drafter:
         raise SpecError(
             "speculative decoding with pipeline parallelism is not modelled", field=FIELD
         )
+    if dep.layout.cp > 1:  # verification would price k + 1 query tokens as a ring prefill
+        raise SpecError(
+            "speculative decoding with context parallelism is not modelled", field=FIELD
+        )
     base = Drafter(
         spec=spec,
         target=dep.model,

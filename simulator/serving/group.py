@@ -245,7 +245,7 @@ def replica_group(
             kv_offload,
             hw=dep.hardware,
             plan=plan,
-            gpus=dep.layout.tp * dep.layout.pp,
+            gpus=dep.layout.devices_per_replica,
             swap_space_gib=swap_space_gib,
         ),
         frontend=dep.engine.front_end(),

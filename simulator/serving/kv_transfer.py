@@ -120,7 +120,7 @@ class TransferModel:
 
 
 def _gpus(dep: Deployment) -> int:
-    return dep.layout.tp * dep.layout.pp
+    return dep.layout.devices_per_replica
 
 
 def _link(kind: str, hw: HardwareSpec, factors: LinkFactors) -> tuple[float, float]:

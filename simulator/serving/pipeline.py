@@ -100,7 +100,7 @@ class StageClock:
         sends = [
             op
             for op in step_ops(dep.model, dep.layout, dep.precision, tokens, gpus_per_node=gpn)
-            if op.collective == "send_recv"
+            if op.name.startswith("pp_send_recv")
         ]
         self._send = {  # one boundary's transfer, inside a node (False) or between nodes
             c.op.scale_out: np.broadcast_to(c.time_s, (max_tokens + 1,)).tolist()

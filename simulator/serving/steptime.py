@@ -304,7 +304,12 @@ class StepTimer:
         self._no_decode: list[OpCost] | None = None
         if ops is step_ops:
             no_decode = batch_ops(
-                dep.model, dep.layout, dep.precision, BatchShape(), parts=("decode",)
+                dep.model,
+                dep.layout,
+                dep.precision,
+                BatchShape(),
+                parts=("decode",),
+                gpus_per_node=dep.hardware.interconnect.gpus_per_node,
             )
             self._no_decode = evaluate(no_decode, dep.hardware, dep.engine)
         self._pre_q = np.log(chunk_grid).tolist()
@@ -318,7 +323,13 @@ class StepTimer:
         of the vectorised `batch`."""
         dep = self._dep
         if scales_with == "batch" and self._ops is step_ops:  # those alone: the same ops
-            ops = batch_ops(dep.model, dep.layout, dep.precision, batch)
+            ops = batch_ops(
+                dep.model,
+                dep.layout,
+                dep.precision,
+                batch,
+                gpus_per_node=dep.hardware.interconnect.gpus_per_node,
+            )
         else:
             gpus_per_node = dep.hardware.interconnect.gpus_per_node
             ops = [
@@ -344,7 +355,14 @@ class StepTimer:
             gpu, kernels = self._table(batch, "batch")
         else:
             dep = self._dep
-            ops = batch_ops(dep.model, dep.layout, dep.precision, batch, parts=("prefill",))
+            ops = batch_ops(
+                dep.model,
+                dep.layout,
+                dep.precision,
+                batch,
+                parts=("prefill",),
+                gpus_per_node=dep.hardware.interconnect.gpus_per_node,
+            )
             costs = evaluate(ops, dep.hardware, self._engine) + self._no_decode
             gpu, kernels = total_time(costs), total_launches(costs)
         return float(np.ravel(gpu)[0]), float(np.ravel(kernels)[0])

@@ -21,10 +21,15 @@ QUANTISED_COMPUTE = ("fp8", "int8", "fp4")
 
 
 class Parallelism(Frozen):
-    """Tensor (tp), pipeline (pp), data (dp, replicas) and expert (ep) parallel sizes.
+    """Tensor (tp), pipeline (pp), context (cp), data (dp, replicas) and expert (ep) sizes.
 
-    One replica spans tp * pp devices. Experts are split over `ep` groups inside the TP group
-    and each expert's FFN over the remaining tp / ep devices (ep = tp: whole experts per GPU).
+    One replica spans tp * pp * cp devices. Context parallelism (`cp` > 1) splits every
+    sequence's tokens and KV over cp ranks of tp devices each (ring attention for prefill, a
+    sharded KV cache for decode: `costmodel.ops`); ranks are placed tp innermost, then cp, then
+    pp, so a CP group of tp * cp > gpus_per_node devices spans nodes.
+
+    Experts are split over `ep` groups inside the TP group and each expert's FFN over the
+    remaining tp / ep devices (ep = tp: whole experts per GPU).
     Wide EP (ep = tp * dp > tp): DP attention, as vLLM's `--data-parallel-size N
     --enable-expert-parallel` and SGLang's `--enable-dp-attention` run it: dp attention ranks
     of tp devices each, coupled by MoE layers whose experts spread over all tp * dp devices.
@@ -33,17 +38,23 @@ class Parallelism(Frozen):
 
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
+    cp: int = Field(default=1, ge=1)
     dp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
     expert_load_imbalance: float = Field(default=1.0, ge=1.0)
 
     @property
     def devices_per_replica(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.cp
 
     @property
     def num_devices(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.devices_per_replica * self.dp
+
+    def cp_crosses_nodes(self, gpus_per_node: int) -> bool:
+        """Whether a context-parallel group (cp ranks of tp devices) spans nodes: its ring and
+        gathers then run over the scale-out network, the slowest hop setting their pace."""
+        return self.cp > 1 and self.tp * self.cp > gpus_per_node
 
     def check(self, model: ModelSpec, hw: HardwareSpec, *, source: str = "layout") -> None:
         """Raise SpecError if this layout cannot run `model` on `hw`."""
@@ -94,6 +105,35 @@ class Parallelism(Frozen):
                 f"GPUs of one {hw.id} node",
                 source=source,
                 field="tensor_parallel_size",
+            )
+        self._check_context_parallel(model, hw, source)
+
+    def _check_context_parallel(self, model: ModelSpec, hw: HardwareSpec, source: str) -> None:
+        if self.cp == 1:
+            return
+        field = "context_parallel_size"
+        if model.attention.kind != "gqa":
+            raise SpecError(
+                f"context parallelism is modelled for GQA/MHA attention only, not the "
+                f"{model.attention.kind.upper()} of {model.id or model.name}",
+                source=source,
+                field=field,
+            )
+        if self.ep > self.tp:
+            raise SpecError(
+                "context parallelism with DP attention (expert parallel size tp x dp) is not "
+                "modelled",
+                source=source,
+                field=field,
+            )
+        g = hw.interconnect.gpus_per_node
+        if self.cp_crosses_nodes(g) and g % self.tp:
+            raise SpecError(
+                f"context parallel size {self.cp} x tensor parallel size {self.tp} spans "
+                f"{hw.id} nodes of {g} GPUs, which {self.tp}-GPU tensor-parallel groups "
+                "cannot tile: a TP group would straddle two nodes",
+                source=source,
+                field=field,
             )
 
 

@@ -40,6 +40,7 @@ class EngineArgs:
     engine: str = "vllm"
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    context_parallel_size: int = 1
     data_parallel_size: int = 1
     dtype: str = "auto"
     quantization: str | None = None
@@ -84,6 +85,7 @@ class EngineArgs:
             "enable_expert_parallel": self.enable_expert_parallel,
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
+            "context_parallel_size": self.context_parallel_size,
             "pipeline_micro_batching": self.pipeline_micro_batching,
             "dtype": self.dtype,
             "quantization": self.quantization,

@@ -61,8 +61,8 @@ class SchedulerOverrides(Frozen):
 
 
 class ReplicaGroupSpec(Frozen):
-    """`count` identical replicas of tensor_parallel_size x pipeline_parallel_size GPUs (x
-    data_parallel_size with DP attention)."""
+    """`count` identical replicas of tensor_parallel_size x pipeline_parallel_size x
+    context_parallel_size GPUs (x data_parallel_size with DP attention)."""
 
     hardware: str
     engine: str = "vllm"
@@ -72,6 +72,13 @@ class ReplicaGroupSpec(Frozen):
     count: int = Field(default=1, ge=1, le=MAX_GPUS)
     tensor_parallel_size: int = Field(default=1, ge=1, le=MAX_GPUS)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=MAX_GPUS)
+    context_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_GPUS,
+        description="context-parallel ranks of tp x pp GPUs sharing every sequence's tokens "
+        "and KV (ring-attention prefill, KV-sharded decode); GPUs = tp x pp x cp",
+    )
     pipeline_micro_batching: bool = Field(
         default=False, description="pp > 1: up to pp batches in flight (vLLM V1); off: one"
     )
