@@ -230,9 +230,14 @@ def signed_stats(rows: pd.DataFrame) -> dict[str, Any]:
 
 
 def curve_section(df: pd.DataFrame) -> dict[str, Any]:
-    """The suite's extra JSON: `by_kind` (signed_stats) and `knees` (one entry per curve)."""
+    """The suite's extra JSON: `by_kind` (signed_stats), `knee_fraction` (KNEE_FRACTION) and
+    `knees` (one entry per curve)."""
     rows = df[df["suite"] == SUITE]
-    return {"by_kind": signed_stats(rows), "knees": list(df.attrs.get("knees", []))}
+    return {
+        "by_kind": signed_stats(rows),
+        "knee_fraction": KNEE_FRACTION,
+        "knees": list(df.attrs.get("knees", [])),
+    }
 
 
 @cache
