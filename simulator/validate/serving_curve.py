@@ -16,10 +16,13 @@ not reached its knee inside the sweep: its knee is not defined (None), and the c
 skipped with that reason.
 
 What differs from the published runs, on purpose: a concurrency point simulates
-CONCURRENCY_WAVES x concurrency requests (the harness's count is not published), so that the
-first wave, sent at once (a burst no steady state has), is one part in CONCURRENCY_WAVES of
-the requests measured; a rate point simulates the first RATE_WINDOW_S seconds of arrivals (or
-the published count when smaller).
+CONCURRENCY_WAVES x concurrency requests (the harness's count is not published) and takes its
+TTFT from the requests after the first wave. That wave is sent at once, a burst no steady state
+has, and the harnesses measure the steady state: perf_analyzer (under genai-perf) "measures the
+throughput and latency over a time window, and then repeats the measurements until it gets
+stable values" with N requests "always outstanding" (Triton's perf_analyzer guide, concurrency
+mode), AIPerf runs a warm-up phase first. ITL and throughput are the whole run's (the burst
+moves them by up to 3%). A rate point simulates the first RATE_WINDOW_S seconds of arrivals.
 """
 
 from __future__ import annotations
@@ -145,7 +148,22 @@ def _point(row: pd.Series) -> tuple[dict[str, Any], int]:
         max_concurrency=int(load) if concurrency else None,
         seed=SEED,
     )
-    return dict(runner.run(scenario).summary), prompts
+    result = runner.run(scenario)
+    summary = dict(result.summary)
+    if concurrency:
+        summary.update(steady_ttft_ms(result.sim.requests, int(load)))
+    return summary, prompts
+
+
+def steady_ttft_ms(requests: pd.DataFrame, first_wave: int) -> dict[str, float]:
+    """Mean and median TTFT (ms) of the completed requests after the first `first_wave` sent
+    (by send time): a closed loop's steady state, without its opening burst."""
+    done = requests.dropna(subset=["first_token_s"]).sort_values(["arrival_s", "request_id"])
+    later = done.iloc[first_wave:]
+    if later.empty:  # CONCURRENCY_WAVES > 1 leaves some unless the run failed
+        raise SpecError(f"no request after the first {first_wave} completed", field="load")
+    ttft_ms = 1e3 * (later["first_token_s"] - later["arrival_s"]).to_numpy(float)
+    return {"mean_ttft_ms": float(ttft_ms.mean()), "median_ttft_ms": float(np.median(ttft_ms))}
 
 
 def serving_curve_cases(measured: pd.DataFrame) -> pd.DataFrame:

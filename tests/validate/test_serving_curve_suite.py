@@ -21,6 +21,7 @@ from simulator.validate.serving_curve import (
     knee,
     serving_curve_cases,
     signed_stats,
+    steady_ttft_ms,
 )
 from simulator.validate.summary import SUITE_NAMES, resolve_suites
 from tests.clitools import run_cli
@@ -119,6 +120,25 @@ def test_signed_stats_sign_and_kinds() -> None:
     assert stats["ttft"]["signed_median_pct"] == pytest.approx(50.0)
     assert stats["itl"]["signed_median_pct"] == pytest.approx(-50.0)  # predicted faster
     assert stats["ttft"]["n"] == 2 and stats["ttft"]["mape_pct"] == pytest.approx(50.0)
+
+
+def test_steady_ttft_leaves_out_the_opening_wave() -> None:
+    # two clients: the first two requests are sent at t=0 and queue; the rest are steady
+    requests = pd.DataFrame(
+        {
+            "request_id": [0, 1, 2, 3, 4],
+            "arrival_s": [0.0, 0.0, 1.0, 1.5, 2.0],
+            "first_token_s": [0.5, 1.0, 1.2, 1.7, np.nan],  # the last did not finish
+        }
+    )
+    got = steady_ttft_ms(requests, first_wave=2)
+    assert got["mean_ttft_ms"] == pytest.approx(200.0)
+    assert got["median_ttft_ms"] == pytest.approx(200.0)
+    # shuffled rows: the wave is chosen by send time, not by row order
+    shuffled = requests.iloc[[3, 0, 2, 1, 4]]
+    assert steady_ttft_ms(shuffled, first_wave=2) == got
+    with pytest.raises(SpecError, match="after the first 4"):
+        steady_ttft_ms(requests, first_wave=4)  # one finished request beyond: none
 
 
 # -- the suite ------------------------------------------------------------------------------------
