@@ -67,6 +67,12 @@ def test_knee_of_a_synthetic_saturating_curve() -> None:
     assert knee(load, tput, fraction=0.5) == pytest.approx(4 + 4 * 11 / 30)
 
 
+def test_knee_is_in_the_package_api() -> None:
+    import simulator.validate
+
+    assert simulator.validate.knee is knee
+
+
 def test_knee_of_a_curve_still_rising_is_none() -> None:
     load = [1, 2, 4, 8]
     assert knee(load, [10.0, 20.0, 40.0, 40.0 * (1 + SATURATED_GAIN)]) is None
