@@ -122,6 +122,9 @@ def validate_cmd(
                 "in every figure",
                 markup=False,
             )
+    for name, entry in summary["suites"].items():
+        if "knees" in entry:
+            _render_curves(name, entry)
     skipped = df.attrs.get("skipped", [])
     if skipped:
         out.print(f"Skipped {len(skipped)} configuration(s):")
@@ -129,6 +132,37 @@ def validate_cmd(
             out.print(f"  {line}", markup=False)
     if "bands" in summary:
         bands.render_bands(summary["bands"], wide_console())
+
+
+def _render_curves(name: str, entry: dict[str, Any]) -> None:
+    """A serving-curve suite's TTFT and ITL errors with their signed medians (+: predicted
+    slower), and each curve's knee, measured and predicted (docs/validation.md)."""
+    signed = Table("kind", "n", "MAPE", "median", "signed median", title=f"{name}: by metric")
+    for kind, s in entry["by_kind"].items():
+        signed.add_row(
+            kind,
+            str(s["n"]),
+            f"{s['mape_pct']:.1f}%",
+            f"{s['median_ape_pct']:.1f}%",
+            f"{s['signed_median_pct']:+.1f}%",
+        )
+    out.print(signed)
+    pct = 100 * entry["knee_fraction"]
+    knees = Table(
+        "curve", "engine", "device", "load", "measured knee", "predicted knee", "error",
+        title=f"{name}: knee (the load at {pct:g}% of the sweep's most throughput)",
+    )  # fmt: skip
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3g}"
+
+    for k in entry["knees"]:
+        error = k["skipped"] if k["error_pct"] is None else f"{k['error_pct']:+.1f}%"
+        knees.add_row(
+            k["curve"], k["engine"], k["device"], k["load_kind"],
+            num(k["measured_knee"]), num(k["predicted_knee"]), error,
+        )  # fmt: skip
+    out.print(knees)
 
 
 def _sweep_outlier(row: Any) -> bool:

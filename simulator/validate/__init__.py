@@ -5,6 +5,7 @@ Suites (each a pure function returning one row per measured case; see their modu
 calibration fits), `layers` (Vidur per-layer projection GEMMs), `iteration_prefill` and
 `iteration_decode` (Splitwise whole engine steps; `iteration` is their union), and the
 others `names.SUITE_NAMES` lists (elementwise kernels, end-to-end benchmarks, board power).
+`knee` is the serving-curve suite's knee of a (load, throughput) sweep, for any sweep.
 This package only measures the error; it never changes a parameter.
 
 `run_validation` and the names below import their suites on first use, so that importing a
@@ -24,6 +25,7 @@ _HOMES = {
     "attention_cases": "operators",
     "collective_cases": "operators",
     "gemm_cases": "operators",
+    "knee": "serving_curve",
     "ops_suite": "operators",
     "SUITE_NAMES": "names",
     "error_stats": "summary",

@@ -13,7 +13,7 @@ SUITE_NAMES = (
     # engine steps (held out / fitted)
     "iteration", "iteration_prefill", "iteration_decode", "iteration_engine_fit",
     # whole benchmarks, published results (held out)
-    "e2e_throughput", "e2e_serving", "e2e_latency", "e2e_energy",
+    "e2e_throughput", "e2e_serving", "e2e_serving_curve", "e2e_latency", "e2e_energy",
     # board power (fractions of TDP, not time; fitted or not)
     "power", "power_fit", "e2e_energy_fit",
 )  # fmt: skip

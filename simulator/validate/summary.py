@@ -10,7 +10,8 @@ rows the GEMM library of Vidur's profiles was fitted to (`layers` holds the rest
 `e2e_energy_fit` the ML.ENERGY power rows H100's power shape was fitted to, `moe_fit` the
 fused-MoE kernel timings the `vllm` profile's fused_moe_fraction was fitted to (`moe` holds the
 rest out), `sampler_fit` the H100 sampler timings the `vllm` profile's sampler passes were
-fitted to (`sampler` holds the H200's out).
+fitted to (`sampler` holds the H200's out). `e2e_serving_curve`'s entry also holds its
+TTFT and ITL statistics with their signed medians (`by_kind`) and each curve's knee (`knees`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ from simulator.validate.power import POWER, POWER_FIT, power_suite
 from simulator.validate.sampler import FIT_SUITE as SAMPLER_FIT
 from simulator.validate.sampler import SUITE as SAMPLER
 from simulator.validate.sampler import sampler_suite
+from simulator.validate.serving_curve import SUITE as SERVING_CURVE
+from simulator.validate.serving_curve import curve_section, e2e_serving_curve_suite
 
 # `names` holds SUITE_NAMES and UNIONS (light to import: the CLI's help lists them).
 STAT_KEYS = ("mape_pct", "median_ape_pct", "p90_ape_pct", "worst_ape_pct")
@@ -123,7 +126,7 @@ def run_suites(names: list[str]) -> pd.DataFrame:
     """The rows of the row-level suites `names` cover (each suite computed once).
     `attrs["skipped"]` lists the cases left out, with the reason."""
     needed = {part for name in names for part in members(name)}
-    frames, skipped = [], []
+    frames, skipped, knees = [], [], []
     if "ops" in needed:
         frames.append(ops_suite())
     if GEMM_LIBRARY_FIT in needed:
@@ -144,6 +147,10 @@ def run_suites(names: list[str]) -> pd.DataFrame:
         frames.append(e2e_throughput_suite())
     if SERVING in needed:
         frames.append(e2e_serving_suite())
+    if SERVING_CURVE in needed:
+        curves = e2e_serving_curve_suite()
+        knees = list(curves.attrs.get("knees", []))
+        frames.append(curves)
     if LATENCY in needed:
         lat = e2e_latency_suite()
         skipped += list(lat.attrs.get("skipped", []))
@@ -156,6 +163,7 @@ def run_suites(names: list[str]) -> pd.DataFrame:
         frames.append(_members_of(pw, needed))
     df = pd.concat(frames, ignore_index=True)
     df.attrs["skipped"] = list(dict.fromkeys(skipped))  # suites may skip the same case
+    df.attrs["knees"] = knees
     return df
 
 
@@ -164,7 +172,10 @@ def run_validation(suites: list[str] | None = None) -> tuple[dict[str, Any], pd.
     measurements; returns (summarize's dict, the rows). Unknown name: SpecError."""
     names = resolve_suites(suites)
     df = run_suites(names)
-    return summarize(df, names), df
+    summary = summarize(df, names)
+    if SERVING_CURVE in summary["suites"]:
+        summary["suites"][SERVING_CURVE].update(curve_section(df))
+    return summary, df
 
 
 def worst_cases(df: pd.DataFrame, name: str, k: int = 5) -> pd.DataFrame:

@@ -452,6 +452,7 @@ def test_the_light_list_of_suite_names_is_the_suites_own() -> None:
         moe,
         power,
         sampler,
+        serving_curve,
     )
     from simulator.validate.names import SUITE_NAMES, UNIONS
 
@@ -459,7 +460,7 @@ def test_the_light_list_of_suite_names_is_the_suites_own() -> None:
         "ops", gemm_library.SUITE, moe.SUITE, moe.FIT_SUITE, sampler.SUITE, sampler.FIT_SUITE,
         layers.SUITE, layers.FIT, elementwise.SUITE, elementwise.FIT,
         "iteration", iteration.PREFILL, iteration.DECODE, iteration.ENGINE_FIT,
-        e2e.THROUGHPUT, e2e.SERVING, e2e.LATENCY, energy.SUITE,
+        e2e.THROUGHPUT, e2e.SERVING, serving_curve.SUITE, e2e.LATENCY, energy.SUITE,
         power.POWER, power.POWER_FIT, energy.FIT_SUITE,
     )  # fmt: skip
     assert own == SUITE_NAMES

@@ -1,0 +1,191 @@
+"""The `e2e_serving_curve` suite: published TTFT and ITL against load through the knee."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.errors import SpecError
+from simulator.specs import load_engine, load_hardware, load_model
+from simulator.validate import data, run_validation
+from simulator.validate.serving_curve import (
+    COLUMNS,
+    KNEE_FRACTION,
+    SATURATED_GAIN,
+    SUITE,
+    e2e_serving_curve_suite,
+    knee,
+    serving_curve_cases,
+    signed_stats,
+    steady_ttft_ms,
+)
+from simulator.validate.summary import SUITE_NAMES, resolve_suites
+from tests.clitools import run_cli
+
+
+def _measured() -> pd.DataFrame:
+    return data.read_measured("e2e/serving_curve.csv", COLUMNS)
+
+
+# -- bundled data ---------------------------------------------------------------------------------
+def test_bundled_curves_name_known_ids_a_source_and_a_setup() -> None:
+    df = _measured()
+    assert len(df) >= 8
+    readme = (data.MEASURED_DIR / "e2e" / "README.md").read_text()
+    for source in df["source"].unique():
+        assert f"## {source}:" in readme, source  # provenance of every row
+    for hw in df["hardware"].unique():
+        load_hardware(hw)
+    for model in df["model"].unique():
+        load_model(model)
+    for engine in df["engine"].unique():
+        load_engine(engine)
+    assert df[COLUMNS[:17]].notna().drop(columns=["quantization"]).all().all()
+    assert (df[["ttft_ms", "itl_ms", "output_tokens_per_s", "load"]] > 0).all().all()
+    for _, points in df.groupby("curve"):
+        assert len(points) >= 4 and points["load"].is_unique
+        assert points["load_kind"].nunique() == 1 and points["statistic"].nunique() == 1
+
+
+def test_curves_are_not_in_the_other_e2e_suites() -> None:
+    curves = set(_measured()["source"])
+    for name in ("serving", "throughput", "latency", "energy"):
+        other = pd.read_csv(data.MEASURED_DIR / "e2e" / f"{name}.csv")
+        assert not curves & set(other["source"]), name
+
+
+# -- the knee -------------------------------------------------------------------------------------
+def test_knee_of_a_synthetic_saturating_curve() -> None:
+    load = [1, 2, 4, 8, 16, 32]
+    tput = [10.0, 20.0, 40.0, 70.0, 100.0, 102.0]  # the last step gains 2%: saturated
+    # 90% of 102 = 91.8, between 8 (70) and 16 (100): 8 + 8 * 21.8/30
+    assert knee(load, tput) == pytest.approx(8 + 8 * 21.8 / 30)
+    assert knee(load, tput, fraction=0.5) == pytest.approx(4 + 4 * 11 / 30)
+
+
+def test_knee_is_in_the_package_api() -> None:
+    import simulator.validate
+
+    assert simulator.validate.knee is knee
+
+
+def test_knee_of_a_curve_still_rising_is_none() -> None:
+    load = [1, 2, 4, 8]
+    assert knee(load, [10.0, 20.0, 40.0, 40.0 * (1 + SATURATED_GAIN)]) is None
+    assert knee(load, [10.0, 20.0, 40.0, 40.0 * (1 + SATURATED_GAIN) * 0.99]) is not None
+
+
+def test_knee_at_the_first_point_and_past_the_peak() -> None:
+    # saturated from the start: the first load is the knee
+    assert knee([1, 2, 3], [100.0, 100.0, 99.0]) == 1.0
+    # throughput falls past its peak (overload): the knee is where it first reached 90%
+    assert knee([10, 20, 40, 80], [50.0, 100.0, 90.0, 80.0]) == pytest.approx(
+        10 + 10 * (KNEE_FRACTION * 100 - 50) / 50
+    )
+
+
+@pytest.mark.parametrize(
+    ("load", "tput", "field"),
+    [
+        ([1], [1.0], "load"),
+        ([1, 1], [1.0, 2.0], "load"),
+        ([2, 1], [1.0, 2.0], "load"),
+        ([1, 2], [1.0, 0.0], "output_tokens_per_s"),
+        ([1, 2], [1.0, math.nan], "output_tokens_per_s"),
+    ],
+)
+def test_bad_sweeps_are_spec_errors(load: list[float], tput: list[float], field: str) -> None:
+    with pytest.raises(SpecError) as exc:
+        knee(load, tput)
+    assert exc.value.field == field
+
+
+def test_bad_rows_are_spec_errors() -> None:
+    for column, value in (("load_kind", "qps"), ("statistic", "p50"), ("dataset", "sharegpt")):
+        bad = _measured().head(2).copy()
+        bad[column] = value
+        with pytest.raises(SpecError) as exc:
+            serving_curve_cases(bad)
+        assert exc.value.field == column
+
+
+def test_signed_stats_sign_and_kinds() -> None:
+    rows = pd.DataFrame(
+        {
+            "kind": ["ttft", "ttft", "itl"],
+            "predicted_s": [2.0, 1.0, 0.5],
+            "measured_s": [1.0, 1.0, 1.0],
+            "ape_pct": [100.0, 0.0, 50.0],
+        }
+    )
+    stats = signed_stats(rows)
+    assert stats["ttft"]["signed_median_pct"] == pytest.approx(50.0)
+    assert stats["itl"]["signed_median_pct"] == pytest.approx(-50.0)  # predicted faster
+    assert stats["ttft"]["n"] == 2 and stats["ttft"]["mape_pct"] == pytest.approx(50.0)
+
+
+def test_steady_ttft_leaves_out_the_opening_wave() -> None:
+    # two clients: the first two requests are sent at t=0 and queue; the rest are steady
+    requests = pd.DataFrame(
+        {
+            "request_id": [0, 1, 2, 3, 4],
+            "arrival_s": [0.0, 0.0, 1.0, 1.5, 2.0],
+            "first_token_s": [0.5, 1.0, 1.2, 1.7, np.nan],  # the last did not finish
+        }
+    )
+    got = steady_ttft_ms(requests, first_wave=2)
+    assert got["mean_ttft_ms"] == pytest.approx(200.0)
+    assert got["median_ttft_ms"] == pytest.approx(200.0)
+    # shuffled rows: the wave is chosen by send time, not by row order
+    shuffled = requests.iloc[[3, 0, 2, 1, 4]]
+    assert steady_ttft_ms(shuffled, first_wave=2) == got
+    with pytest.raises(SpecError, match="after the first 4"):
+        steady_ttft_ms(requests, first_wave=4)  # one finished request beyond: none
+
+
+# -- the suite ------------------------------------------------------------------------------------
+def test_suite_rows_and_knees() -> None:
+    df = e2e_serving_curve_suite()
+    measured = _measured()
+    assert len(df) == 2 * len(measured)
+    assert set(df["kind"]) == {"ttft", "itl"} and (df["suite"] == SUITE).all()
+    assert not df["fitted"].any() and df["case"].is_unique
+    assert np.isfinite(df[["predicted_s", "measured_s", "ape_pct"]].to_numpy(float)).all()
+    knees = df.attrs["knees"]
+    assert len(knees) == measured["curve"].nunique()
+    for k in knees:
+        points = measured[measured["curve"] == k["curve"]]
+        assert k["measured_knee"] == knee(points["load"], points["output_tokens_per_s"])
+        if k["skipped"] is None:
+            want = 100 * (k["predicted_knee"] - k["measured_knee"]) / k["measured_knee"]
+            assert k["error_pct"] == pytest.approx(want)
+            assert points["load"].min() <= k["predicted_knee"] <= points["load"].max()
+        else:
+            assert k["error_pct"] is None
+    # concurrency points ran in waves of their concurrency: more load, more requests
+    conc = df[df["load_kind"] == "concurrency"].drop_duplicates("load").sort_values("load")
+    assert conc["simulated_prompts"].is_monotonic_increasing
+
+
+def test_suite_is_registered_and_runs_by_default() -> None:
+    assert SUITE in SUITE_NAMES and SUITE in resolve_suites(None)
+    summary, df = run_validation([SUITE])
+    entry = summary["suites"][SUITE]
+    assert set(entry["by_kind"]) == {"ttft", "itl"}
+    assert entry["knees"] == df.attrs["knees"] and entry["knee_fraction"] == KNEE_FRACTION
+
+
+def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "validate", "--suite", SUITE, "--json")
+    assert code == 0
+    entry = json.loads(out)["suites"][SUITE]
+    assert entry["fitted"] is False and entry["n"] == 2 * len(_measured())
+    assert {"signed_median_pct", "mape_pct"} <= set(entry["by_kind"]["itl"])
+    assert all({"measured_knee", "predicted_knee", "error_pct"} <= set(k) for k in entry["knees"])
+    code, text, _ = run_cli(capsys, "validate", "--suite", SUITE, "--worst", "0")
+    flat = " ".join(text.split())
+    assert code == 0 and "signed median" in flat and "knee" in flat
