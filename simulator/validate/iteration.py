@@ -159,7 +159,8 @@ def iteration_cases(
 ) -> pd.DataFrame:
     """Prefill and decode rows (suites iteration_prefill / iteration_decode) of every
     configuration of a Splitwise profile (as `data.splitwise` returns it) predicted on `hw`
-    under `engine` in eager mode, its CPU costs on `hw`'s host CPU (`engine_on_host`); `models` maps catalogue ids to specs (default: load them).
+    under `engine` in eager mode, its CPU costs on `hw`'s host CPU (`engine_on_host`);
+    `models` maps catalogue ids to specs (default: load them).
     Skipped configurations are listed in `attrs["skipped"]` as "case: reason"."""
     engine = engine_on_host(engine, hw)
     conf = configurations(measured)
