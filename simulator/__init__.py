@@ -50,6 +50,7 @@ __all__ = [
     "generate_requests",
     "list_engines",
     "list_hardware",
+    "list_host_cpus",
     "list_models",
     "load_engine",
     "load_hardware",
@@ -67,6 +68,7 @@ __all__ = [
     "step_cost",
     "sweep",
     "throughput_summary",
+    "with_host_cpu",
     "with_power_cap",
 ]
 

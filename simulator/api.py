@@ -50,6 +50,7 @@ from simulator.specs import (
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine_args import EngineArgs
 from simulator.specs.hardware import with_power_cap
+from simulator.specs.host_cpu import list_host_cpus, with_host_cpu
 from simulator.specs.scenario import Scenario, load_scenario
 from simulator.specs.serving import KVTransferSpec, SpeculativeSpec
 from simulator.specs.sweep import SweepSpec
@@ -93,6 +94,7 @@ __all__ = [
     "generate_requests",
     "list_engines",
     "list_hardware",
+    "list_host_cpus",
     "list_models",
     "load_engine",
     "load_hardware",
@@ -110,5 +112,6 @@ __all__ = [
     "step_cost",
     "sweep",
     "throughput_summary",
+    "with_host_cpu",
     "with_power_cap",
 ]

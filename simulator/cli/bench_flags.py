@@ -63,6 +63,14 @@ AsyncOpt = Annotated[
         help="schedule and prepare the next step while the GPU runs this one (vLLM V1)",
     ),
 ]
+HostCpuOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--host-cpu",
+        help="the node's CPU where it is not the hardware's (llmsim hardware cpus lists them); "
+        "the engine's CPU costs scale by single-thread speed",
+    ),
+]
 GmuOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
 SeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs")]
 TokensOpt = Annotated[int | None, typer.Option("--max-num-batched-tokens")]

@@ -1,4 +1,4 @@
-"""`llmsim hardware|models|engines list|show`: the spec catalogues."""
+"""`llmsim hardware|models|engines list|show` and `llmsim hardware cpus`: the spec catalogues."""
 
 from __future__ import annotations
 
@@ -82,7 +82,23 @@ def hardware_show(
         f"price ~${spec.price.usd_per_hour:.2f}/GPU-hour "
         f"({spec.price.source}, {spec.price.date})"
     )
+    cpu = spec.host.cpu
+    out.print(f"  host CPU: {cpu if cpu is not None else 'not named (engine CPU costs as fitted)'}")
     out.print(f"  efficiency: {_efficiency_origin(origin, list(spec.efficiency.gemm_libraries))}")
+
+
+@hardware_app.command("cpus")
+def hardware_cpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the host CPUs (--host-cpu, a scenario's host_cpu) and their single-thread scores."""
+    from simulator.specs.loader import load_host_cpus
+
+    cpus = load_host_cpus()
+    if as_json:
+        print_json({cpu_id: cpu.model_dump() for cpu_id, cpu in sorted(cpus.items())})
+        return
+    rows = [(cpu_id, cpu.name, f"{cpu.single_thread:,.0f}") for cpu_id, cpu in sorted(cpus.items())]
+    out.print(id_table("id", rows, "name", "single thread"))
+    out.print("single thread: PassMark's rating; sources in --json and docs/hardware_sources.md")
 
 
 def _efficiency_origin(origin: dict[str, str | None], libraries: list[str]) -> str:

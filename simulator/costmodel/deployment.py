@@ -19,6 +19,7 @@ from simulator.specs import (
 )
 from simulator.specs.deployment import Parallelism, Precision, resolve_precision
 from simulator.specs.engine import Entrypoint
+from simulator.specs.host_cpu import engine_on_host, with_host_cpu
 from simulator.specs.offload import ExpertOffloadSpec, OffloadLike, OffloadSpec, resolve_offload
 
 
@@ -87,6 +88,7 @@ def deployment(
     expert_offload: ExpertOffloadSpec | None = None,
     entrypoint: Entrypoint = "server",
     async_scheduling: bool = False,
+    host_cpu: str | None = None,
 ) -> Deployment:
     """Resolve ids into a checked Deployment; raises SpecError for anything impossible.
     `entrypoint`: the engine runs as an API server or offline (vLLM's LLM class), which with
@@ -97,10 +99,15 @@ def deployment(
     `context_parallel_size`: cp ranks of tp x pp devices share every sequence's tokens and KV
     (ring-attention prefill, KV-sharded decode; `costmodel.ops.context_parallel_ops`);
     `expert_parallel_size` = tp x dp > tp is DP attention (`Parallelism`);
-    `expert_load_imbalance` is the busiest EP rank's tokens over the mean (1: balanced)."""
+    `expert_load_imbalance` is the busiest EP rank's tokens over the mean (1: balanced).
+    `host_cpu`: the node's CPU where it is not the hardware spec's (`with_host_cpu`); the
+    engine's CPU costs scale from the CPU they were fitted on to it (`engine_on_host`)."""
     m = model if isinstance(model, ModelSpec) else load_model(model)
     hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+    if host_cpu is not None:
+        hw = with_host_cpu(hw, host_cpu)
     eng = engine if isinstance(engine, EngineSpec) else load_engine(engine)
+    eng = engine_on_host(eng, hw)
     eng = eng.on_device(
         hardware_id=hw.id,
         memory_bytes=hw.memory.capacity_bytes,

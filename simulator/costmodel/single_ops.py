@@ -20,6 +20,7 @@ from simulator.errors import SpecError
 from simulator.specs import EngineSpec, HardwareSpec, load_engine, load_hardware
 from simulator.specs.deployment import QUANTISED_COMPUTE, Precision
 from simulator.specs.hardware import RowKernel
+from simulator.specs.host_cpu import engine_on_host
 from simulator.specs.model import DTYPE_BYTES
 
 ACTIVATION_DTYPES = ("bf16", "fp16", "fp32")  # what activations may be held in
@@ -96,10 +97,12 @@ class EngineOpCost:
 
 
 def _engine(engine: str | EngineSpec | None, hw: HardwareSpec) -> EngineSpec | None:
-    """The engine an op runs under (None: the bare kernel), which must run on `hw`."""
+    """The engine an op runs under (None: the bare kernel), which must run on `hw`, its CPU
+    costs on `hw`'s host CPU (`engine_on_host`)."""
     eng = engine if engine is None or isinstance(engine, EngineSpec) else load_engine(engine)
     if eng is not None:
         eng.check_runs_on(hw)
+        eng = engine_on_host(eng, hw)
     return eng
 
 

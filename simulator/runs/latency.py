@@ -428,6 +428,7 @@ def estimate(
     kv_cache_dtype: str = "auto",
     enforce_eager: bool = False,
     async_scheduling: bool = False,
+    host_cpu: str | None = None,
     gpu_memory_utilization: float | None = None,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
@@ -443,6 +444,7 @@ def estimate(
     mapping or a SpeculativeSpec) with the acceptance added (serving/speculative.py). A model
     too large for the GPU runs with weights streamed from host memory when `cpu_offload_gb`
     or `offload` allows it (see `deployment`). `async_scheduling`: vLLM's --async-scheduling.
+    `host_cpu`: the node's CPU where it is not the hardware's (`deployment`).
     `max_model_len`: vLLM's --max-model-len (default and upper bound: the model's context).
     The requests sample as vLLM's benchmark's do (temperature 1.0: OFFLINE_BENCH_SAMPLING), the
     engine's draw priced every step."""
@@ -461,6 +463,7 @@ def estimate(
         offload=offload,
         entrypoint="offline",  # vllm bench latency runs the LLM class
         async_scheduling=async_scheduling,
+        host_cpu=host_cpu,
     )
     return bench_latency(
         dep,

@@ -133,6 +133,7 @@ def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
         expert_offload=spec.expert_offload,
         entrypoint=spec.entrypoint,
         async_scheduling=spec.async_scheduling,
+        host_cpu=spec.host_cpu,
     )
 
 

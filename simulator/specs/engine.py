@@ -325,6 +325,12 @@ class EngineSpec(Frozen):
         description="how the engine runs (set by `on_device`, not in a profile): `server` "
         "or `offline`; picks the batch defaults and the front-end",
     )
+    host_cpu: str | None = Field(
+        default=None,
+        description="the host CPU (an id of simulator/specs/host_cpus.yaml) the CPU costs in "
+        "`overhead` were fitted on; on a host with another CPU they scale by the ratio of "
+        "single-thread scores (`specs.host_cpu.engine_on_host`); None: the same on any host",
+    )
 
     def front_end(self) -> FrontEndCost | None:
         """The front-end costs at the profile's entrypoint (None: none modelled)."""
@@ -383,6 +389,24 @@ class EngineSpec(Frozen):
         return self.model_copy(
             update={"scheduler": sched, "cuda_graph_max_tokens": graphs, "entrypoint": entrypoint}
         )
+
+    def with_cpu_speed(self, factor: float, host_cpu: str) -> EngineSpec:
+        """The profile on another host: every CPU cost in `overhead` (per step, per sequence,
+        per kernel launch, per graph replay, the async residual) times `factor` (this host's
+        time for the same work over the fitted host's), and `host_cpu` naming that host. GPU
+        kernel times are not the profile's and do not change."""
+        ov = self.overhead
+        residual = ov.async_residual_s
+        overhead = ov.model_copy(
+            update={
+                "step_s": ov.step_s * factor,
+                "per_seq_s": ov.per_seq_s * factor,
+                "launch_eager_s": ov.launch_eager_s * factor,
+                "graph_launch_s": ov.graph_launch_s * factor,
+                "async_residual_s": None if residual is None else residual * factor,
+            }
+        )
+        return self.model_copy(update={"overhead": overhead, "host_cpu": host_cpu})
 
     def with_async_scheduling(self) -> EngineSpec:
         """The profile with async scheduling on (vLLM's --async-scheduling): a step takes

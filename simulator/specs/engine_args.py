@@ -34,6 +34,8 @@ class EngineArgs:
     None: the engine profile's default (prefix caching: on in vLLM V1, SGLang, TensorRT-LLM).
     `async_scheduling`: vLLM's --async-scheduling (the next step's CPU work overlaps the GPU).
     `max_model_len`: vLLM's --max-model-len (None: the model's context length).
+    `host_cpu`: the node's CPU where it is not the hardware's (`--host-cpu`; an id of
+    simulator/specs/host_cpus.yaml): the engine's CPU costs scale to it.
     Values are checked when the scenario is validated.
     """
 
@@ -64,6 +66,7 @@ class EngineArgs:
     offload_config: OffloadLike = None
     enable_expert_parallel: bool = False
     pipeline_micro_batching: bool = False
+    host_cpu: str | None = None
 
     def replica_group(self, *, hardware: str, entrypoint: Entrypoint = "server") -> dict[str, Any]:
         """The fields of the scenario's one replica group (`scenario.ReplicaGroupSpec`) on
@@ -93,6 +96,7 @@ class EngineArgs:
             "enforce_eager": self.enforce_eager,
             "max_model_len": self.max_model_len,
             "async_scheduling": self.async_scheduling,
+            "host_cpu": self.host_cpu,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "swap_space_gib": self.swap_space,
             "enable_prefix_caching": self.enable_prefix_caching,

@@ -77,8 +77,24 @@ class InterconnectSpec(Frozen):
     scale_out_latency_s: Seconds = Field(default=5e-6, ge=0)
 
 
+class HostCpu(Frozen):
+    """A host CPU of `simulator/specs/host_cpus.yaml`: its name, its single-thread score
+    (PassMark's Single Thread Rating, one scale for every CPU so that ratios compare) and
+    where that score came from."""
+
+    name: str
+    single_thread: float = Field(gt=0, allow_inf_nan=False, description="PassMark single thread")
+    source: str
+
+
 class HostSpec(Frozen):
     """Defaults for a typical node hosting this GPU; scenarios may override."""
+
+    cpu: str | None = Field(
+        default=None,
+        description="the node's CPU, an id of simulator/specs/host_cpus.yaml; an engine's "
+        "CPU costs scale by its single-thread score (None: as the engine's own host)",
+    )
 
     pcie_gen: int = Field(ge=3, le=6)
     pcie_bw_bytes_per_s: BytesPerS = Field(gt=0, description="x16, per direction, theoretical")

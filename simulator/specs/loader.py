@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from simulator.errors import SpecError, did_you_mean
 from simulator.specs.engine import EngineSpec
-from simulator.specs.hardware import EfficiencySpec, HardwareSpec
+from simulator.specs.hardware import EfficiencySpec, HardwareSpec, HostCpu
 from simulator.specs.hf import ConfigKeyError, from_hf_config
 from simulator.specs.model import ModelSpec
 
@@ -24,6 +24,7 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 MODELS_DIR = _PACKAGE_DIR / "models"
 HF_IDS_FILE = MODELS_DIR / "hf_ids.yaml"
 ENGINES_DIR = _PACKAGE_DIR / "engines"
+HOST_CPUS_FILE = _PACKAGE_DIR / "host_cpus.yaml"
 # The hardware specs live at the top of the repository (`hardware_specs/`); an installed wheel
 # carries a copy inside the package (simulator/hardware_specs). LLMSIM_HARDWARE_PATH adds
 # folders of the user's own.
@@ -353,7 +354,10 @@ def forget_loaded_specs() -> None:
 @cache
 def _load_hardware_file(path: Path, calibrated: bool) -> HardwareSpec:
     data, source = _hardware_data(path, calibrated)
-    return validate(HardwareSpec, data, source=source)
+    hw = validate(HardwareSpec, data, source=source)
+    if hw.host.cpu is not None:
+        host_cpu(hw.host.cpu, source=source, field="host.cpu")
+    return hw
 
 
 def _hardware_data(
@@ -600,6 +604,33 @@ def _hugging_face_config(repo: str) -> ModelSpec | None:
     )
 
 
+# -- host CPUs --------------------------------------------------------------------------------
+@cache
+def load_host_cpus() -> dict[str, HostCpu]:
+    """The table of host CPUs (`simulator/specs/host_cpus.yaml`), by id."""
+    data = read_yaml(HOST_CPUS_FILE)
+    cpus = data.get("cpus") if isinstance(data, dict) else None
+    if not isinstance(cpus, dict):
+        raise SpecError("expected a mapping", source=str(HOST_CPUS_FILE), field="cpus")
+    return {
+        str(key): validate(HostCpu, value, source=f"{HOST_CPUS_FILE}: cpus.{key}")
+        for key, value in cpus.items()
+    }
+
+
+def host_cpu(cpu_id: str, *, source: str = "", field: str = "host_cpu") -> HostCpu:
+    """The host CPU `cpu_id`; an unknown id is a SpecError naming it and the known ids."""
+    cpus = load_host_cpus()
+    if not isinstance(cpu_id, str) or cpu_id not in cpus:
+        hint = did_you_mean(cpu_id, cpus) if isinstance(cpu_id, str) else ""
+        raise SpecError(
+            f"unknown host CPU {cpu_id!r}{hint} (known: {', '.join(sorted(cpus))})",
+            source=source,
+            field=field,
+        )
+    return cpus[cpu_id]
+
+
 # -- engines ----------------------------------------------------------------------------------
 def list_engines() -> list[str]:
     return sorted(p.stem for p in ENGINES_DIR.glob("*.yaml"))
@@ -607,7 +638,10 @@ def list_engines() -> list[str]:
 
 @cache
 def _load_engine_file(path: Path, calibrated: bool = True) -> EngineSpec:
-    return validate(EngineSpec, _engine_data(path, calibrated), source=str(path))
+    engine = validate(EngineSpec, _engine_data(path, calibrated), source=str(path))
+    if engine.host_cpu is not None:
+        host_cpu(engine.host_cpu, source=str(path), field="host_cpu")
+    return engine
 
 
 def _engine_path(engine: str) -> Path:

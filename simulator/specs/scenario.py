@@ -27,6 +27,7 @@ from simulator.specs.deployment import Quantization
 from simulator.specs.engine import Entrypoint
 from simulator.specs.loader import (
     beside,
+    host_cpu,
     list_engines,
     list_hardware,
     list_models,
@@ -153,12 +154,27 @@ class ReplicaGroupSpec(Frozen):
         gt=0,
         description="per-GPU power limit; lowers the clock (simulator.runs.energy)",
     )
+    host_cpu: str | None = Field(
+        default=None,
+        description="the node's CPU where it is not the hardware's (an id of "
+        "simulator/specs/host_cpus.yaml, e.g. epyc-9654): the engine's CPU costs scale to it",
+    )
     usd_per_gpu_hour: float | None = Field(
         default=None, gt=0, description="price override (default: the hardware's price)"
     )
     speculative: SpeculativeSpec | None = Field(
         default=None, description="speculative decoding: vLLM's --speculative-config keys"
     )
+
+    @field_validator("host_cpu")
+    @classmethod
+    def _known_cpu(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                host_cpu(value)
+            except SpecError as exc:
+                raise ValueError(exc.reason) from None
+        return value
 
     @model_validator(mode="after")
     def _kv_offload_applies(self) -> ReplicaGroupSpec:

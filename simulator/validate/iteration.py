@@ -14,7 +14,9 @@ repeats and predict, with `--engine vllm-0.2` (that release's profile; eager) an
 The engine's CPU overheads are fitted (by `python -m simulator.calibrate`) to the DGX-A100
 llama-2-70b rows, suite `iteration_engine_fit`; the DGX-A100 bloom-176b rows and every DGX-H100
 row are the held-out check, suites `iteration_prefill` and `iteration_decode` (by device). The
-GPU side comes from the operator calibration alone.
+GPU side comes from the operator calibration alone. On DGX-H100 the fitted CPU costs run on
+that node's CPU (Xeon 8480C against the fit's EPYC 7742): scaled by the CPUs' single-thread
+scores (`specs.host_cpu`), which are public benchmark figures, not fitted to these rows.
 
 Excluded, with the reason in `df.attrs["skipped"]`:
 - capped rows: a configuration whose median prompt_time is below that of a smaller batch of
@@ -39,6 +41,7 @@ from simulator.specs import load_engine, load_hardware, load_model
 from simulator.specs.deployment import Parallelism, Precision, resolve_precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
+from simulator.specs.host_cpu import engine_on_host
 from simulator.specs.model import ModelSpec
 from simulator.validate import data
 from simulator.validate.frame import finish, median_repeats
@@ -156,8 +159,10 @@ def iteration_cases(
 ) -> pd.DataFrame:
     """Prefill and decode rows (suites iteration_prefill / iteration_decode) of every
     configuration of a Splitwise profile (as `data.splitwise` returns it) predicted on `hw`
-    under `engine` in eager mode; `models` maps catalogue ids to specs (default: load them).
+    under `engine` in eager mode, its CPU costs on `hw`'s host CPU (`engine_on_host`);
+    `models` maps catalogue ids to specs (default: load them).
     Skipped configurations are listed in `attrs["skipped"]` as "case: reason"."""
+    engine = engine_on_host(engine, hw)
     conf = configurations(measured)
     specs = models or {m: load_model(m) for m in conf["model_id"].dropna().unique()}
     conf["case"] = case_labels(conf)

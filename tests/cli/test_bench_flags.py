@@ -70,7 +70,8 @@ KV_EXPECTED = EngineArgs(
     async_scheduling=True,
 )
 MULTI_STEP_FLAGS = ["--engine", "vllm-0.6", "--num-scheduler-steps", "4"]  # V0 only
-MULTI_STEP_EXPECTED = EngineArgs(engine="vllm-0.6", num_scheduler_steps=4)
+MULTI_STEP_FLAGS += ["--host-cpu", "epyc-9654"]
+MULTI_STEP_EXPECTED = EngineArgs(engine="vllm-0.6", num_scheduler_steps=4, host_cpu="epyc-9654")
 CASES = [(FLAGS, EXPECTED), (KV_FLAGS, KV_EXPECTED), (MULTI_STEP_FLAGS, MULTI_STEP_EXPECTED)]
 
 
