@@ -32,8 +32,8 @@ from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec, KvBudget
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import DTYPE_BYTES, MLP, GQAttention, ModelSpec
-from simulator.specs.weights import LinearName
 from simulator.specs.offload import OffloadSpec
+from simulator.specs.weights import LinearName
 from simulator.units import GiB
 
 T = TypeVar("T")
@@ -62,9 +62,7 @@ def _attention_params_per_device(
     return {"q": q, "v": kv_b, "o": o}, replicated
 
 
-def _linear_bytes(
-    shares: dict[LinearName, float], prec: Precision, n_layers: int
-) -> np.ndarray:
+def _linear_bytes(shares: dict[LinearName, float], prec: Precision, n_layers: int) -> np.ndarray:
     """Bytes per layer of linears holding `shares` params each (per device)."""
     out = np.zeros(n_layers)
     for linear, params in shares.items():

@@ -240,10 +240,10 @@ def resolve_precision(
         else ("fp8" if kv_cache_dtype.startswith("fp8") else kv_cache_dtype)
     )
     return Precision(
-        weights=weights,  # type: ignore[arg-type]
-        compute=compute,  # type: ignore[arg-type]
-        kv_cache=kv,  # type: ignore[arg-type]
-        activations=act,  # type: ignore[arg-type]
+        weights=weights,
+        compute=compute,
+        kv_cache=kv,
+        activations=act,
         formats=formats,
         matrix_formats=matrix,
     )

@@ -19,7 +19,7 @@ from simulator.errors import SpecError
 from simulator.specs._base import MAX_DIM, MAX_LAYERS, MAX_TOKENS, Frozen
 from simulator.specs.weights import WeightDtype, WeightFormats
 
-__all__ = ["DTYPE_BYTES", "MLP", "GQAttention", "MLAttention", "ModelSpec", "MoE", "WeightDtype"]
+__all__ = ["DTYPE_BYTES", "MLP", "GQAttention", "MLAttention", "MoE", "ModelSpec", "WeightDtype"]
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "tf32": 4.0,
@@ -200,9 +200,11 @@ class ModelSpec(Frozen):
     @property
     def moe_layer_flags(self) -> list[bool]:
         """For each layer: is it a MoE layer?"""
-        return [i >= self.num_dense_layers for i in range(self.num_layers)] if self.moe else [
-            False
-        ] * self.num_layers
+        return (
+            [i >= self.num_dense_layers for i in range(self.num_layers)]
+            if self.moe
+            else [False] * self.num_layers
+        )
 
     # -- layer counts ---------------------------------------------------------------------
     @property

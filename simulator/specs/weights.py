@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Literal, get_args
 
@@ -302,9 +302,7 @@ def gguf_formats(
     name = file_type.upper()
     base = GGUF_TYPES.get(name)
     if base is None:
-        raise ValueError(
-            f"unknown GGUF type {file_type!r} (known: {', '.join(GGUF_TYPES)})"
-        )
+        raise ValueError(f"unknown GGUF type {file_type!r} (known: {', '.join(GGUF_TYPES)})")
     source = f"gguf {name}"
     if base in UNQUANTISED:
         return WeightFormats(default=base, source=source)
@@ -315,8 +313,8 @@ def gguf_formats(
         FormatRule(linears=("lm_head", "embed") if tied_embeddings else ("lm_head",), format=output)
     )
 
-    def layers(pred: object) -> tuple[int, ...]:
-        return tuple(i for i in range(n) if pred(i))  # type: ignore[operator]
+    def layers(pred: Callable[[int], bool]) -> tuple[int, ...]:
+        return tuple(i for i in range(n) if pred(i))
 
     v: dict[int, WeightDtype] = {}
     if name in ("Q4_K_M", "Q5_K_M"):

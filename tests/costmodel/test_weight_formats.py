@@ -3,14 +3,19 @@ and edge layers in bf16), GGUF file types, AWQ int4; and bad formats exit 2 with
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+import simulator as sim
 
 from simulator.costmodel.deployment import deployment
 from simulator.costmodel.memory import layer_weight_bytes
 from simulator.runs.latency import estimate
 from simulator.specs import load_model
 from tests.clitools import one_line_error, run_cli
+from tests.factories import scenario_data, write_yaml
 
 
 def _weights(model: str, quantization: str | None = None, **kw: object) -> float:
@@ -107,3 +112,18 @@ def test_gguf_bench_latency_from_the_cli(capsys: pytest.CaptureFixture[str]) -> 
     code, out_q8, err = run_cli(capsys, *args, "-q", "gguf:Q8_0")
     assert code == 0, err
     assert out_q4 != out_q8
+
+
+def test_a_scenario_runs_a_gguf_file_type(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    group = {"hardware": "h100_sxm", "engine": "llamacpp", "quantization": "gguf:Q4_K_M"}
+    data = scenario_data(input_len=32, output_len=4, num_prompts=4, group=group)
+    path = write_yaml(tmp_path / "q4.yaml", data)
+    result = sim.run(str(path))
+    assert result.summary["completed"] == 4
+    bad = write_yaml(
+        tmp_path / "bad.yaml", {**data, "replicas": [{**group, "quantization": "gguf:Q3"}]}
+    )
+    err = one_line_error(capsys, "run", str(bad))
+    assert "bad.yaml" in err and "quantization" in err and "unknown GGUF type 'Q3'" in err
