@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import simulator as sim
-
 from simulator.costmodel.deployment import deployment
 from simulator.costmodel.memory import layer_weight_bytes
 from simulator.runs.latency import estimate
