@@ -75,7 +75,8 @@ class Op:
     memory-bound kernel that must run first (activation quantisation of a W8A8 GEMM).
     `launch` is the thread-block launch of a one-block-per-row elementwise kernel (None:
     priced by its bytes alone). `fused_moe`: a routed experts' GEMM, run by the engine's fused
-    MoE kernel (`EngineSpec.fused_moe_fraction`). Collectives move `msg_bytes` among
+    MoE kernel (`EngineSpec.fused_moe_fraction`). `weight_only`: a GEMM on quantised weights
+    dequantised and multiplied in 16-bit (Marlin, ggml). Collectives move `msg_bytes` among
     `group_size` devices. `scales_with` says which batch quantities the cost depends on."""
 
     name: str
@@ -96,6 +97,7 @@ class Op:
     kv_bytes: Num = 0.0
     pre_bytes: Num = 0.0
     fused_moe: bool = False
+    weight_only: bool = False
     kv_row_elems: float = 0.0
     launch: RowLaunch | None = None
     collective: Collective = ""
@@ -159,6 +161,7 @@ def gemm(
         pre_bytes=np.where(active, pre, 0.0),
         scales_with=scales_with,
         fused_moe=fused_moe,
+        weight_only=wb < a and dtype == prec.activations,
     )
 
 
