@@ -17,6 +17,7 @@ from simulator.specs.weights import (
     BYTES_PER_WEIGHT,
     FP4_BLOCK_SIZE,
     INT4_GROUP_SIZE,
+    UNQUANTISED,
     LinearName,
     bytes_per_weight,
 )
@@ -135,11 +136,11 @@ def gemm(
     `layers` [start, stop) (`Precision.gemm_weights`), else in the main weight format."""
     a = DTYPE_BYTES[prec.activations]
     if weight_dtype is None and linears is not None:
-        wb, dtype = prec.gemm_weights(linears, layers)
+        wb, dtype, fmt = prec.gemm_weights(linears, layers)
     else:
-        wb = weight_bytes_per_param(weight_dtype or prec.weights)
-        same = (weight_dtype or prec.weights) == prec.weights
-        dtype = prec.compute if same else prec.activations
+        fmt = weight_dtype or prec.weights
+        wb = weight_bytes_per_param(fmt)
+        dtype = prec.compute if fmt == prec.weights else prec.activations
     quantised = dtype in QUANTISED_COMPUTE and a > 1
     a_in = weight_bytes_per_param(dtype) if quantised else a
     g = np.asarray(groups, dtype=float)
@@ -161,7 +162,7 @@ def gemm(
         pre_bytes=np.where(active, pre, 0.0),
         scales_with=scales_with,
         fused_moe=fused_moe,
-        weight_only=wb < a and dtype == prec.activations,
+        weight_only=fmt not in UNQUANTISED and dtype == prec.activations,
     )
 
 

@@ -138,16 +138,16 @@ class Precision(Frozen):
 
     def gemm_weights(
         self, parts: Mapping[LinearName, float], layers: tuple[int, int]
-    ) -> tuple[float, str]:
-        """(bytes per weight, compute dtype) of a GEMM whose weight joins `parts` (linear,
-        share of the weights) in layers [start, stop): the layers' mean bytes, and the compute
-        dtype of the format most of its weights are in."""
+    ) -> tuple[float, str, str]:
+        """(bytes per weight, compute dtype, main format) of a GEMM whose weight joins `parts`
+        (linear, share of the weights) in layers [start, stop): the layers' mean bytes, and
+        the format most of its weights are in with the dtype it computes in."""
         if self.formats is None:
             if all(p in ("embed", "lm_head") for p in parts):
-                return bytes_per_weight(self.activations), self.activations
-            return bytes_per_weight(self.weights), self.compute
+                return bytes_per_weight(self.activations), self.activations, self.activations
+            return bytes_per_weight(self.weights), self.compute, self.weights
         wb, main = mix(self.formats, parts, layers)
-        return wb, self.compute_of(main)
+        return wb, self.compute_of(main), main
 
     def layer_bytes(self, linear: LinearName, num_layers: int) -> tuple[float, ...]:
         """Bytes per weight of `linear` in each layer."""

@@ -56,6 +56,7 @@ def test_405b_fp8_prices_attention_gemms_in_bf16_and_mlp_in_fp8() -> None:
     dtypes = {c.op.name: c.op.dtype for c in result.decode_cost.costs}
     assert (dtypes["qkv_proj"], dtypes["o_proj"], dtypes["lm_head"]) == ("bf16",) * 3
     assert dtypes["up_proj"] == dtypes["down_proj"] == "fp8"
+    assert not any(c.op.weight_only for c in result.decode_cost.costs)  # bf16 is no dequant
     uniform = estimate(
         model="llama-3.1-405b",
         hardware="h100_sxm",
