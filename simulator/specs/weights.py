@@ -145,7 +145,6 @@ def _mix(
     """(mean bytes per weight, the format holding the most weights) of a GEMM whose weight is
     the concatenation of `parts` (linear, fraction of the weights), over layers [start, stop)."""
     start, stop = layers
-    total = 0.0
     share: dict[str, float] = {}
     count = max(stop - start, 0)
     for linear, fraction in parts:
@@ -155,10 +154,12 @@ def _mix(
         n = 1 if linear in LAYERLESS or count == 0 else count
         for i in indices:
             fmt = formats.format_of(linear, i)
-            total += fraction * bytes_per_weight(fmt) / n
             share[fmt] = share.get(fmt, 0.0) + fraction / n
     main = max(share, key=lambda f: share[f])
-    return total, main
+    if len(share) == 1:  # one format: its bytes exactly, whatever the shares sum to in floats
+        return bytes_per_weight(main), main
+    total = sum(share.values())
+    return sum(s * bytes_per_weight(f) for f, s in share.items()) / total, main
 
 
 def mix(
