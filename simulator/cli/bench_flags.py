@@ -44,7 +44,15 @@ DpOpt = Annotated[
     ),
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype")]
-QuantOpt = Annotated[str | None, typer.Option("--quantization", "-q")]
+QuantOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--quantization",
+        "-q",
+        help="weight format: fp8, int8, int4, fp4, or gguf:TYPE (a GGUF file type such as "
+        "gguf:Q4_K_M); default: the checkpoint's own",
+    ),
+]
 KvDtypeOpt = Annotated[str, typer.Option("--kv-cache-dtype")]
 EngineOpt = Annotated[str, typer.Option("--engine")]
 EagerOpt = Annotated[bool, typer.Option("--enforce-eager")]

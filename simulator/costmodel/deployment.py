@@ -17,7 +17,12 @@ from simulator.specs import (
     load_hardware,
     load_model,
 )
-from simulator.specs.deployment import Parallelism, Precision, resolve_precision
+from simulator.specs.deployment import (
+    Parallelism,
+    Precision,
+    kernel_format,
+    resolve_precision,
+)
 from simulator.specs.engine import Entrypoint
 from simulator.specs.host_cpu import engine_on_host, with_host_cpu
 from simulator.specs.offload import ExpertOffloadSpec, OffloadLike, OffloadSpec, resolve_offload
@@ -141,9 +146,9 @@ def deployment(
     )
     layout.check(m, hw)
     eng.check_runs_on(hw)
-    if quantization is not None and quantization not in eng.quantized_kernels:
+    if quantization is not None and kernel_format(quantization) not in eng.quantized_kernels:
         raise SpecError(
-            f"{eng.name} has no {quantization} kernels "
+            f"{eng.name} has no {kernel_format(quantization)} kernels "
             f"(it has: {', '.join(eng.quantized_kernels)})",
             field="quantization",
         )
@@ -178,7 +183,9 @@ def fitting_layouts(
         precisions.append(
             (
                 " with --quantization fp8",
-                dep.precision.model_copy(update={"weights": "fp8", "compute": fp8}),
+                dep.precision.model_copy(
+                    update={"weights": "fp8", "compute": fp8, "formats": None}
+                ),
             )
         )
     found: list[tuple[int, str]] = []

@@ -46,12 +46,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.costmodel.batch import Num
-from simulator.costmodel.ops import experts_hit, weight_bytes_per_param
+from simulator.costmodel.ops import experts_hit
 from simulator.errors import SpecError
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import DTYPE_BYTES, ModelSpec
 from simulator.specs.offload import ExpertOffloadSpec
+from simulator.specs.weights import LinearName
 
 
 def routing_probabilities(*, num_experts: int, top_k: int, skew: float) -> np.ndarray:
@@ -165,6 +166,19 @@ def _hit_rate_and_q(
     return spec.hit_rate, np.full(rest, each)
 
 
+def _expert_bytes_per_param(model: ModelSpec, prec: Precision) -> float:
+    """Bytes per weight of a routed expert: its gate, up and down projections' formats,
+    averaged over the MoE layers (`Precision.gemm_weights`)."""
+    moe = model.moe
+    assert moe is not None
+    parts: dict[LinearName, float] = (
+        {"gate": 1 / 3, "up": 1 / 3, "down": 1 / 3}
+        if moe.expert.gated
+        else {"up": 0.5, "down": 0.5}
+    )
+    return prec.gemm_weights(parts, (model.num_dense_layers, model.num_layers))[0]
+
+
 def build_expert_cache(
     model: ModelSpec,
     hw: HardwareSpec,
@@ -197,7 +211,7 @@ def build_expert_cache(
         hit_rate=hit_rate,
         uncached_q=uncached_q,
         ep=layout.ep,
-        expert_bytes=params * weight_bytes_per_param(prec.weights),
+        expert_bytes=params * _expert_bytes_per_param(model, prec),
         expert_params=params,
         hidden_bytes=model.hidden_size * DTYPE_BYTES[prec.activations],
         num_layers=model.num_moe_layers,

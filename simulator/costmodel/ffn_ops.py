@@ -12,6 +12,7 @@ from simulator.costmodel.elementwise_kernels import gated_act
 from simulator.costmodel.op import Op, ScalesWith, collective, elementwise, gemm, safe_div
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.model import DTYPE_BYTES, MLP, ModelSpec
+from simulator.specs.weights import LinearName
 
 
 def mlp_ops(
@@ -23,6 +24,7 @@ def mlp_ops(
     tokens: Num,
     count: float,
     prec: Precision,
+    layers: tuple[int, int] = (0, 0),
     groups: Num = 1.0,
     scales_with: ScalesWith = "tokens",
     fused_moe: bool = False,
@@ -30,11 +32,12 @@ def mlp_ops(
     """An MLP on `tokens` tokens, its intermediate dimension split over `shards` devices: the
     up projection (gate and up fused when gated), the activation and the down projection;
     `groups` independent MLPs fused in each launch (a MoE layer's experts, whose GEMMs are
-    `fused_moe`)."""
+    `fused_moe`). `layers`: the layers [start, stop) it stands for (their weight formats)."""
     inter = mlp.intermediate_size / shards
     up_n = (2 if mlp.gated else 1) * inter
     a = DTYPE_BYTES[prec.activations]
     g = np.asarray(groups, dtype=float)
+    up: dict[LinearName, float] = {"gate": 0.5, "up": 0.5} if mlp.gated else {"up": 1.0}
     return [
         gemm(
             f"{prefix}up_proj",
@@ -43,6 +46,8 @@ def mlp_ops(
             k=h,
             count=count,
             prec=prec,
+            linears=up,
+            layers=layers,
             groups=groups,
             scales_with=scales_with,
             fused_moe=fused_moe,
@@ -64,6 +69,8 @@ def mlp_ops(
             k=inter,
             count=count,
             prec=prec,
+            linears={"down": 1.0},
+            layers=layers,
             groups=groups,
             scales_with=scales_with,
             fused_moe=fused_moe,
@@ -115,6 +122,7 @@ def expert_ffn_ops(
         tokens=safe_div(rank_tokens, hit),
         count=float(model.num_moe_layers),
         prec=prec,
+        layers=(model.num_dense_layers, model.num_layers),
         groups=hit,
         scales_with="ep_group" if wide else "tokens",
         fused_moe=True,
@@ -207,7 +215,16 @@ def moe_ops(model: ModelSpec, layout: Parallelism, prec: Precision, b: BatchShap
             intermediate_size=moe.shared_expert.intermediate_size * moe.num_shared_experts,
             gated=moe.shared_expert.gated,
         )
-        ops += mlp_ops("shared_", shared, h=h, shards=layout.tp, tokens=t, count=count, prec=prec)
+        ops += mlp_ops(
+            "shared_",
+            shared,
+            h=h,
+            shards=layout.tp,
+            tokens=t,
+            count=count,
+            prec=prec,
+            layers=(model.num_dense_layers, model.num_layers),
+        )
     if wide_ep:
         # Each device sends its 1/tp share of the rank's tokens, not all of them: they are
         # replicated over the rank's tp devices, and sending every copy would move each tp times.

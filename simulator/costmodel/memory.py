@@ -27,57 +27,79 @@ from typing import TypeVar
 import numpy as np
 
 from simulator.costmodel.offload import OffloadPlan, plan_offload
-from simulator.costmodel.ops import weight_bytes_per_param
 from simulator.errors import SpecError
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec, KvBudget
 from simulator.specs.hardware import HardwareSpec
-from simulator.specs.model import DTYPE_BYTES, GQAttention, ModelSpec
+from simulator.specs.model import DTYPE_BYTES, MLP, GQAttention, ModelSpec
 from simulator.specs.offload import OffloadSpec
+from simulator.specs.weights import LinearName
 from simulator.units import GiB
 
 T = TypeVar("T")
 
 
-def _attention_params_per_device(model: ModelSpec, tp: int) -> tuple[float, float]:
-    """(sharded linear params, replicated 16-bit params) of one attention block."""
+def _attention_params_per_device(
+    model: ModelSpec, tp: int
+) -> tuple[dict[LinearName, float], float]:
+    """(sharded params of each attention linear, replicated 16-bit params) of one attention
+    block on one device. MLA's q_a and kv_a projections are replicated, as is the bias."""
     attn, h = model.attention, model.hidden_size
     if isinstance(attn, GQAttention):
         q = attn.q_dim // tp
         kv = max(1, attn.num_kv_heads // tp) * attn.head_dim
-        return h * (q + 2 * kv) + q * h, (q + 2 * kv if attn.qkv_bias else 0)
+        shares: dict[LinearName, float] = {"q": h * q, "k": h * kv, "v": h * kv, "o": q * h}
+        return shares, (q + 2 * kv if attn.qkv_bias else 0)
     heads = attn.num_heads // tp
     replicated = h * attn.kv_elems_per_token + attn.kv_lora_rank  # kv_a + its norm
-    sharded = attn.kv_lora_rank * heads * (attn.qk_nope_head_dim + attn.v_head_dim)
-    sharded += heads * attn.v_head_dim * h
+    kv_b = attn.kv_lora_rank * heads * (attn.qk_nope_head_dim + attn.v_head_dim)
+    o = heads * attn.v_head_dim * h
     if attn.q_lora_rank:
         replicated += h * attn.q_lora_rank + attn.q_lora_rank
-        sharded += attn.q_lora_rank * heads * attn.head_dim
+        q = attn.q_lora_rank * heads * attn.head_dim
     else:
-        sharded += h * heads * attn.head_dim
-    return sharded, replicated
+        q = h * heads * attn.head_dim
+    return {"q": q, "v": kv_b, "o": o}, replicated
+
+
+def _linear_bytes(shares: dict[LinearName, float], prec: Precision, n_layers: int) -> np.ndarray:
+    """Bytes per layer of linears holding `shares` params each (per device)."""
+    out = np.zeros(n_layers)
+    for linear, params in shares.items():
+        out += params * np.asarray(prec.layer_bytes(linear, n_layers))
+    return out
 
 
 def layer_weight_bytes(model: ModelSpec, layout: Parallelism, prec: Precision) -> np.ndarray:
-    """Bytes of each layer's weights held by one device of its pipeline stage."""
-    tp, h = layout.tp, model.hidden_size
-    wb, ab = weight_bytes_per_param(prec.weights), DTYPE_BYTES[prec.activations]
-    sharded, replicated = _attention_params_per_device(model, tp)
+    """Bytes of each layer's weights held by one device of its pipeline stage, each linear in
+    its own format (`Precision.layer_bytes`)."""
+    tp, h, n = layout.tp, model.hidden_size, model.num_layers
+    ab = DTYPE_BYTES[prec.activations]
+    shares, replicated = _attention_params_per_device(model, tp)
     norms = (2 if model.norm == "layer" else 1) * h * 2
-    attn_bytes = sharded * wb + (replicated + norms) * ab
-    dense = attn_bytes + model.mlp.params(h) / tp * wb
-    per_layer = np.full(model.num_layers, dense)
+    attn_bytes = _linear_bytes(shares, prec, n) + (replicated + norms) * ab
+
+    def mlp_bytes(mlp: MLP, devices: float) -> np.ndarray:
+        """A (gated) MLP's bytes per layer split over `devices` (biases with its down proj)."""
+        inter = h * mlp.intermediate_size / devices
+        parts: dict[LinearName, float] = {"up": inter, "down": mlp.params(h) / devices - inter}
+        if mlp.gated:
+            parts = {"gate": inter, "up": inter, "down": mlp.params(h) / devices - 2 * inter}
+        return _linear_bytes(parts, prec, n)
+
+    per_layer = attn_bytes + mlp_bytes(model.mlp, tp)
     if model.moe is not None:
         moe = model.moe
         group = layout.tp * (layout.dp if layout.ep > layout.tp else 1)  # devices sharing experts
-        experts = moe.num_experts * moe.expert.params(h) / group * wb
+        experts = moe.num_experts * mlp_bytes(moe.expert, group)
         shared = (
-            moe.num_shared_experts * moe.shared_expert.params(h) / tp * wb
+            moe.num_shared_experts * mlp_bytes(moe.shared_expert, tp)
             if moe.shared_expert is not None
             else 0.0
         )
         router = h * moe.num_experts * ab
-        per_layer[moe.first_dense_layers :] = attn_bytes + experts + shared + router
+        moe_layer = attn_bytes + experts + shared + router
+        per_layer[moe.first_dense_layers :] = moe_layer[moe.first_dense_layers :]
     return per_layer
 
 
@@ -89,17 +111,18 @@ def weight_bytes_per_device(
     offloaded: np.ndarray | None = None,
 ) -> float:
     """Weights on the busiest device: layers split evenly over pipeline stages, embedding on
-    the first stage and the LM head on the last (both vocab-parallel over TP, kept 16-bit);
+    the first stage and the LM head on the last (both vocab-parallel over TP, 16-bit unless the
+    checkpoint's formats say otherwise, as a GGUF file's do);
     `offloaded` (bytes per layer) stay off the device."""
     layers = layer_weight_bytes(model, layout, prec)
     if offloaded is not None:
         layers = layers - offloaded
     stages = np.array_split(layers, layout.pp)
     per_stage = np.array([s.sum() for s in stages])
-    table = model.vocab_size * model.hidden_size / layout.tp * DTYPE_BYTES[prec.activations]
-    per_stage[0] += table
+    table = model.vocab_size * model.hidden_size / layout.tp
+    per_stage[0] += table * prec.table_bytes("embed")
     if not model.tie_word_embeddings or layout.pp > 1:
-        per_stage[-1] += table
+        per_stage[-1] += table * prec.table_bytes("lm_head")
     return float(per_stage.max())
 
 

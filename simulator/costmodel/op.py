@@ -13,6 +13,14 @@ from simulator.costmodel.batch import Num
 from simulator.specs.deployment import QUANTISED_COMPUTE, Precision
 from simulator.specs.hardware import RowKernel
 from simulator.specs.model import DTYPE_BYTES
+from simulator.specs.weights import (
+    BYTES_PER_WEIGHT,
+    FP4_BLOCK_SIZE,
+    INT4_GROUP_SIZE,
+    UNQUANTISED,
+    LinearName,
+    bytes_per_weight,
+)
 
 OpKind = Literal["gemm", "attention_prefill", "attention_decode", "memory", "collective"]
 Collective = Literal["", "all_reduce", "all_gather", "all_to_all", "send_recv"]
@@ -22,20 +30,26 @@ Collective = Literal["", "all_reduce", "all_gather", "all_to_all", "send_recv"]
 # and the all-to-alls of wide EP), which `serving.dp_group` prices once for all its ranks.
 ScalesWith = Literal["tokens", "sampled", "batch", "ep_group"]
 
-INT4_GROUP_SIZE = 128  # AWQ/GPTQ: one fp16 scale per 128 weights
-# NVFP4: one fp8 (E4M3) scale per block of 16 e2m1 values, plus one fp32 scale per tensor
-# (NVIDIA technical blog "Introducing NVFP4 for Efficient and Accurate Low-Precision
-# Inference", 2025-06-24); the per-tensor scale is negligible.
-FP4_BLOCK_SIZE = 16
+__all__ = [
+    "FP4_BLOCK_SIZE",
+    "INT4_GROUP_SIZE",
+    "Collective",
+    "Op",
+    "OpKind",
+    "RowLaunch",
+    "ScalesWith",
+    "collective",
+    "elementwise",
+    "gemm",
+    "safe_div",
+    "weight_bytes_per_param",
+]
 
 
 def weight_bytes_per_param(dtype: str) -> float:
-    """Storage bytes per weight (or quantised activation) including its block scales."""
-    if dtype == "int4":
-        return 0.5 + 2.0 / INT4_GROUP_SIZE
-    if dtype == "fp4":
-        return 0.5 + 1.0 / FP4_BLOCK_SIZE
-    return DTYPE_BYTES[dtype]
+    """Storage bytes per weight (or quantised activation) including its block scales
+    (`simulator.specs.weights`: AWQ/GPTQ int4 groups of 128, NVFP4 blocks of 16, GGUF blocks)."""
+    return bytes_per_weight(dtype) if dtype in BYTES_PER_WEIGHT else DTYPE_BYTES[dtype]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +76,8 @@ class Op:
     memory-bound kernel that must run first (activation quantisation of a W8A8 GEMM).
     `launch` is the thread-block launch of a one-block-per-row elementwise kernel (None:
     priced by its bytes alone). `fused_moe`: a routed experts' GEMM, run by the engine's fused
-    MoE kernel (`EngineSpec.fused_moe_fraction`). Collectives move `msg_bytes` among
+    MoE kernel (`EngineSpec.fused_moe_fraction`). `weight_only`: a GEMM on quantised weights
+    dequantised and multiplied in 16-bit (Marlin, ggml). Collectives move `msg_bytes` among
     `group_size` devices. `scales_with` says which batch quantities the cost depends on."""
 
     name: str
@@ -83,6 +98,7 @@ class Op:
     kv_bytes: Num = 0.0
     pre_bytes: Num = 0.0
     fused_moe: bool = False
+    weight_only: bool = False
     kv_row_elems: float = 0.0
     launch: RowLaunch | None = None
     collective: Collective = ""
@@ -106,6 +122,8 @@ def gemm(
     count: float,
     prec: Precision,
     weight_dtype: str | None = None,
+    linears: dict[LinearName, float] | None = None,
+    layers: tuple[int, int] = (0, 0),
     groups: Num = 1.0,
     scales_with: ScalesWith = "tokens",
     fused_moe: bool = False,
@@ -113,10 +131,16 @@ def gemm(
     """A (groups x) m-by-k times k-by-n GEMM whose k-by-n operand is a stored weight. A W8A8
     or NVFP4 W4A4 GEMM (8- or 4-bit compute, 16-bit activations) reads activations quantised
     by a kernel before it (`pre_bytes`: read 16-bit, write 8-bit, or 4-bit with block scales).
-    `fused_moe`: routed experts' GEMMs in the engine's fused MoE kernel."""
+    `fused_moe`: routed experts' GEMMs in the engine's fused MoE kernel. The weight is stored
+    in `weight_dtype`, else in the formats of `linears` (linear -> share of the weight) over
+    `layers` [start, stop) (`Precision.gemm_weights`), else in the main weight format."""
     a = DTYPE_BYTES[prec.activations]
-    wb = weight_bytes_per_param(weight_dtype or prec.weights)
-    dtype = prec.compute if (weight_dtype or prec.weights) == prec.weights else prec.activations
+    if weight_dtype is None and linears is not None:
+        wb, dtype, fmt = prec.gemm_weights(linears, layers)
+    else:
+        fmt = weight_dtype or prec.weights
+        wb = weight_bytes_per_param(fmt)
+        dtype = prec.compute if fmt == prec.weights else prec.activations
     quantised = dtype in QUANTISED_COMPUTE and a > 1
     a_in = weight_bytes_per_param(dtype) if quantised else a
     g = np.asarray(groups, dtype=float)
@@ -138,6 +162,7 @@ def gemm(
         pre_bytes=np.where(active, pre, 0.0),
         scales_with=scales_with,
         fused_moe=fused_moe,
+        weight_only=fmt not in UNQUANTISED and dtype == prec.activations,
     )
 
 

@@ -45,6 +45,7 @@ from simulator.costmodel.op import (
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import LogitsPass
 from simulator.specs.model import DTYPE_BYTES, GQAttention, MLAttention, ModelSpec
+from simulator.specs.weights import LinearName
 
 __all__ = [
     "BATCH_PARTS",
@@ -151,11 +152,32 @@ def _gqa_ops(
     a = DTYPE_BYTES[prec.activations]
     t = b.num_tokens / layout.cp
     rope = rotary(t, heads, kv_heads, d, act_bytes=a, count=n_layers)
+    every = (0, n_layers)
+    qkv = heads + 2 * kv_heads
+    shares: dict[LinearName, float] = {"q": heads / qkv, "k": kv_heads / qkv, "v": kv_heads / qkv}
     return [
-        gemm("qkv_proj", m=t, n=(heads + 2 * kv_heads) * d, k=h, count=n_layers, prec=prec),
+        gemm(
+            "qkv_proj",
+            m=t,
+            n=qkv * d,
+            k=h,
+            count=n_layers,
+            prec=prec,
+            linears=shares,
+            layers=every,
+        ),
         *([rope] if model.position == "rope" else []),
         *_gqa_attention(attn, model, layout, prec, b, gpus_per_node=gpus_per_node),
-        gemm("o_proj", m=t, n=h, k=heads * d, count=n_layers, prec=prec),
+        gemm(
+            "o_proj",
+            m=t,
+            n=h,
+            k=heads * d,
+            count=n_layers,
+            prec=prec,
+            linears={"o": 1.0},
+            layers=every,
+        ),
     ]
 
 
@@ -218,16 +240,27 @@ def _mla_ops(
     qk, v, lat = attn.head_dim, attn.v_head_dim, attn.kv_elems_per_token
     t = b.num_tokens
     ops: list[Op] = []
-    if attn.q_lora_rank:
-        ops.append(gemm("q_a_proj", m=t, n=attn.q_lora_rank, k=h, count=n_layers, prec=prec))
-        ops.append(
-            gemm("q_b_proj", m=t, n=heads * qk, k=attn.q_lora_rank, count=n_layers, prec=prec)
+
+    def proj(name: str, n: float, k: float, linear: LinearName) -> Op:
+        return gemm(
+            name,
+            m=t,
+            n=n,
+            k=k,
+            count=n_layers,
+            prec=prec,
+            linears={linear: 1.0},
+            layers=(0, n_layers),
         )
+
+    if attn.q_lora_rank:
+        ops.append(proj("q_a_proj", attn.q_lora_rank, h, "q"))
+        ops.append(proj("q_b_proj", heads * qk, attn.q_lora_rank, "q"))
     else:
-        ops.append(gemm("q_proj", m=t, n=heads * qk, k=h, count=n_layers, prec=prec))
-    ops.append(gemm("kv_a_proj", m=t, n=lat, k=h, count=n_layers, prec=prec))
+        ops.append(proj("q_proj", heads * qk, h, "q"))
+    ops.append(proj("kv_a_proj", lat, h, "k"))
     ops += _mla_batch_ops(attn, model, tp, prec, b)
-    ops.append(gemm("o_proj", m=t, n=h, k=heads * v, count=n_layers, prec=prec))
+    ops.append(proj("o_proj", h, heads * v, "o"))
     return ops
 
 
@@ -257,6 +290,8 @@ def _mla_batch_ops(
                 k=attn.kv_lora_rank,
                 count=n_layers,
                 prec=prec,
+                linears={"v": 1.0},
+                layers=(0, n_layers),
                 scales_with="batch",
             ),
             Op(
@@ -484,7 +519,14 @@ def step_ops(
     ops = [elementwise("embedding", bytes_=t * h * a * 2, count=1), norm, *attn_ops]
     if model.num_dense_layers:
         ops += mlp_ops(
-            "", model.mlp, h=h, shards=tp, tokens=t, count=float(model.num_dense_layers), prec=prec
+            "",
+            model.mlp,
+            h=h,
+            shards=tp,
+            tokens=t,
+            count=float(model.num_dense_layers),
+            prec=prec,
+            layers=(0, model.num_dense_layers),
         )
     if model.moe is not None:
         ops += moe_ops(model, layout, prec, batch if cp == 1 else BatchShape(prefill_tokens=t))
@@ -497,7 +539,7 @@ def step_ops(
             k=h,
             count=1,
             prec=prec,
-            weight_dtype=prec.activations,
+            linears={"lm_head": 1.0},
             scales_with="sampled",
         ),
         sampler_op(sampled, model.vocab_size),

@@ -74,6 +74,13 @@ def _pow2_tiles(lo: int, hi: int) -> list[float]:
     return tiles or [float(hi)]
 
 
+# Weight-only kernels take the batch's rows in blocks of 16, the m of one mma.sync tile: Marlin
+# (the int4, fp8 and fp4 weight-only GEMMs of vLLM) runs ceil(m / 16) row blocks, 1-4 per pass
+# (IST-DASLab/marlin@0f102e11 marlin/marlin_cuda_kernel.cu, `marlin_cuda`: thread_m_blocks),
+# so a decode batch of a few rows pads to 16, not to the 16-bit GEMM library's smallest tile.
+WEIGHT_ONLY_TILE_M = 16
+
+
 def gemm_efficiency(hw: HardwareSpec, op: Op, eff: GemmEfficiency | None = None) -> np.ndarray:
     """Fraction of the dense peak a GEMM reaches: library peak fraction x tile padding x wave
     quantisation x size ramp (of the work the tile costs), at most the device's data ceiling
@@ -92,7 +99,8 @@ def gemm_efficiency(hw: HardwareSpec, op: Op, eff: GemmEfficiency | None = None)
     curve = eff.size_curves.get(op.dtype, eff.size_curve)  # type: ignore[call-overload]
     flops = np.asarray(op.flops, dtype=float)
     best = np.zeros(np.broadcast_shapes(m.shape, n.shape, groups.shape, max_split.shape))
-    for tile_m in _pow2_tiles(eff.tile_m_min, eff.tile_m):
+    tile_m_min = min(eff.tile_m_min, WEIGHT_ONLY_TILE_M) if op.weight_only else eff.tile_m_min
+    for tile_m in _pow2_tiles(tile_m_min, eff.tile_m):
         for tile_n in _pow2_tiles(eff.tile_n_min, eff.tile_n):
             tiles_m, tiles_n = np.ceil(m / tile_m), np.ceil(n / tile_n)
             padding = (m * n) / (tiles_m * tile_m * tiles_n * tile_n)

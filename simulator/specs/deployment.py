@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import Field
 
@@ -10,11 +11,23 @@ from simulator.errors import SpecError
 from simulator.specs._base import Frozen
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec, WeightDtype
+from simulator.specs.weights import (
+    UNQUANTISED,
+    LinearName,
+    WeightFormats,
+    bytes_per_weight,
+    gguf_formats,
+    mix,
+    parse_gguf,
+)
 
 # Weight formats a checkpoint may be quantised to: 8-bit (W8A8 where the device has the matrix
 # unit), AWQ/GPTQ int4 (weight-only) and NVFP4 (4-bit e2m1 in blocks of 16 with an fp8 scale;
 # W4A4 on devices with an fp4 matrix unit, weight-only elsewhere).
 Quantization = Literal["fp8", "int8", "int4", "fp4"]
+# What an engine profile lists as its quantized kernels: those formats, and GGUF files
+# (`--quantization gguf:Q4_K_M`: llama.cpp's block formats, weight-only).
+KernelFormat = Literal["fp8", "int8", "int4", "fp4", "gguf"]
 # Formats a matrix unit computes in directly (W8A8, NVFP4 W4A4), with the activations quantised
 # to the same format first; int4 has no such unit and is always weight-only.
 QUANTISED_COMPUTE = ("fp8", "int8", "fp4")
@@ -139,17 +152,77 @@ class Parallelism(Frozen):
 
 class Precision(Frozen):
     """Resolved precisions: what the weights are stored in, what the matrix units compute in,
-    what the KV cache holds, and what activations are kept in between kernels."""
+    what the KV cache holds, and what activations are kept in between kernels. `weights` is
+    the main format; `formats` the format of each linear where a checkpoint mixes them
+    (unquantised ones read as `activations`; None: every linear in `weights`, the embedding
+    and LM head in `activations`). `matrix_formats`: the quantised formats this device's
+    matrix units compute in (W8A8, NVFP4 W4A4); any other runs weight-only in 16-bit."""
 
     weights: WeightDtype
     compute: Literal["fp32", "bf16", "fp16", "fp8", "int8", "fp4"]
     kv_cache: Literal["fp32", "bf16", "fp16", "fp8"]
     activations: Literal["fp32", "bf16", "fp16"]
+    formats: WeightFormats | None = None
+    matrix_formats: tuple[str, ...] = ()
 
     @property
     def weight_only(self) -> bool:
         """True when quantized weights are dequantised and multiplied in 16-bit."""
-        return self.weights in get_args(Quantization) and self.compute in ("bf16", "fp16")
+        return self.weights not in UNQUANTISED and self.compute in ("bf16", "fp16")
+
+    def compute_of(self, fmt: str) -> str:
+        """The dtype a GEMM on weights stored in `fmt` computes in."""
+        if fmt == self.weights:
+            return self.compute
+        return fmt if fmt in self.matrix_formats else self.activations
+
+    def gemm_weights(
+        self, parts: Mapping[LinearName, float], layers: tuple[int, int]
+    ) -> tuple[float, str, str]:
+        """(bytes per weight, compute dtype, main format) of a GEMM whose weight joins `parts`
+        (linear, share of the weights) in layers [start, stop): the layers' mean bytes, and
+        the format most of its weights are in with the dtype it computes in."""
+        if self.formats is None:
+            if all(p in ("embed", "lm_head") for p in parts):
+                return bytes_per_weight(self.activations), self.activations, self.activations
+            return bytes_per_weight(self.weights), self.compute, self.weights
+        wb, main = mix(self.formats, parts, layers)
+        return wb, self.compute_of(main), main
+
+    def layer_bytes(self, linear: LinearName, num_layers: int) -> tuple[float, ...]:
+        """Bytes per weight of `linear` in each layer."""
+        if self.formats is None:
+            fmt = self.activations if linear in ("embed", "lm_head") else self.weights
+            return (bytes_per_weight(fmt),) * num_layers
+        return self.formats.layer_bytes(linear, num_layers)
+
+    def table_bytes(self, linear: Literal["embed", "lm_head"]) -> float:
+        """Bytes per weight of the embedding or the LM head."""
+        if self.formats is None:
+            return bytes_per_weight(self.activations)
+        return bytes_per_weight(self.formats.format_of(linear))
+
+
+def check_quantization(value: str | None) -> str | None:
+    """`value` if it is a weight format llmsim prices (fp8, int8, int4, fp4, gguf:TYPE), else
+    a ValueError saying which are."""
+    if value is None or value in ("fp8", "int8", "int4", "fp4"):
+        return value
+    gguf = parse_gguf(value)
+    if gguf is not None:
+        try:
+            gguf_formats(gguf, num_layers=1)
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+    raise ValueError(
+        f"unknown quantization {value!r} (fp8, int8, int4, fp4, or gguf:TYPE such as gguf:Q4_K_M)"
+    )
+
+
+def kernel_format(quantization: str) -> str:
+    """The engine kernels a `--quantization` value needs (`EngineSpec.quantized_kernels`)."""
+    return "gguf" if parse_gguf(quantization) is not None else quantization
 
 
 def resolve_precision(
@@ -162,17 +235,41 @@ def resolve_precision(
 ) -> Precision:
     """vLLM's rules: `auto` takes the model's dtype (fp32 checkpoints serve in bf16);
     fp8/int8 weights run W8A8 and NVFP4 (fp4) W4A4 where the device has the matrix unit,
-    weight-only otherwise (Marlin); int4 is always weight-only."""
+    weight-only otherwise (Marlin); int4 and GGUF block formats are always weight-only. Without
+    `quantization`, a checkpoint's own formats (`ModelSpec.weight_formats`) hold;
+    `gguf:TYPE` gives llama.cpp's formats of that file type."""
     dtypes = {"auto": model.dtype, "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
     if dtype not in dtypes and dtype not in ("bf16", "fp16"):
         raise SpecError(f"unknown dtype {dtype!r} (auto, bfloat16, float16)", field="dtype")
     act = dtypes.get(dtype, dtype)
     if act == "fp32":
         act = "bf16"
-    weights = quantization or (model.weight_dtype if model.weight_dtype != "fp32" else act)
-    if weights in ("bf16", "fp16"):
+    try:
+        check_quantization(quantization)
+    except ValueError as exc:
+        raise SpecError(str(exc), field="quantization") from None
+    formats = model.weight_formats
+    weights: str
+    if quantization is not None and (gguf := parse_gguf(quantization)) is not None:
+        formats = gguf_formats(
+            gguf,
+            num_layers=model.num_layers,
+            num_experts=model.moe.num_experts if model.moe else 1,
+            tied_embeddings=model.tie_word_embeddings,
+        )
+        weights = formats.default
+    elif quantization is not None and not (
+        formats is not None and quantization == model.weight_dtype
+    ):  # the flag naming the checkpoint's own method reads its formats, as vLLM does
+        formats, weights = None, quantization
+    else:
+        weights = model.weight_dtype if model.weight_dtype != "fp32" else act
+    if weights in UNQUANTISED:
         weights = act
-    compute = weights if weights in QUANTISED_COMPUTE and hw.supports(weights) else act
+    if formats is not None:
+        formats = formats.resolved(act)
+    matrix = tuple(f for f in QUANTISED_COMPUTE if hw.supports(f))
+    compute = weights if weights in matrix else act
     if kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16"):
         raise SpecError(
             f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8)", field="kv_cache_dtype"
@@ -182,4 +279,11 @@ def resolve_precision(
         if kv_cache_dtype == "auto"
         else ("fp8" if kv_cache_dtype.startswith("fp8") else kv_cache_dtype)
     )
-    return Precision(weights=weights, compute=compute, kv_cache=kv, activations=act)
+    return Precision(
+        weights=weights,
+        compute=compute,
+        kv_cache=kv,
+        activations=act,
+        formats=formats,
+        matrix_formats=matrix,
+    )

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from simulator.errors import SpecError
 from simulator.specs._base import Bytes, Frozen, Seconds
-from simulator.specs.deployment import Quantization
+from simulator.specs.deployment import KernelFormat
 from simulator.specs.hardware import DecodeSplit, HardwareSpec, RowKernel
 
 
@@ -269,7 +269,7 @@ class EngineSpec(Frozen):
         "library workspaces, communication buffers, graph pool",
     )
     scheduler: SchedulerDefaults
-    quantized_kernels: tuple[Quantization, ...] = ("fp8", "int8", "int4")
+    quantized_kernels: tuple[KernelFormat, ...] = ("fp8", "int8", "int4")
     greedy_pick: LogitsPass | None = Field(
         default=None,
         description="cost of the engine's pick of each sampled token beyond the forward "

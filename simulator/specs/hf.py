@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from simulator.errors import did_you_mean
 from simulator.specs.model import MLP, GQAttention, MLAttention, ModelSpec, MoE
+from simulator.specs.weights import WeightFormats, check_patterns, from_ignore_list
 
 _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _ALIASES = {  # our name -> config keys tried in order
@@ -236,18 +237,34 @@ _COMPRESSED_WEIGHTS = {
 }
 
 
-def _weight_dtype(cfg: dict[str, Any], dtype: str) -> str:
-    """The checkpoint's linear-weight format: its `quantization_config` (the methods vLLM reads
-    for these formats), else `dtype`. One that names a format llmsim cannot price is an error
-    naming it, not a silent 16-bit model."""
+# Where each method's config lists the modules it leaves unquantised (the keys vLLM and
+# transformers read): FBGEMM FP8 and transformers' FP8 `modules_to_not_convert` (Meta's
+# Llama-3.1-405B-Instruct-FP8 lists its first and last layers, every self_attn and lm_head:
+# huggingface/transformers@613b59f5 src/transformers/models/llama/quantize_fp8_llama.py, after
+# Meta's recipe in "The Llama 3 Herd of Models" sec. 6.2), vLLM's FP8 `ignored_layers`, ModelOpt
+# `exclude_modules`, compressed-tensors `ignore`, AWQ/GPTQ `modules_to_not_convert`,
+# bitsandbytes `llm_int8_skip_modules`.
+_IGNORE_KEYS = (
+    "modules_to_not_convert", "ignored_layers", "exclude_modules", "ignore",
+    "llm_int8_skip_modules",
+)  # fmt: skip
+
+
+def _weight_dtype(
+    cfg: dict[str, Any], dtype: str, *, num_layers: int, moe: MoE | None, mla: bool
+) -> tuple[str, WeightFormats | None]:
+    """The checkpoint's main linear-weight format (its `quantization_config`, read as vLLM reads
+    these methods, else `dtype`) and, for a quantised one, the format of each linear: the
+    modules its ignore list names stay in `dtype`. A method or format llmsim cannot price is an
+    error naming it, not a silent 16-bit model."""
     quant = cfg.get("quantization_config") or {}
     if not isinstance(quant, dict):
         raise ConfigKeyError("quantization_config", f"expected a mapping, got {quant!r}")
     if not quant:
-        return dtype
+        return dtype, None
     method = str(quant.get("quant_method", "")).lower()
     found: str | None = None
-    if method == "fp8":
+    if method in ("fp8", "fbgemm_fp8"):
         found = "fp8"
     elif method == "modelopt":  # NVIDIA ModelOpt exports: quant_algo FP8 or NVFP4
         algo = str(quant.get("quant_algo", "")).upper()
@@ -267,10 +284,27 @@ def _weight_dtype(cfg: dict[str, Any], dtype: str) -> str:
         raise ConfigKeyError(
             "quantization_config",
             f"{method or 'no quant_method'} is not a weight format llmsim prices (fp8, "
-            "modelopt FP8/NVFP4, awq/gptq 4- or 8-bit, bitsandbytes, compressed-tensors "
-            "int4/int8/fp8/fp4); remove it and pass --quantization",
+            "fbgemm_fp8, modelopt FP8/NVFP4, awq/gptq 4- or 8-bit, bitsandbytes, "
+            "compressed-tensors int4/int8/fp8/fp4); remove it and pass --quantization",
         )
-    return found
+    patterns: list[str] = []
+    for key in _IGNORE_KEYS:
+        if quant.get(key) is not None:
+            try:
+                patterns += check_patterns(quant[key], key)
+            except ValueError as exc:
+                raise ConfigKeyError("quantization_config", str(exc)) from None
+    first_moe = num_layers if moe is None else moe.first_dense_layers
+    formats = from_ignore_list(
+        found,  # type: ignore[arg-type]
+        dtype,  # type: ignore[arg-type]
+        patterns,
+        num_layers=num_layers,
+        moe_layers=[i >= first_moe for i in range(num_layers)],
+        mla=mla,
+        source=f"quantization_config ({method})",
+    )
+    return found, formats
 
 
 def _compressed_tensors(quant: dict[str, Any]) -> tuple[str | None, str]:
@@ -326,19 +360,25 @@ def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
     hidden = _int(cfg, "hidden_size")
     num_layers = _int(cfg, "num_layers")
     dtype = _TORCH_DTYPES.get(str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))), "bf16")
+    attention = _attention(cfg, hidden)
+    moe = _moe(cfg, num_layers)
+    weights, formats = _weight_dtype(
+        cfg, dtype, num_layers=num_layers, moe=moe, mla=isinstance(attention, MLAttention)
+    )
     return ModelSpec(
         name=name or str(cfg.get("_name_or_path") or model_type or "model"),
         hidden_size=hidden,
         num_layers=num_layers,
         vocab_size=_int(cfg, "vocab_size"),
-        attention=_attention(cfg, hidden),
+        attention=attention,
         mlp=_dense_mlp(cfg, hidden),
-        moe=_moe(cfg, num_layers),
+        moe=moe,
         norm="layer" if model_type in ("bloom", "gpt2", "gpt_neox", "opt", "falcon") else "rms",
         position=_position(cfg, model_type),
         embedding_norm=model_type == "bloom",
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type == "bloom")),
         dtype=dtype,
-        weight_dtype=_weight_dtype(cfg, dtype),
+        weight_dtype=weights,
+        weight_formats=formats,
         max_position_embeddings=_context(cfg, model_type),
     )

@@ -17,8 +17,9 @@ from pydantic import Field, model_validator
 
 from simulator.errors import SpecError
 from simulator.specs._base import MAX_DIM, MAX_LAYERS, MAX_TOKENS, Frozen
+from simulator.specs.weights import WeightDtype, WeightFormats
 
-WeightDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
+__all__ = ["DTYPE_BYTES", "MLP", "GQAttention", "MLAttention", "MoE", "ModelSpec", "WeightDtype"]
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "tf32": 4.0,
@@ -179,7 +180,14 @@ class ModelSpec(Frozen):
     tie_word_embeddings: bool = False
     dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
     weight_dtype: WeightDtype = Field(
-        default="bf16", description="native checkpoint precision of the linear weights"
+        default="bf16",
+        description="native checkpoint precision of the linear weights (the main one where "
+        "they mix: see weight_formats)",
+    )
+    weight_formats: WeightFormats | None = Field(
+        default=None,
+        description="the checkpoint's format of each linear where they differ (None: every "
+        "linear in weight_dtype, the embedding and LM head in dtype)",
     )
     max_position_embeddings: int = Field(default=4096, gt=0, le=MAX_TOKENS)
 
@@ -188,6 +196,15 @@ class ModelSpec(Frozen):
         if self.moe is not None and self.moe.first_dense_layers > self.num_layers:
             raise ValueError("moe.first_dense_layers exceeds num_layers")
         return self
+
+    @property
+    def moe_layer_flags(self) -> list[bool]:
+        """For each layer: is it a MoE layer?"""
+        return (
+            [i >= self.num_dense_layers for i in range(self.num_layers)]
+            if self.moe
+            else [False] * self.num_layers
+        )
 
     # -- layer counts ---------------------------------------------------------------------
     @property

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from simulator.errors import SpecError
 from simulator.specs._base import (
@@ -23,7 +23,7 @@ from simulator.specs._base import (
     Frozen,
     Watts,
 )
-from simulator.specs.deployment import Quantization
+from simulator.specs.deployment import check_quantization
 from simulator.specs.engine import Entrypoint
 from simulator.specs.loader import (
     beside,
@@ -100,7 +100,11 @@ class ReplicaGroupSpec(Frozen):
         default=None, ge=0, description="Zipf exponent of expert popularity -> the imbalance"
     )
     dtype: str = "auto"
-    quantization: Quantization | None = None
+    quantization: Annotated[str | None, AfterValidator(check_quantization)] = Field(
+        default=None,
+        description="weight format: fp8, int8, int4, fp4, or gguf:TYPE (a GGUF file type such "
+        "as gguf:Q4_K_M, its tensors in llama.cpp's formats); None: the checkpoint's own",
+    )
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     max_model_len: int | None = Field(

@@ -37,6 +37,7 @@ from scipy.optimize import least_squares
 
 from simulator.runs import runner
 from simulator.runs.energy import PowerModel, step_utilisation
+from simulator.specs.loader import hf_ids
 from simulator.specs.workload import WorkloadSpec
 from simulator.validate import data
 from simulator.validate.e2e import row_engine_args
@@ -180,6 +181,12 @@ def steady_steps(result: runner.RunResult, batch: int) -> Window:
     )
 
 
+def checkpoint_model(row: pd.Series) -> str:
+    """The bundled model of the run's checkpoint where there is one (its config names each
+    linear's weight format: Meta's FP8 405B keeps attention in bf16), else the row's model."""
+    return hf_ids().get(str(row["checkpoint"]).lower(), str(row["model"]))
+
+
 @dataclasses.dataclass(frozen=True)
 class Simulated:
     """One published run as simulated: its median ITL (ms), steady window and deployment's
@@ -201,7 +208,7 @@ def simulate(row: pd.Series) -> Simulated:
         }
     )
     scenario = runner.bench_scenario(
-        model=str(row["model"]),
+        model=checkpoint_model(row),
         hardware=str(row["hardware"]),
         workload=placeholder,
         engine_args=row_engine_args(
