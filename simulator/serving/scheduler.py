@@ -49,7 +49,9 @@ alone). The ratio (`AdmissionState`, one per replica) falls by `decay` every dec
 `min_ratio` and is `init_ratio` again when nothing runs. A decode step whose tokens do not fit
 retracts requests instead of preempting the latest: the ones with the fewest output tokens
 (the longest prompt among equals) go back to the end of the queue, recomputed later, until
-the pool has `retract_decode_steps` tokens for each one left; the ratio becomes (tokens decoded
+the pool has `retract_decode_steps` tokens for each one left (0.3, 0.4) or, with
+`retract_until_next_step` (0.5), at least one and then until the next decode step fits; the
+ratio becomes (tokens decoded
 + retract_decode_steps x requests left) / their max_new_tokens, at most 1. max_new_tokens is
 the request's output length here (what the client asks with ignore_eos). With nothing running
 the head joins whenever its prompt fits (llmsim's guard, not SGLang's): a retracted request
@@ -262,7 +264,15 @@ def _retract(
         state.decayed(adm)
         return
     keep = sorted(running, key=lambda r: (r.num_output, -r.prompt_len), reverse=True)
-    while len(keep) > 1 and kv.free * kv.block_size < len(keep) * adm.retract_decode_steps:
+
+    def short(first: bool) -> bool:
+        if adm.retract_until_next_step:  # 0.5: one at least, then until the next step fits
+            return first or sum([kv.needed(r, 1) for r in keep]) > kv.free
+        return kv.free * kv.block_size < len(keep) * adm.retract_decode_steps
+
+    first = True
+    while len(keep) > 1 and short(first):
+        first = False
         victim = keep.pop()
         running.remove(victim)
         kv.release(victim)

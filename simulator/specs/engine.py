@@ -166,6 +166,9 @@ class NewTokenRatio(Frozen):
     decay: float = Field(ge=0, le=1)  # per decode step
     retract_decode_steps: int = Field(ge=1)  # decode steps of room a retraction leaves
     clip_max_new_tokens: int = Field(ge=1)  # max_new_tokens counted at most this
+    # how far a retraction goes: False, until retract_decode_steps tokens per request left are
+    # free (0.3, 0.4); True, at least one request, then until the next decode step fits (0.5)
+    retract_until_next_step: bool = False
 
     @model_validator(mode="after")
     def _ordered(self) -> NewTokenRatio:

@@ -20,6 +20,9 @@ from simulator.workload.requests import RequestTable
 SGLANG_03 = NewTokenRatio(
     init_ratio=0.7, min_ratio=0.1, decay=0.001, retract_decode_steps=20, clip_max_new_tokens=4096
 )
+SGLANG_05 = SGLANG_03.model_copy(
+    update={"min_ratio": 0.098, "decay": 0.001003, "retract_until_next_step": True}
+)
 
 
 def sglang_like(admission: NewTokenRatio | None = SGLANG_03) -> SchedulerSpec:
@@ -36,6 +39,7 @@ def test_the_profiles_carry_the_ratios_read_from_sglang() -> None:
     adm = default_scheduler(load_engine("sglang-0.4")).admission
     assert adm is not None and (adm.init_ratio, adm.min_ratio) == (0.7, 0.098)
     assert adm.decay == round((0.7 - 0.098) / 600, 6)
+    assert default_scheduler(load_engine("sglang")).admission == SGLANG_05
     assert default_scheduler(load_engine("vllm")).admission is None
 
 
@@ -71,6 +75,32 @@ def test_a_decode_step_without_room_retracts_the_fewest_outputs_and_reestimates(
     assert plan.entries == [(a, 1)]
     plan = schedule(sglang_like(), running=running, waiting=waiting, kv=kv, state=state)
     assert not plan.preempted and state.ratio == 0.3 - 0.001  # room again: it decays
+
+
+def test_sglang_05_retracts_until_the_next_step_fits_03_until_20_tokens_each() -> None:
+    def full_pool() -> tuple[BlockManager, list[Request]]:
+        # prompts 50, 50, 10 with 30, 20, 10 outputs: 79 + 69 + 19 = 167 tokens, none free
+        kv = BlockManager(num_blocks=167, block_size=1, watermark=0.0)
+        running = []
+        for i, (prompt, out) in enumerate(((50, 30), (50, 20), (10, 10))):
+            req = Request(id=i, arrival_s=0.0, prompt_len=prompt, output_len=100)
+            req.num_output = out
+            assert kv.allocate(req, prompt + out - 1)
+            req.num_computed = prompt + out - 1
+            running.append(req)
+        return kv, running
+
+    kv, running = full_pool()
+    state = AdmissionState(0.5)
+    plan = schedule(sglang_like(SGLANG_05), running=running, waiting=deque(), kv=kv, state=state)
+    # 0.5: one retraction (the fewest outputs) frees 19 tokens, the next step's 2 fit
+    assert [r.id for r in plan.preempted] == [2] and [r.id for r in running] == [0, 1]
+    assert state.ratio == (30 + 20 + 20 * 2) / 200
+    kv, running = full_pool()
+    plan = schedule(sglang_like(), running=running, waiting=deque(), kv=kv, state=state)
+    # 0.3/0.4: on until 20 free tokens per request left: 19 < 40, then 88 >= 20
+    assert [r.id for r in plan.preempted] == [2, 1] and [r.id for r in running] == [0]
+    assert state.ratio == (30 + 20) / 100
 
 
 def test_when_outputs_outgrow_the_pool_sglang_retracts_and_every_request_finishes() -> None:
