@@ -340,6 +340,11 @@ class DatasetName(str, Enum):
     trace = "trace"
 
 
+class EosModelName(str, Enum):
+    instruct = "instruct"
+    base = "base"
+
+
 class RampUpStrategy(str, Enum):
     linear = "linear"
     exponential = "exponential"
@@ -384,6 +389,21 @@ def bench_serve_cmd(
     random_prefix_len: Annotated[
         int, typer.Option("--random-prefix-len", min=0, help="tokens every prompt shares, first")
     ] = 0,
+    ignore_eos: Annotated[
+        bool,
+        typer.Option(
+            "--ignore-eos",
+            help="generate every request's full output length; without it ShareGPT requests "
+            "stop where the model emits EOS (random ones never do, as in vLLM)",
+        ),
+    ] = False,
+    eos_model: Annotated[
+        EosModelName,
+        typer.Option(
+            "--eos-model",
+            help="the measured stop profile when EOS is honoured: instruct or base checkpoints",
+        ),
+    ] = EosModelName.instruct,
     num_prompts: Annotated[int, typer.Option("--num-prompts")] = 1000,
     request_rate: Annotated[float, typer.Option("--request-rate")] = float("inf"),
     burstiness: Annotated[float, typer.Option("--burstiness")] = 1.0,
@@ -544,6 +564,9 @@ def serve_workload(flags: dict[str, Any]) -> WorkloadSpec:
             "ramp_up": ramp_up(*(flags[name] for name in rate_flags)),
             "prefix": {"tokens": prefix} if prefix else None,
             "sampling": {name: flags[name] for name in SAMPLING_FLAGS},
+            # vLLM: --ignore-eos, or its random dataset, which sets it
+            "ignore_eos": flags["ignore_eos"] or None,
+            "eos_model": flags["eos_model"].value,
         },
         source="bench serve",
     )

@@ -256,9 +256,8 @@ def parse_offload_flag(text: str | None) -> OffloadSpec | None:
 
 
 # vLLM benchmark flags about the client, the tokenizer or warm-up, not the engine: accepted so
-# that a `vllm bench` command line runs as it is, with no effect on the prediction (llmsim
-# always generates each request's full output length, as --ignore-eos asks). True: the flag
-# takes a value.
+# that a `vllm bench` command line runs as it is, with no effect on the prediction. True: the
+# flag takes a value. (--ignore-eos is `bench serve`'s own option: it changes the lengths.)
 NOOP_FLAGS = {
     "--backend": True,
     "--endpoint": True,
@@ -276,7 +275,6 @@ NOOP_FLAGS = {
     "--ready-check-timeout-sec": True,
     "--append-result": False,
     "--profile": False,
-    "--ignore-eos": False,
     "--disable-tqdm": False,
     "--trust-remote-code": False,
     "--disable-detokenize": False,

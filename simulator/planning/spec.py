@@ -33,7 +33,7 @@ from simulator.specs.loader import (
 )
 from simulator.specs.scenario import SchedulerOverrides, dataset_beside
 from simulator.specs.serving import KVTransferSpec, RouterSpec
-from simulator.specs.workload import DatasetSpec, SamplingSpec, WorkloadSpec
+from simulator.specs.workload import DatasetSpec, EosModel, SamplingSpec, WorkloadSpec
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # what vLLM's --goodput accepts
@@ -225,6 +225,8 @@ class PlanWorkload(Frozen):
     max_input_len: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     max_output_len: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)  # greedy unless set
+    ignore_eos: bool | None = None  # as WorkloadSpec's: null, ShareGPT outputs stop at EOS
+    eos_model: EosModel = "instruct"
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanWorkload:
@@ -262,6 +264,8 @@ class PlanWorkload(Frozen):
             max_input_len=self.max_input_len,
             max_output_len=self.max_output_len,
             sampling=self.sampling,
+            ignore_eos=self.ignore_eos,
+            eos_model=self.eos_model,
         )
 
 

@@ -326,7 +326,8 @@ def bench_throughput(
     benchmark does (OFFLINE_BENCH_SAMPLING); returns the run and its summary. The prompts are
     random ones of `input_len` and `output_len` tokens (None: RandomDataset's defaults, vLLM's),
     or `dataset` (a workload dataset mapping, e.g. `{"name": "sharegpt", "path": ...}`), as
-    vLLM's --dataset-name picks.
+    vLLM's --dataset-name picks. Every request generates its full output length (vLLM's
+    benchmark sets ignore_eos).
     `prefix_len`: vLLM's --prefix-len, a prefix shared by every prompt, before its input_len
     tokens. `engine_args`: as in `bench_scenario`."""
     random = {"name": "random", "input_len": input_len, "output_len": output_len}
@@ -336,6 +337,8 @@ def bench_throughput(
         "request_rate": math.inf,
         "prefix": {"tokens": prefix_len} if prefix_len else None,
         "sampling": OFFLINE_BENCH_SAMPLING,  # as vLLM's benchmark samples
+        # vllm/benchmarks/throughput.py: SamplingParams(..., ignore_eos=True), every dataset
+        "ignore_eos": True,
     }
     workload = validate(WorkloadSpec, data, source="bench")
     scenario = bench_scenario(

@@ -98,6 +98,7 @@ def default_scheduler(
         "max_num_batched_tokens": engine.step_tokens(chunked=chunked, max_model_len=max_model_len),
         "chunked_prefill": chunked,
         "watermark": sched.watermark,
+        "admission": sched.new_token_ratio if not mixed else None,
     }
     return SchedulerSpec(**(values | given))
 

@@ -35,7 +35,7 @@ from simulator.metrics.recorder import Recorder
 from simulator.serving.kv_cache import BlockManager
 from simulator.serving.kv_tiers import TieredBlockManager
 from simulator.serving.request import Request
-from simulator.serving.scheduler import StepPlan, enqueue, schedule
+from simulator.serving.scheduler import AdmissionState, StepPlan, enqueue, schedule
 from simulator.serving.speculative import Acceptance
 from simulator.serving.steptime import StepTimer
 from simulator.specs.serving import SchedulerSpec
@@ -94,6 +94,8 @@ class Replica:
         # decode block (0 at a block boundary, where the scheduler runs)
         self._multi_step = scheduler.num_scheduler_steps
         self._block_left = 0
+        # SGLang's new_token_ratio admission: the ratio, which every decode step moves
+        self.admission = AdmissionState.of(scheduler)
         self.process = env.process(self.run())
 
     # -- the router's view ----------------------------------------------------------------------
@@ -129,7 +131,13 @@ class Replica:
                     self.kv.extend(self.running, 1)  # the first step's slots, as scheduled
                     yield from self._decode_segment(list(self.running), steps)
                     continue
-            plan = schedule(self.spec, running=self.running, waiting=self.waiting, kv=self.kv)
+            plan = schedule(
+                self.spec,
+                running=self.running,
+                waiting=self.waiting,
+                kv=self.kv,
+                state=self.admission,
+            )
             if plan.loads:
                 self._start_loads(plan.loads)
             if not plan.entries and (self._loading or (plan.preempted and self.kv.async_loads)):
@@ -163,6 +171,8 @@ class Replica:
             return False
         if self.spec.kind == "static":
             return False
+        if self.admission is not None:  # its room changes every step: ask the scheduler
+            return True
         head = self.waiting[0]
         hit = self.kv.prefix_hit(head) if self.kv.prefix_caching else 0
         budget = self.spec.max_num_batched_tokens
@@ -326,6 +336,8 @@ class Replica:
                 if self.env.now < ends[done - 1]:
                     yield self.env.timeout(ends[done - 1] - self.env.now)
         self._block_left = (left - done) % block
+        if self.admission is not None and self.spec.admission is not None:
+            self.admission.decayed(self.spec.admission, done)
         self._apply_segment(reqs, done, ends[:done], start)
 
     def _steps_kv_allows(self, reqs: list[Request], steps: int) -> int:

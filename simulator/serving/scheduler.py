@@ -40,6 +40,24 @@ those tokens count as computed and the rest is scheduled as usual (`continuous` 
 or, when the tiers load between steps, the request leaves the queue until its blocks are in
 (`loads`; the replica puts it back at the front).
 
+Admission by new_token_ratio (`admission`, SGLang's PrefillAdder; `prefill_first` only): the
+KV room left for new requests is the pool's free tokens less the running requests' remaining
+outputs (each at most `clip_max_new_tokens`) times the ratio; the head of the queue joins only
+if its prompt plus its max_new_tokens (clipped) is less than that room, and each request that
+joins takes its prompt and full max_new_tokens out of it (a prompt cut into chunks, its chunk
+alone). The ratio (`AdmissionState`, one per replica) falls by `decay` every decode step to
+`min_ratio` and is `init_ratio` again when nothing runs. A decode step whose tokens do not fit
+retracts requests instead of preempting the latest: the ones with the fewest output tokens
+(the longest prompt among equals) go back to the end of the queue, recomputed later, until
+the pool has `retract_decode_steps` tokens for each one left (0.3, 0.4) or, with
+`retract_until_next_step` (0.5), at least one and then until the next decode step fits; the
+ratio becomes (tokens decoded
++ retract_decode_steps x requests left) / their max_new_tokens, at most 1. max_new_tokens is
+the request's output length here (what the client asks with ignore_eos). With nothing running
+the head joins whenever its prompt fits (llmsim's guard, not SGLang's): a retracted request
+asking for its prompt, its outputs so far and its full max_new_tokens could otherwise wait for
+ever.
+
 Multi-step scheduling (`num_scheduler_steps` N > 1, vLLM V0): the scheduler decides once per N
 decode steps, so a request that arrives during a block of decodes waits for its end; the
 replica loop keeps the blocks (serving/replica.py), the policies above are unchanged.
@@ -56,7 +74,23 @@ from dataclasses import dataclass, field
 
 from simulator.serving.kv_cache import BlockManager
 from simulator.serving.request import Request
-from simulator.specs.serving import SchedulerSpec
+from simulator.specs.serving import NewTokenRatio, SchedulerSpec
+
+
+@dataclass(slots=True)
+class AdmissionState:
+    """SGLang's new_token_ratio as it evolves on one replica (see the module doc)."""
+
+    ratio: float
+
+    @classmethod
+    def of(cls, spec: SchedulerSpec) -> AdmissionState | None:
+        adm = spec.admission
+        return None if adm is None else cls(adm.init_ratio)
+
+    def decayed(self, adm: NewTokenRatio, steps: int = 1) -> None:
+        """After `steps` decode steps that found room."""
+        self.ratio = max(self.ratio - steps * adm.decay, adm.min_ratio)
 
 
 @dataclass(slots=True)
@@ -166,13 +200,21 @@ def _admit(
     plan: StepPlan,
     *,
     chunked: bool,
+    room: float | None = None,
 ) -> int:
+    """Admit waiting requests in queue order while the budget, max_num_seqs and the KV cache
+    allow and, with `room` (new_token_ratio admission), while their prompt and clipped output
+    stay below it."""
+    clip = spec.admission.clip_max_new_tokens if spec.admission is not None else 0
     while waiting and budget > 0 and len(running) < spec.max_num_seqs:
         req = waiting[0]
         hit = kv.prefix_hit(req) if kv.prefix_caching else 0  # cached tokens to start from
         remaining = req.remaining - hit
         if not chunked and remaining > budget:
             break
+        max_new = min(req.output_len, clip)
+        if room is not None and running and remaining + max_new >= room:
+            break  # with nothing running the head joins if its prompt fits (see above)
         n = min(remaining, budget)
         if not kv.can_admit(req, n, hit=hit):
             if not running and kv.async_loads and _drop_loaded(waiting, kv):
@@ -192,7 +234,55 @@ def _admit(
         running.append(req)
         plan.entries.append((req, n))
         budget -= n
+        if room is not None:
+            room -= n + (max_new if n == remaining else 0)
     return budget
+
+
+def _room(spec: SchedulerSpec, running: list[Request], kv: BlockManager, ratio: float) -> float:
+    """KV tokens left for new requests under new_token_ratio admission: the free (and
+    evictable) pool less the running requests' remaining outputs x the ratio."""
+    assert spec.admission is not None
+    clip = spec.admission.clip_max_new_tokens
+    reserved = sum([min(r.output_len - r.num_output, clip) for r in running]) * ratio
+    return kv.free * kv.block_size - reserved
+
+
+def _retract(
+    spec: SchedulerSpec,
+    running: list[Request],
+    waiting: deque[Request],
+    kv: BlockManager,
+    plan: StepPlan,
+    state: AdmissionState,
+) -> None:
+    """SGLang's decode step: if the pool has no room for every running request's next token,
+    retract requests (see the module doc) and re-estimate the ratio; else decay it."""
+    adm = spec.admission
+    assert adm is not None
+    if sum([kv.needed(r, 1) for r in running]) <= kv.free:
+        state.decayed(adm)
+        return
+    keep = sorted(running, key=lambda r: (r.num_output, -r.prompt_len), reverse=True)
+
+    def short(first: bool) -> bool:
+        if adm.retract_until_next_step:  # 0.5: one at least, then until the next step fits
+            return first or sum([kv.needed(r, 1) for r in keep]) > kv.free
+        return kv.free * kv.block_size < len(keep) * adm.retract_decode_steps
+
+    first = True
+    while len(keep) > 1 and short(first):
+        first = False
+        victim = keep.pop()
+        running.remove(victim)
+        kv.release(victim)
+        victim.num_computed = 0
+        victim.preemptions += 1
+        plan.preempted.append(victim)
+        enqueue(victim, waiting, spec, front=False)  # to the end of the queue
+    decoded = sum([r.num_output for r in running])
+    asked = sum([r.output_len for r in running])
+    state.ratio = min(1.0, (decoded + adm.retract_decode_steps * len(running)) / max(asked, 1))
 
 
 def _continue_prompts(running: list[Request], kv: BlockManager, budget: int, plan: StepPlan) -> int:
@@ -226,10 +316,16 @@ def _drop_loaded(waiting: deque[Request], kv: BlockManager) -> bool:
 
 
 def schedule(
-    spec: SchedulerSpec, *, running: list[Request], waiting: deque[Request], kv: BlockManager
+    spec: SchedulerSpec,
+    *,
+    running: list[Request],
+    waiting: deque[Request],
+    kv: BlockManager,
+    state: AdmissionState | None = None,
 ) -> StepPlan:
     """Decide the next step (mutating the queues and KV blocks; token counters only to start a
-    request from its cached prefix)."""
+    request from its cached prefix). `state`: the replica's new_token_ratio where the spec
+    admits by it (None: a fresh one at its initial ratio)."""
     plan = StepPlan()
     budget = spec.max_num_batched_tokens
     match spec.kind:
@@ -238,10 +334,22 @@ def schedule(
             if not plan.preempted:
                 _admit(spec, running, waiting, kv, budget, plan, chunked=spec.chunked_prefill)
         case "prefill_first":
+            if spec.admission is not None and state is None:
+                state = AdmissionState(spec.admission.init_ratio)
+            if state is not None and not running:  # an idle server starts over (SGLang)
+                assert spec.admission is not None
+                state.ratio = spec.admission.init_ratio
             if spec.chunked_prefill:
                 budget = _continue_prompts(running, kv, budget, plan)
-            _admit(spec, running, waiting, kv, budget, plan, chunked=spec.chunked_prefill)
+            room = None if state is None else _room(spec, running, kv, state.ratio)
+            if room is not None:
+                room -= sum([n for _, n in plan.entries])  # the chunks continuing
+            _admit(
+                spec, running, waiting, kv, budget, plan, chunked=spec.chunked_prefill, room=room
+            )
             if not plan.entries:
+                if state is not None and running:
+                    _retract(spec, running, waiting, kv, plan, state)
                 _schedule_running(spec, running, kv, waiting, budget, plan)
         case "static":
             if not running:  # the next batch joins together, then runs to completion

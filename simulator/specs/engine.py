@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from simulator.errors import SpecError
 from simulator.specs._base import Bytes, Frozen, Seconds
@@ -154,6 +154,29 @@ class PenaltyCost(LogitsPass):
     host_s_per_padded: Seconds = Field(ge=0)
 
 
+class NewTokenRatio(Frozen):
+    """SGLang's admission by new_token_ratio (serving/scheduler.py): a waiting request joins
+    only if the KV pool holds its prompt and its (clipped) max_new_tokens on top of the running
+    requests' remaining outputs scaled by the ratio; the ratio falls by `decay` each decode step
+    to `min_ratio`, is `init_ratio` again when the server idles, and is re-estimated when a
+    decode step finds no room and requests are retracted (preempted by recompute)."""
+
+    init_ratio: float = Field(gt=0, le=1)
+    min_ratio: float = Field(ge=0, le=1)
+    decay: float = Field(ge=0, le=1)  # per decode step
+    retract_decode_steps: int = Field(ge=1)  # decode steps of room a retraction leaves
+    clip_max_new_tokens: int = Field(ge=1)  # max_new_tokens counted at most this
+    # how far a retraction goes: False, until retract_decode_steps tokens per request left are
+    # free (0.3, 0.4); True, at least one request, then until the next decode step fits (0.5)
+    retract_until_next_step: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> NewTokenRatio:
+        if self.min_ratio > self.init_ratio:
+            raise ValueError("min_ratio must not exceed init_ratio")
+        return self
+
+
 class SchedulerDefaults(Frozen):
     max_num_seqs: int = Field(gt=0)
     max_num_batched_tokens: int = Field(gt=0)
@@ -203,6 +226,12 @@ class SchedulerDefaults(Frozen):
     )
     prefix_caching: bool = Field(
         default=False, description="automatic prefix caching on unless turned off"
+    )
+    new_token_ratio: NewTokenRatio | None = Field(
+        default=None,
+        description="SGLang's admission: the KV pool must hold the running requests' remaining "
+        "outputs x a ratio that decays per decode step, and decode steps that find no room "
+        "retract requests; None: a request joins when its prompt fits (vLLM, TensorRT-LLM)",
     )
     static_reserve: StaticReserve | None = Field(
         default=None,

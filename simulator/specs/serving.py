@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from simulator.errors import SpecError
 from simulator.specs._base import BytesPerS, Frozen, Seconds
+from simulator.specs.engine import NewTokenRatio
 from simulator.specs.loader import validate
 
 
@@ -30,6 +31,9 @@ class SchedulerSpec(Frozen):
     # Multi-step scheduling (vLLM V0's --num-scheduler-steps): decode batches run in blocks of
     # this many steps per scheduler call; see serving/replica.py.
     num_scheduler_steps: int = Field(default=1, ge=1)
+    # SGLang's admission by new_token_ratio (prefill_first only); None: a request joins when
+    # its prompt's KV blocks fit (vLLM).
+    admission: NewTokenRatio | None = None
 
 
 RouterKind = Literal["round_robin", "least_outstanding", "least_kv", "power_of_two"]

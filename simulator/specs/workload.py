@@ -23,6 +23,10 @@ SHAREGPT_MAX_PROMPT_LEN = 1024
 
 SHAREGPT_MAX_TOTAL_LEN = 2048
 
+# Which measured stop profile (simulator/workload/eos_stop.yaml) shortens the outputs of a
+# dataset with reference answers when EOS is honoured: instruction-tuned or base checkpoints.
+EosModel = Literal["instruct", "base"]
+
 
 class RandomDataset(Frozen):
     """vLLM's `--dataset-name random` (defaults are vLLM's)."""
@@ -246,6 +250,17 @@ class WorkloadSpec(Frozen):
     sessions: Sessions | None = None  # multi-turn conversations
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)  # greedy unless set
     ramp_up: RampUp | None = None  # the rate grows over the run (instead of request_rate)
+    # vLLM's --ignore-eos. True: every request generates its dataset's output length. False:
+    # a dataset with reference answers (sharegpt) stops where the model emits EOS
+    # (simulator/workload/eos.py). None: as `vllm bench serve` does, True for random, False
+    # otherwise. Trace datasets hold generated lengths: neither shortens them.
+    ignore_eos: bool | None = None
+    eos_model: EosModel = "instruct"  # the stop profile when EOS is honoured
+
+    @property
+    def stops_at_eos(self) -> bool:
+        """Whether outputs are shortened where the model emits EOS (see ignore_eos)."""
+        return self.dataset.name == "sharegpt" and not self.ignore_eos
 
     @property
     def shares_content(self) -> bool:
@@ -282,6 +297,11 @@ class WorkloadSpec(Frozen):
                     "When using ramp-up, do not specify --request-rate. The request rate will "
                     "be controlled by ramp-up parameters."
                 )
+        if name == "random" and self.ignore_eos is False:
+            raise ValueError(  # vLLM sets ignore_eos for its random dataset whatever is asked
+                "ignore_eos false needs a dataset with reference answers (sharegpt); random "
+                "prompts have none, and `vllm bench serve` ignores EOS with them"
+            )
         mix = self.priority_mix
         if mix is not None and (min(mix) < 0 or not math.isclose(sum(mix), 1.0, abs_tol=1e-6)):
             raise ValueError("priority_mix must be non-negative shares that sum to 1")

@@ -163,6 +163,21 @@ def row_engine_args(row: pd.Series, **flags: Any) -> EngineArgs:
     )
 
 
+# Whether each harness sends ignore_eos (every request generates its full output length).
+# sglang.bench_serving: on unless --disable-ignore-eos (sgl-project/sglang
+# python/sglang/bench_serving.py, each request function's payload `"ignore_eos": not
+# args.disable_ignore_eos`); vllm bench throughput and benchmark_latency: SamplingParams(...,
+# ignore_eos=True) (vllm/benchmarks/throughput.py, latency.py); trtllm-bench and
+# gptSessionBenchmark: the fixed output lengths they are given, run to the end.
+HARNESS_IGNORES_EOS = {
+    "sglang.bench_serving": True,
+    "vllm bench throughput": True,
+    "benchmark_latency": True,
+    "trtllm-bench": True,
+    "gptSessionBenchmark": True,
+}
+
+
 # Harnesses that run the engine in-process on token ids (vLLM's LLM class, trtllm-bench's
 # own executor), not behind its API server: the `offline` entrypoint.
 OFFLINE_HARNESSES = ("vllm bench throughput", "trtllm-bench")
@@ -174,6 +189,9 @@ def _scenario(row: pd.Series, *, num_prompts: int, rate: float) -> Scenario:
     greedy), at the entrypoint it ran (OFFLINE_HARNESSES in-process, the others against the
     API server, whose front-end the engine profile prices)."""
     offline = row["harness"] == "vllm bench throughput"
+    if row["harness"] not in HARNESS_IGNORES_EOS:
+        known = ", ".join(HARNESS_IGNORES_EOS)
+        raise SpecError(f"unknown harness {row['harness']!r} ({known})", field="harness")
     workload = validate(
         WorkloadSpec,
         {
@@ -181,6 +199,7 @@ def _scenario(row: pd.Series, *, num_prompts: int, rate: float) -> Scenario:
             "num_prompts": num_prompts,
             "request_rate": rate,
             "sampling": OFFLINE_BENCH_SAMPLING if offline else SamplingSpec(),
+            "ignore_eos": HARNESS_IGNORES_EOS[row["harness"]],
         },
         source=f"e2e {row['source']}",
     )

@@ -22,6 +22,11 @@ dataset's timestamps, shifted to start at 0 and multiplied by `time_scale`. `ram
 (linear) or start x (end / start) ** (i / (n - 1)) (exponential) for the gap before it, drawn
 as above, without the rescaling (vLLM skips it under a ramp-up).
 
+Output lengths: a dataset with reference answers (sharegpt) gives each request its answer's
+length; unless the workload ignores EOS (vLLM's --ignore-eos, `ignore_eos`), the request stops
+earlier where the model emits EOS (`eos.py`, drawn from a generator spawned from `rng`, so that
+the other draws are the same either way).
+
 For the datasets' own limits see `datasets.py`.
 """
 
@@ -45,6 +50,7 @@ from simulator.specs.workload import (
     WorkloadSpec,
 )
 from simulator.workload.datasets import random_lengths, sharegpt_lengths
+from simulator.workload.eos import eos_stopped, stop_profile
 from simulator.workload.sharing import (
     Content,
     add_prefix,
@@ -140,9 +146,10 @@ class RequestTable:
 
 
 def generate_requests(spec: WorkloadSpec, *, rng: np.random.Generator) -> RequestTable:
-    """The requests `spec` describes. Lengths are drawn before arrivals, from the same `rng`;
-    then priorities, shared prefixes and think times (each only when asked for, so adding one
-    leaves the earlier draws alone).
+    """The requests `spec` describes. Lengths are drawn before arrivals, from the same `rng`
+    (where outputs stop at EOS, from a generator spawned from it); then priorities, shared
+    prefixes and think times (each only when asked for, so adding one leaves the earlier draws
+    alone).
 
     A trace dataset without arrival 'trace' gives the lengths of its first num_prompts rows in
     file order (a contiguous slice of real traffic); when num_prompts exceeds the rows, the extra
@@ -151,6 +158,9 @@ def generate_requests(spec: WorkloadSpec, *, rng: np.random.Generator) -> Reques
     """
     timestamps, trace = _dataset_rows(spec, rng)
     prompt, output = trace.prompt_len, trace.output_len
+    if spec.stops_at_eos:  # a stream of its own: the draws after it are those of ignore_eos
+        hazard = stop_profile(spec.eos_model).hazard
+        output = eos_stopped(output, hazard=hazard, rng=rng.spawn(1)[0])
     if spec.max_output_len is not None:  # before sessions: replies become later prompts
         output = np.minimum(output, spec.max_output_len)
     content = _trace_content(trace)

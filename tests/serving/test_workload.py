@@ -224,8 +224,8 @@ def test_a_million_random_requests_are_drawn_without_a_python_loop() -> None:
 # -- sharegpt -----------------------------------------------------------------------------------
 def test_sharegpt_matches_vllm_bench_means_and_filter() -> None:
     # vllm bench serve, ShareGPT_V3, Llama-3.1 tokenizer, 1000 prompts: 215,196 input tokens and
-    # about 199k output tokens (vllm-project/vllm PR #15720).
-    table = make_requests(make_spec({"name": "sharegpt"}, num_prompts=20_000))
+    # about 199k output tokens (vllm-project/vllm PR #15720): the reference lengths it asks for
+    table = make_requests(make_spec({"name": "sharegpt"}, num_prompts=20_000, ignore_eos=True))
     assert table.prompt_len.mean() == pytest.approx(215.2, rel=0.10)
     assert table.output_len.mean() == pytest.approx(199.0, rel=0.10)
     assert table.prompt_len.min() >= 4 and table.output_len.min() >= 4
@@ -246,7 +246,8 @@ def test_sharegpt_prompt_spread_is_the_one_fitted_to_vllms_lengths() -> None:
 
 
 def test_sharegpt_output_override() -> None:
-    table = make_requests(make_spec({"name": "sharegpt", "output_len": 2000}, num_prompts=200))
+    spec = make_spec({"name": "sharegpt", "output_len": 2000}, num_prompts=200, ignore_eos=True)
+    table = make_requests(spec)
     assert np.all(table.output_len == 2000) and table.prompt_len.max() <= 48
 
 
