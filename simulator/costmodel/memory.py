@@ -32,7 +32,13 @@ from simulator.errors import SpecError
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec, KvBudget
 from simulator.specs.hardware import HardwareSpec
-from simulator.specs.model import DTYPE_BYTES, GQAttention, ModelSpec
+from simulator.specs.model import (
+    DTYPE_BYTES,
+    GQAttention,
+    ModelSpec,
+    kv_bytes_per_elem,
+    kv_residual_tokens,
+)
 from simulator.specs.offload import OffloadSpec
 from simulator.units import GiB
 
@@ -135,10 +141,13 @@ class MemoryPlan:
     offload: OffloadPlan | None = None
     min_cpu_offload_gib: int | None = None  # the least --cpu-offload-gb that fits (no fit)
     kv_budget: KvBudget = "total"  # what usable_bytes' fraction of capacity applies to
+    residual_bytes: float = 0.0  # 16-bit windows of recent tokens of a low-bit KV format
+    hold: KvHold | None = None  # what a sequence keeps when sliding windows cap it
 
     @property
     def kv_cache_bytes(self) -> float:
         resident = self.weights_bytes + self.staging_bytes + self.reserve_bytes
+        resident += self.residual_bytes
         if self.kv_budget == "static":  # activations live outside the static pool
             return self.usable_bytes - resident
         if self.kv_budget == "free":  # the fraction applies to what is left
@@ -160,7 +169,8 @@ class MemoryPlan:
 
     def max_batch(self, *, seq_len: int) -> int:
         """Largest number of sequences of `seq_len` tokens whose KV fits at once."""
-        blocks_per_seq = -(-seq_len // self.block_size)
+        held = seq_len if self.hold is None else self.hold.tokens(seq_len)
+        blocks_per_seq = -(-held // self.block_size)
         return self.kv_capacity_blocks // max(1, blocks_per_seq)
 
     def summary(self) -> str:
@@ -206,21 +216,71 @@ class MemoryPlan:
             "kv_capacity_blocks": self.kv_capacity_blocks,
             "block_size": self.block_size,
             "kv_budget": self.kv_budget,
+            "residual_bytes": self.residual_bytes,
             "fits": self.fits,
         }
 
 
-def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: Precision) -> float:
-    """KV bytes one token occupies on one device: its stage's layers, its share of KV heads
-    (replicated when there are fewer KV heads than TP ranks; MLA's latent is replicated)."""
+def _kv_elems_per_token_per_device(model: ModelSpec, layout: Parallelism) -> int:
     attn = model.attention
     elems = (
         2 * max(1, attn.num_kv_heads // layout.tp) * attn.head_dim
         if isinstance(attn, GQAttention)
         else attn.kv_elems_per_token
     )
-    layers = -(-model.num_layers // layout.pp)
-    return float(elems * layers * DTYPE_BYTES[prec.kv_cache])
+    return elems * -(-model.num_layers // layout.pp)
+
+
+def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: Precision) -> float:
+    """KV bytes one token occupies on one device: its stage's layers, its share of KV heads
+    (replicated when there are fewer KV heads than TP ranks; MLA's latent is replicated); a
+    low-bit format's scales and zero points included (`specs.model.kv_bytes_per_elem`)."""
+    elems = _kv_elems_per_token_per_device(model, layout)
+    return float(elems * kv_bytes_per_elem(prec.kv_cache))
+
+
+def kv_residual_bytes(
+    model: ModelSpec, layout: Parallelism, prec: Precision, *, max_seqs: int
+) -> float:
+    """The 16-bit window of recent tokens a low-bit KV format keeps per sequence (KIVI's R
+    tokens, `specs.model.kv_residual_tokens`), for `max_seqs` sequences: set aside on top of
+    the quantized blocks, what R tokens cost in 16 bits beyond their quantized bytes."""
+    residual = kv_residual_tokens(prec.kv_cache)
+    if not residual:
+        return 0.0
+    extra = DTYPE_BYTES[prec.activations] - kv_bytes_per_elem(prec.kv_cache)
+    return float(max_seqs * residual * _kv_elems_per_token_per_device(model, layout) * extra)
+
+
+@dataclass(frozen=True, slots=True)
+class KvHold:
+    """What a sequence's KV holds, in tokens at the plan's `kv_bytes_per_token` (all layers),
+    where sliding-window layers keep only the last `window` tokens: a `window_share` of the
+    bytes (the window layers' share of all layers) stops growing at the window, the rest grows
+    with every token. vLLM V1 frees the blocks of sliding-window layers that fall outside the
+    window (its hybrid KV cache manager, vllm/v1/core/single_type_kv_cache_manager.py)."""
+
+    window: int
+    window_share: float
+
+    def tokens(self, computed: int) -> int:
+        """Tokens' worth of KV a sequence with `computed` tokens holds."""
+        local = min(computed, self.window)
+        return math.ceil((1.0 - self.window_share) * computed + self.window_share * local)
+
+    def most_tokens(self, computed: np.ndarray) -> np.ndarray:
+        """`tokens` of each of `computed` (a sequence's peak: its KV never shrinks)."""
+        c = np.asarray(computed, dtype=float)
+        local = np.minimum(c, self.window)
+        return np.ceil((1.0 - self.window_share) * c + self.window_share * local).astype(int)
+
+
+def kv_hold(model: ModelSpec) -> KvHold | None:
+    """The model's KvHold, or None where every layer keeps every token."""
+    window = model.attention.sliding_window
+    if window is None or window >= model.max_position_embeddings:
+        return None
+    return KvHold(window=window, window_share=model.num_window_layers / model.num_layers)
 
 
 def pick(value: T | None, default: T) -> T:
@@ -278,6 +338,8 @@ def plan_memory(
         kv_bytes_per_token=kv_bytes_per_token_per_device(model, layout, prec),
         block_size=sched.block_size,
         kv_budget=sched.kv_budget,
+        residual_bytes=kv_residual_bytes(model, layout, prec, max_seqs=max_seqs),
+        hold=kv_hold(model),
     )
     offloaded = partial(with_offload, base, model, hw, layout, prec, max_tokens=max_tokens)
     plan = base

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from simulator.costmodel.batch import BatchShape, Num
+from simulator.costmodel.batch import BatchShape, Num, windowed
 from simulator.costmodel.elementwise_kernels import rms_norm, rotary
 from simulator.costmodel.ffn_ops import (
     dispatch_ops,
@@ -44,7 +44,14 @@ from simulator.costmodel.op import (
 )
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import LogitsPass
-from simulator.specs.model import DTYPE_BYTES, GQAttention, MLAttention, ModelSpec
+from simulator.specs.model import (
+    DTYPE_BYTES,
+    GQAttention,
+    MLAttention,
+    ModelSpec,
+    kv_bytes_per_elem,
+    kv_residual_tokens,
+)
 
 __all__ = [
     "BATCH_PARTS",
@@ -87,11 +94,26 @@ def attention_ops(
     """Flash-style attention of a mixed batch, per device: one varlen prefill kernel over all
     chunks (causal, each chunk reading its cached prefix) and one paged decode kernel (those of
     `parts`: the prefill kernel reads only the batch's prefill fields, the decode kernel only
-    its decode fields)."""
-    a, kvb = DTYPE_BYTES[prec.activations], DTYPE_BYTES[prec.kv_cache]
+    its decode fields).
+
+    A KV cache below 8 bits (`specs.model.KV_QUANT_FORMATS`) is dequantized inside the
+    attention kernels, as KIVI's CUDA kernel fuses dequantization with the Q.K and P.V
+    products (arXiv 2402.02750, sec. 4.3) and COMET's with its attention (arXiv 2410.12168):
+    they read the packed KV with its scales and zero points, and decode reads each sequence's
+    16-bit residual window beside it; new tokens pay a `kv_quantize` kernel (read 16-bit K/V,
+    write them packed)."""
+    a, kvb = DTYPE_BYTES[prec.activations], kv_bytes_per_elem(prec.kv_cache)
     kv_elems = 2 * kv_heads * head_dim  # K and V per token
     b = batch
     ops: list[Op] = []
+    if prec.kv_cache in ("int4", "int2"):
+        new_tokens = (b.prefill_tokens if "prefill" in parts else 0.0) + (
+            b.decode_seqs if "decode" in parts else 0.0
+        )
+        ops.append(
+            elementwise("kv_quantize", bytes_=new_tokens * kv_elems * (a + kvb), count=count)
+        )
+    residual = kv_residual_tokens(prec.kv_cache) * kv_elems * (a - kvb)  # per sequence
     if "prefill" in parts:
         ops.append(
             Op(
@@ -119,14 +141,14 @@ def attention_ops(
                 count,
                 flops=4.0 * heads * head_dim * b.decode_kv_tokens,
                 bytes=b.decode_kv_tokens * kv_elems * kvb
-                + b.decode_seqs * (2 * heads * head_dim * a + kv_elems * kvb),
+                + b.decode_seqs * (2 * heads * head_dim * a + kv_elems * kvb + residual),
                 dtype=prec.activations,
                 seq_len=safe_div(b.decode_kv_tokens, b.decode_seqs),
                 batch=b.decode_seqs,
                 heads=heads,
                 kv_heads=kv_heads,
                 kv_dtype=prec.kv_cache,
-                kv_bytes=b.decode_kv_tokens * kv_elems * kvb,
+                kv_bytes=b.decode_kv_tokens * kv_elems * kvb + b.decode_seqs * residual,
                 kv_row_elems=kv_heads * head_dim,
                 scales_with="batch",
             )
@@ -163,17 +185,31 @@ def _gqa_batch_ops(
     b: BatchShape,
     parts: tuple[BatchPart, ...] = BATCH_PARTS,
 ) -> list[Op]:
-    """The GQA ops whose cost depends on the batch's shape (`scales_with="batch"`)."""
+    """The GQA ops whose cost depends on the batch's shape (`scales_with="batch"`). In a
+    hybrid layout (`sliding_window_layers`) the batch is not window-capped (`batch_window`):
+    the global layers attend to all of it and the window layers to `windowed(b)` of it."""
     heads, kv_heads = _gqa_heads(attn, tp)
-    return attention_ops(
+    local = model.num_window_layers if attn.batch_window is None else 0
+    ops = attention_ops(
         heads=heads,
         kv_heads=kv_heads,
         head_dim=attn.head_dim,
         prec=prec,
         batch=b,
-        count=model.num_layers,
+        count=model.num_layers - local,
         parts=parts,
     )
+    if local and attn.sliding_window is not None:
+        ops += attention_ops(
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=attn.head_dim,
+            prec=prec,
+            batch=windowed(b, attn.sliding_window),
+            count=local,
+            parts=parts,
+        )
+    return [op for op in ops if op.count]
 
 
 def _mla_ops(
@@ -214,7 +250,7 @@ def _mla_batch_ops(
     n_layers = model.num_layers
     heads = attn.num_heads // tp
     qk, v, lat = attn.head_dim, attn.v_head_dim, attn.kv_elems_per_token
-    a, kvb = DTYPE_BYTES[prec.activations], DTYPE_BYTES[prec.kv_cache]
+    a, kvb = DTYPE_BYTES[prec.activations], kv_bytes_per_elem(prec.kv_cache)
     nope = attn.qk_nope_head_dim
     ops: list[Op] = []
     if "prefill" in parts:

@@ -337,9 +337,11 @@ class Replica:
             return steps
         computed = np.fromiter((r.num_computed for r in reqs), float, len(reqs))
         held = np.fromiter((r.blocks for r in reqs), float, len(reqs))
+        hold = self.kv.hold
 
         def fits(k: int) -> bool:
-            return float(np.maximum(0.0, np.ceil((computed + k) / size) - held).sum()) <= free
+            tokens = computed + k if hold is None else hold.most_tokens(computed + k)
+            return float(np.maximum(0.0, np.ceil(tokens / size) - held).sum()) <= free
 
         if fits(steps):
             return steps

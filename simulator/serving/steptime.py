@@ -99,7 +99,7 @@ def verify_shape(
     as `tokens` decode queries per sequence, each attending to its prefix, which reads the
     latent cache once per query token: an upper bound on the traffic (FlashMLA reads it once
     per sequence). With tokens = 1 this is exactly `BatchShape.decode`."""
-    window = model.attention.sliding_window
+    window = model.attention.batch_window
     n = np.asarray(num_seqs, dtype=float)
     if tokens == 1:
         kv = np.minimum(np.asarray(context, dtype=float), window or np.inf)
@@ -192,7 +192,7 @@ class StepTimer:
         self._ops = ops
         self._engine = dep.engine
         self._eager = enforce_eager
-        self._window = dep.model.attention.sliding_window
+        self._window = dep.model.attention.batch_window
         self._q = verify_tokens
         self._logits = verify_tokens if verify_logits else 1
         self._draft = draft

@@ -103,13 +103,18 @@ class Precision(Frozen):
 
     weights: WeightDtype
     compute: Literal["fp32", "bf16", "fp16", "fp8", "int8", "fp4"]
-    kv_cache: Literal["fp32", "bf16", "fp16", "fp8"]
+    kv_cache: Literal["fp32", "bf16", "fp16", "fp8", "int4", "int2"]
     activations: Literal["fp32", "bf16", "fp16"]
 
     @property
     def weight_only(self) -> bool:
         """True when quantized weights are dequantised and multiplied in 16-bit."""
         return self.weights in get_args(Quantization) and self.compute in ("bf16", "fp16")
+
+
+# vLLM's --kv-cache-dtype values, and the sub-8-bit formats of `specs.model.KV_QUANT_FORMATS`
+# (KIVI's int2, COMET's int4), which vLLM does not serve.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16", "int4", "int2")
 
 
 def resolve_precision(
@@ -133,9 +138,10 @@ def resolve_precision(
     if weights in ("bf16", "fp16"):
         weights = act
     compute = weights if weights in QUANTISED_COMPUTE and hw.supports(weights) else act
-    if kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16"):
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise SpecError(
-            f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8)", field="kv_cache_dtype"
+            f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8, int4, int2)",
+            field="kv_cache_dtype",
         )
     kv = (
         act

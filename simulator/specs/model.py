@@ -28,7 +28,33 @@ DTYPE_BYTES: dict[str, float] = {
     "int8": 1.0,
     "int4": 0.5,
     "fp4": 0.5,
+    "int2": 0.25,
 }
+
+# KV cache formats below 8 bits: (bits per element, elements per quantization group, each
+# group carrying an fp16 scale and an fp16 zero point, recent tokens kept in 16 bits).
+# int2: KIVI (Liu et al., arXiv 2402.02750, sec. 4 and 5.1): keys quantized per channel and
+# values per token in groups of G = 32, the last R = 128 tokens held in full precision until
+# a group of them is quantized. int4: COMET's KV4 (Liu et al., arXiv 2410.12168, FMPQ):
+# groups of 128 channels with a scale and zero each, no full-precision window.
+KV_QUANT_FORMATS: dict[str, tuple[int, int, int]] = {
+    "int4": (4, 128, 0),
+    "int2": (2, 32, 128),
+}
+
+
+def kv_bytes_per_elem(kv_dtype: str) -> float:
+    """Bytes one cached K or V element occupies at `kv_dtype`, a low-bit format's scales and
+    zero points (two fp16 per group) included."""
+    if kv_dtype in KV_QUANT_FORMATS:
+        bits, group, _ = KV_QUANT_FORMATS[kv_dtype]
+        return bits / 8.0 + 4.0 / group
+    return DTYPE_BYTES[kv_dtype]
+
+
+def kv_residual_tokens(kv_dtype: str) -> int:
+    """Recent tokens of each sequence a low-bit KV format keeps in 16 bits (KIVI's R)."""
+    return KV_QUANT_FORMATS[kv_dtype][2] if kv_dtype in KV_QUANT_FORMATS else 0
 
 
 class GQAttention(Frozen):
@@ -42,6 +68,13 @@ class GQAttention(Frozen):
     o_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = Field(default=None, gt=0, description="tokens attended, or all")
+    sliding_window_layers: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_LAYERS,
+        description="layers that attend within sliding_window (the rest attend to all tokens: "
+        "a hybrid local/global layout, as Gemma-2/3's layer_types); None: every layer",
+    )
 
     @model_validator(mode="after")
     def _groups(self) -> GQAttention:
@@ -55,6 +88,12 @@ class GQAttention(Frozen):
     @property
     def q_dim(self) -> int:
         return self.num_heads * self.head_dim
+
+    @property
+    def batch_window(self) -> int | None:
+        """The window every layer attends within (a batch's attended KV is capped at it), or
+        None: no window, or a hybrid layout whose global layers attend to all tokens."""
+        return self.sliding_window if self.sliding_window_layers is None else None
 
     @property
     def kv_dim(self) -> int:
@@ -88,6 +127,8 @@ class MLAttention(Frozen):
     qk_rope_head_dim: int = Field(gt=0)
     v_head_dim: int = Field(gt=0)
     sliding_window: None = None
+    sliding_window_layers: None = None
+    batch_window: None = None
 
     @property
     def num_kv_heads(self) -> int:
@@ -187,7 +228,20 @@ class ModelSpec(Frozen):
     def _moe_layers(self) -> ModelSpec:
         if self.moe is not None and self.moe.first_dense_layers > self.num_layers:
             raise ValueError("moe.first_dense_layers exceeds num_layers")
+        local = self.attention.sliding_window_layers
+        if local is not None and local > self.num_layers:
+            raise ValueError(
+                f"attention.sliding_window_layers ({local}) exceeds num_layers ({self.num_layers})"
+            )
         return self
+
+    @property
+    def num_window_layers(self) -> int:
+        """Layers attending within the sliding window (0 without one)."""
+        if self.attention.sliding_window is None:
+            return 0
+        local = self.attention.sliding_window_layers
+        return self.num_layers if local is None else local
 
     # -- layer counts ---------------------------------------------------------------------
     @property
@@ -248,7 +302,8 @@ class ModelSpec(Frozen):
 
     def kv_bytes_per_token(self, kv_dtype: str | None = None) -> float:
         """Bytes of KV cache one token occupies across all layers, at `kv_dtype` (default:
-        the model's native activation dtype). Sliding-window layers are counted in full: the
-        block manager does not free blocks outside the window (vLLM V0 behaviour)."""
-        dtype_bytes = DTYPE_BYTES[kv_dtype or self.dtype]
+        the model's native activation dtype), every layer counted (what a token costs while
+        it is inside every window; `costmodel.memory.KvHold` caps what sliding-window layers
+        keep)."""
+        dtype_bytes = kv_bytes_per_elem(kv_dtype or self.dtype)
         return float(self.attention.kv_elems_per_token * self.num_layers * dtype_bytes)
