@@ -29,7 +29,7 @@ import numpy as np
 from simulator.costmodel.offload import OffloadPlan, plan_offload
 from simulator.costmodel.ops import weight_bytes_per_param
 from simulator.errors import SpecError
-from simulator.specs.deployment import Parallelism, Precision
+from simulator.specs.deployment import KvEviction, Parallelism, Precision
 from simulator.specs.engine import EngineSpec, KvBudget
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import (
@@ -167,9 +167,12 @@ class MemoryPlan:
     def kv_capacity_blocks(self) -> int:
         return max(0, int(self.kv_cache_bytes // (self.kv_bytes_per_token * self.block_size)))
 
-    def max_batch(self, *, seq_len: int) -> int:
-        """Largest number of sequences of `seq_len` tokens whose KV fits at once."""
-        held = seq_len if self.hold is None else self.hold.tokens(seq_len)
+    def max_batch(self, *, seq_len: int, prompt_len: int | None = None) -> int:
+        """Largest number of sequences of `seq_len` tokens whose KV fits at once; with a KV
+        token budget, sequences decoding past a prompt of `prompt_len` tokens (default: all
+        of `seq_len` a prompt, held whole)."""
+        prompt = seq_len if prompt_len is None else prompt_len
+        held = seq_len if self.hold is None else self.hold.tokens(seq_len, prompt)
         blocks_per_seq = -(-held // self.block_size)
         return self.kv_capacity_blocks // max(1, blocks_per_seq)
 
@@ -254,33 +257,62 @@ def kv_residual_bytes(
 
 @dataclass(frozen=True, slots=True)
 class KvHold:
-    """What a sequence's KV holds, in tokens at the plan's `kv_bytes_per_token` (all layers),
-    where sliding-window layers keep only the last `window` tokens: a `window_share` of the
-    bytes (the window layers' share of all layers) stops growing at the window, the rest grows
-    with every token. vLLM V1 frees the blocks of sliding-window layers that fall outside the
-    window (its hybrid KV cache manager, vllm/v1/core/single_type_kv_cache_manager.py)."""
+    """What a sequence's KV holds, in tokens at the plan's `kv_bytes_per_token` (all layers).
+    With a token budget (`eviction`) a sequence keeps what its policy keeps once its prompt is
+    in (`KvEviction.held`). Where sliding-window layers keep only the last `window` tokens, a
+    `window_share` of the bytes (the window layers' share of all layers) stops growing at the
+    window and the rest grows with every token: vLLM V1 frees the blocks of sliding-window
+    layers that fall outside the window (its hybrid KV cache manager,
+    vllm/v1/core/single_type_kv_cache_manager.py, SlidingWindowManager)."""
 
-    window: int
-    window_share: float
+    window: int | None = None
+    window_share: float = 0.0
+    eviction: KvEviction | None = None
 
-    def tokens(self, computed: int) -> int:
-        """Tokens' worth of KV a sequence with `computed` tokens holds."""
-        local = min(computed, self.window)
-        return math.ceil((1.0 - self.window_share) * computed + self.window_share * local)
+    def tokens(self, computed: int, prompt: int = 0) -> int:
+        """Tokens' worth of KV a sequence of `prompt` prompt tokens holds with `computed`."""
+        kept = computed if self.eviction is None else self.eviction.held(computed, prompt)
+        if self.window is None:
+            return kept
+        local = min(kept, self.window)
+        # rounded up, less a rounding error (never above `kept`)
+        return min(kept, math.ceil((1.0 - self.window_share) * kept + self.window_share * local))
 
-    def most_tokens(self, computed: np.ndarray) -> np.ndarray:
-        """`tokens` of each of `computed` (a sequence's peak: its KV never shrinks)."""
+    def tokens_of(self, computed: np.ndarray, prompt: np.ndarray) -> np.ndarray:
+        """`tokens` of each sequence (arrays of computed and prompt tokens)."""
         c = np.asarray(computed, dtype=float)
-        local = np.minimum(c, self.window)
-        return np.ceil((1.0 - self.window_share) * c + self.window_share * local).astype(int)
+        kept = c
+        if self.eviction is not None:
+            p = np.asarray(prompt, dtype=float)
+            budget = float(self.eviction.budget_tokens)
+            after = (
+                np.minimum(p, budget) + c - p
+                if self.eviction.policy == "snapkv"
+                else np.minimum(c, budget)
+            )
+            kept = np.where(c <= p, c, after)
+        if self.window is not None:
+            local = np.minimum(kept, self.window)
+            mixed = np.ceil((1.0 - self.window_share) * kept + self.window_share * local)
+            kept = np.minimum(kept, mixed)
+        return kept.astype(int)
+
+    def most_tokens(self, total: np.ndarray, prompt: np.ndarray) -> np.ndarray:
+        """The most `tokens` each sequence holds on its way to `total` tokens: at the end of
+        its prompt (before a budget evicts) or at the end."""
+        p = np.asarray(prompt, dtype=float)
+        return np.maximum(self.tokens_of(np.minimum(total, p), p), self.tokens_of(total, p))
 
 
-def kv_hold(model: ModelSpec) -> KvHold | None:
-    """The model's KvHold, or None where every layer keeps every token."""
+def kv_hold(model: ModelSpec, eviction: KvEviction | None = None) -> KvHold | None:
+    """The KvHold of `model` under `eviction`, or None where every layer keeps every token."""
     window = model.attention.sliding_window
-    if window is None or window >= model.max_position_embeddings:
+    if window is not None and window >= model.max_position_embeddings:
+        window = None
+    if window is None and eviction is None:
         return None
-    return KvHold(window=window, window_share=model.num_window_layers / model.num_layers)
+    share = model.num_window_layers / model.num_layers if window is not None else 0.0
+    return KvHold(window=window, window_share=share, eviction=eviction)
 
 
 def pick(value: T | None, default: T) -> T:
@@ -316,8 +348,9 @@ def plan_memory(
     host_reserved_bytes: float = 0.0,
 ) -> MemoryPlan:
     """The memory budget of the busiest device; see `MemoryPlan.fits`. Knobs left None take
-    the engine's defaults. `offload` moves weights off the device (SpecError if host memory,
-    less `host_reserved_bytes` such as swap space, cannot hold them); a plan that does not fit
+    the engine's defaults; a KV token budget (`prec.kv_eviction`) caps what a sequence holds.
+    `offload` moves weights off the device (SpecError if host memory, less
+    `host_reserved_bytes` such as swap space, cannot hold them); a plan that does not fit
     carries the least `cpu_offload_gb` that would (`min_cpu_offload_gib`)."""
     sched = engine.scheduler
     util = pick(gpu_memory_utilization, sched.gpu_memory_utilization)
@@ -339,7 +372,7 @@ def plan_memory(
         block_size=sched.block_size,
         kv_budget=sched.kv_budget,
         residual_bytes=kv_residual_bytes(model, layout, prec, max_seqs=max_seqs),
-        hold=kv_hold(model),
+        hold=kv_hold(model, prec.kv_eviction),
     )
     offloaded = partial(with_offload, base, model, hw, layout, prec, max_tokens=max_tokens)
     plan = base

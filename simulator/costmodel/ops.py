@@ -46,6 +46,7 @@ from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import LogitsPass
 from simulator.specs.model import (
     DTYPE_BYTES,
+    KV_QUANT_FORMATS,
     GQAttention,
     MLAttention,
     ModelSpec,
@@ -106,15 +107,11 @@ def attention_ops(
     kv_elems = 2 * kv_heads * head_dim  # K and V per token
     b = batch
     ops: list[Op] = []
-    if prec.kv_cache in ("int4", "int2"):
-        new_tokens = (b.prefill_tokens if "prefill" in parts else 0.0) + (
-            b.decode_seqs if "decode" in parts else 0.0
-        )
-        ops.append(
-            elementwise("kv_quantize", bytes_=new_tokens * kv_elems * (a + kvb), count=count)
-        )
+    quantized = prec.kv_cache in KV_QUANT_FORMATS
     residual = kv_residual_tokens(prec.kv_cache) * kv_elems * (a - kvb)  # per sequence
     if "prefill" in parts:
+        if quantized:
+            ops.append(_kv_quantize(b.prefill_tokens, kv_elems * (a + kvb), count))
         ops.append(
             Op(
                 "attention_prefill",
@@ -134,6 +131,8 @@ def attention_ops(
             )
         )
     if "decode" in parts:
+        if quantized:
+            ops.append(_kv_quantize(b.decode_seqs, kv_elems * (a + kvb), count))
         ops.append(
             Op(
                 "attention_decode",
@@ -154,6 +153,78 @@ def attention_ops(
             )
         )
     return ops
+
+
+def _kv_quantize(tokens: Num, bytes_per_token: float, count: float) -> Op:
+    """New tokens' K and V read in 16 bits and written packed with their group scales (KIVI
+    quantizes a residual group of them at a time, the same bytes per token)."""
+    return elementwise(
+        "kv_quantize", bytes_=tokens * bytes_per_token, count=count, scales_with="batch"
+    )
+
+
+def eviction_ops(
+    model: ModelSpec, tp: int, prec: Precision, b: BatchShape, part: BatchPart
+) -> list[Op]:
+    """The kernels a KV token budget adds (`Precision.kv_eviction`), per device, of one part:
+
+    - snapkv, at prefill: the observation window's queries against every prompt key
+      (`snapkv_scores`, w x head_dim by head_dim x prompt per head) and the selection
+      (`snapkv_select`: the scores' softmax, sum over the window, pooling and top-k read and
+      written in fp32, then the kept K/V gathered: at most every prompt token read and written
+      once). Priced per prompt token as the chunks are computed, which over a prompt sums to
+      SnapKV's one pass at its end.
+    - h2o, at decode: the step's attention weights written out (flash kernels keep them on
+      chip) and added to each cached token's accumulated score, whose lowest is evicted
+      (`h2o_scores`: per attended token and query head, fp32 written, read and written back,
+      and read for the arg-min).
+    - streaming: none (the sinks stay and the window is a ring buffer)."""
+    ev = prec.kv_eviction
+    if ev is None:
+        return []
+    attn = model.attention
+    heads = attn.num_heads // tp
+    if isinstance(attn, GQAttention):
+        kv_heads = max(1, attn.num_kv_heads // tp)
+        kv_elems, head_dim = 2 * kv_heads * attn.head_dim, attn.head_dim
+    else:
+        kv_elems, head_dim = attn.kv_elems_per_token, attn.kv_elems_per_token
+    kvb, n = kv_bytes_per_elem(prec.kv_cache), float(model.num_layers)
+    if ev.policy == "snapkv" and part == "prefill":
+        window = float(ev.observation_window)
+        return [
+            Op(
+                "snapkv_scores",
+                "attention_prefill",
+                n,
+                flops=2.0 * heads * head_dim * window * b.prefill_tokens,
+                bytes=b.prefill_tokens * (kv_elems / 2 * kvb + heads * 4.0),
+                dtype=prec.activations,
+                seq_len=window,
+                batch=b.prefill_seqs,
+                heads=heads,
+                kv_heads=heads,
+                kv_dtype=prec.kv_cache,
+                kv_row_elems=kv_elems / 2,
+                scales_with="batch",
+            ),
+            elementwise(
+                "snapkv_select",
+                bytes_=b.prefill_tokens * (heads * 4.0 * 3 + 2 * kv_elems * kvb),
+                count=n,
+                scales_with="batch",
+            ),
+        ]
+    if ev.policy == "h2o" and part == "decode":
+        return [
+            elementwise(
+                "h2o_scores",
+                bytes_=b.decode_kv_tokens * heads * 4.0 * 4,
+                count=n,
+                scales_with="batch",
+            )
+        ]
+    return []
 
 
 def _gqa_ops(
@@ -190,25 +261,29 @@ def _gqa_batch_ops(
     the global layers attend to all of it and the window layers to `windowed(b)` of it."""
     heads, kv_heads = _gqa_heads(attn, tp)
     local = model.num_window_layers if attn.batch_window is None else 0
-    ops = attention_ops(
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=attn.head_dim,
-        prec=prec,
-        batch=b,
-        count=model.num_layers - local,
-        parts=parts,
-    )
-    if local and attn.sliding_window is not None:
+    window = attn.sliding_window
+    ops: list[Op] = []
+    for part in parts:  # all prefill ops first, then all decode ops, as `batch_ops` promises
         ops += attention_ops(
             heads=heads,
             kv_heads=kv_heads,
             head_dim=attn.head_dim,
             prec=prec,
-            batch=windowed(b, attn.sliding_window),
-            count=local,
-            parts=parts,
+            batch=b,
+            count=model.num_layers - local,
+            parts=(part,),
         )
+        if local and window is not None:
+            ops += attention_ops(
+                heads=heads,
+                kv_heads=kv_heads,
+                head_dim=attn.head_dim,
+                prec=prec,
+                batch=windowed(b, window),
+                count=local,
+                parts=(part,),
+            )
+        ops += eviction_ops(model, tp, prec, b, part)
     return [op for op in ops if op.count]
 
 
@@ -281,6 +356,8 @@ def _mla_batch_ops(
                 scales_with="batch",
             ),
         ]
+    if "prefill" in parts:
+        ops += eviction_ops(model, tp, prec, b, "prefill")
     if "decode" in parts:
         ops += [
             gemm(
@@ -321,6 +398,8 @@ def _mla_batch_ops(
                 scales_with="batch",
             ),
         ]
+    if "decode" in parts:
+        ops += eviction_ops(model, tp, prec, b, "decode")
     return ops
 
 

@@ -142,7 +142,7 @@ def _check_requests(
         )
     total = total + spec.num_speculative_tokens  # + lookahead slots
     if plan.hold is not None:
-        total = plan.hold.most_tokens(total)
+        total = plan.hold.most_tokens(total, requests.prompt_len)
     blocks = -(-total // plan.block_size)
     if blocks.max() > plan.kv_capacity_blocks:
         i = int(blocks.argmax())
@@ -203,6 +203,15 @@ def replica_group(
     if drafter is not None:
         plan = drafter.memory(plan)
     if enable_prefix_caching or kv_offload is not None or drafter is not None:
+        if dep.precision.kv_eviction is not None:
+            what = (
+                "prefix caching (--no-enable-prefix-caching turns it off)"
+                if enable_prefix_caching
+                else "KV offload"
+                if kv_offload is not None
+                else "speculative decoding"
+            )
+            raise SpecError(f"a KV token budget with {what} is not modelled", field="kv_budget")
         plan = dataclasses.replace(plan, hold=None)  # those caches hold every token
     if not plan.fits:
         fits = fitting_layouts(

@@ -12,8 +12,9 @@ is shared and `allocate` / `extend` stay the lean loops of `BlockManager`. Tiers
 DRAM, NVMe) extend it in `serving/kv_tiers.py`.
 
 With a `hold` (`costmodel.memory.KvHold`: sliding-window layers keep only their window), a
-request holds the blocks of `hold.tokens(num_computed)` tokens and gives back those its window
-layers no longer need; prefix caching does not apply it (every token is held, as before).
+or a KV token budget (`specs.deployment.KvEviction`), a request holds the blocks of
+`hold.tokens(num_computed, prompt_len)` tokens and gives back those its window layers no
+longer need, or its budget evicted; prefix caching does not apply a hold (every token is held).
 
 Not modelled: block-table fragmentation.
 """
@@ -64,7 +65,7 @@ class BlockManager:
         """More blocks `req` needs to hold `num_new_tokens` more computed tokens."""
         tokens = req.num_computed + num_new_tokens
         if self.hold is not None:
-            tokens = self.hold.tokens(tokens)
+            tokens = self.hold.tokens(tokens, req.prompt_len)
         return max(0, self.blocks_for(tokens) - req.blocks)
 
     def can_admit(self, req: Request, num_new_tokens: int, *, hit: int = 0) -> bool:
@@ -101,9 +102,11 @@ class BlockManager:
         return True
 
     def _allocate_held(self, req: Request, num_new_tokens: int) -> bool:
-        """`allocate` under a hold: blocks the window layers no longer need go back first."""
+        """`allocate` under a hold: blocks the window layers no longer need, or the budget
+        evicted, go back first."""
         assert self.hold is not None
-        need = self.blocks_for(self.hold.tokens(req.num_computed + num_new_tokens)) - req.blocks
+        held = self.hold.tokens(req.num_computed + num_new_tokens, req.prompt_len)
+        need = self.blocks_for(held) - req.blocks
         if need > self.free:
             return False
         self.free -= need  # a negative need gives blocks back

@@ -34,6 +34,8 @@ class EngineArgs:
     None: the engine profile's default (prefix caching: on in vLLM V1, SGLang, TensorRT-LLM).
     `async_scheduling`: vLLM's --async-scheduling (the next step's CPU work overlaps the GPU).
     `max_model_len`: vLLM's --max-model-len (None: the model's context length).
+    `kv_budget`: tokens of KV each sequence keeps after its prompt, chosen by `kv_eviction`
+    (snapkv, h2o, streaming; `specs.deployment.KvEviction`); no vLLM flag.
     Values are checked when the scenario is validated.
     """
 
@@ -44,6 +46,8 @@ class EngineArgs:
     dtype: str = "auto"
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
+    kv_budget: int | None = None
+    kv_eviction: str = "snapkv"
     enforce_eager: bool = False
     max_model_len: int | None = None
     async_scheduling: bool = False
@@ -88,6 +92,8 @@ class EngineArgs:
             "dtype": self.dtype,
             "quantization": self.quantization,
             "kv_cache_dtype": self.kv_cache_dtype,
+            "kv_budget": self.kv_budget,
+            "kv_eviction": self.kv_eviction,
             "enforce_eager": self.enforce_eager,
             "max_model_len": self.max_model_len,
             "async_scheduling": self.async_scheduling,

@@ -1,5 +1,6 @@
 """Long-context KV techniques: KV formats below 8 bits (KIVI's int2, COMET's int4), sliding-window
-and hybrid local/global layer layouts (their KV held, their attention read)."""
+and hybrid local/global layer layouts (their KV held, their attention read), KV token budgets
+(SnapKV, H2O, StreamingLLM)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from factories import gpu_step
 from hypothesis import given, settings
@@ -18,6 +20,8 @@ from simulator.costmodel.memory import KvHold
 from simulator.errors import SpecError
 from simulator.serving.kv_cache import BlockManager
 from simulator.serving.request import Request
+from simulator.serving.steptime import StepTimer
+from simulator.specs.deployment import KvEviction
 from simulator.specs.hf import from_hf_config
 from simulator.specs.model import ModelSpec
 
@@ -209,7 +213,8 @@ def test_hold_never_exceeds_the_tokens_and_never_shrinks(
     hold = KvHold(window=window, window_share=share)
     assert hold.tokens(computed) <= computed
     assert hold.tokens(computed) <= hold.tokens(computed + more)
-    assert int(hold.most_tokens([computed])[0]) == hold.tokens(computed)
+    as_array = hold.tokens_of(np.array([computed]), np.array([computed]))
+    assert int(as_array[0]) == hold.tokens(computed)
 
 
 def test_block_manager_gives_back_blocks_outside_the_window() -> None:
@@ -220,3 +225,145 @@ def test_block_manager_gives_back_blocks_outside_the_window() -> None:
     req.num_computed = 1000
     kv.extend([req], 1)
     assert req.blocks == 4  # the window moves; nothing more is held
+
+
+# -- KV token budgets ---------------------------------------------------------------------------
+def budget_plan(budget: int | None, policy: str = "snapkv", **knobs: Any) -> Any:
+    dep = deployment(
+        model="llama-3.1-8b",
+        hardware="h100_sxm",
+        kv_budget=budget,
+        kv_eviction=policy,
+        **knobs,
+    )
+    return dep.memory()
+
+
+@pytest.mark.parametrize(
+    ("policy", "held"),
+    [("snapkv", 2048 + 1000), ("h2o", 2048), ("streaming", 2048)],
+)
+def test_budget_holds_what_its_policy_keeps(policy: str, held: int) -> None:
+    """A 32K prompt and 1000 generated tokens under a 2048-token budget: SnapKV compresses the
+    prompt and keeps every generated token; H2O and StreamingLLM keep 2048 in all. While the
+    prompt is prefilled it is held whole."""
+    ev = KvEviction(budget_tokens=2048, policy=policy)  # type: ignore[arg-type]
+    assert ev.held(32000, 32000) == 32000
+    assert ev.held(33000, 32000) == held
+    plan = budget_plan(2048, policy)
+    assert plan.hold is not None and plan.hold.tokens(33000, 32000) == held
+    full = budget_plan(None)
+    assert plan.kv_bytes_per_token == full.kv_bytes_per_token
+    ratio = plan.max_batch(seq_len=33000, prompt_len=32000) / full.max_batch(seq_len=33000)
+    assert ratio == pytest.approx(33000 / held, rel=0.05)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    small=st.integers(1, 100_000),
+    large=st.integers(1, 100_000),
+    policy=st.sampled_from(["snapkv", "h2o", "streaming"]),
+    prompt=st.integers(1, 100_000),
+    output=st.integers(1, 20_000),
+)
+def test_smaller_budget_never_holds_more(
+    small: int, large: int, policy: str, prompt: int, output: int
+) -> None:
+    """A smaller budget never raises what a sequence holds, so never lowers the sequences the
+    cache holds at once; no budget holds the most."""
+    small, large = min(small, large), max(small, large)
+    lo = KvHold(eviction=KvEviction(budget_tokens=small, policy=policy))  # type: ignore[arg-type]
+    hi = KvHold(eviction=KvEviction(budget_tokens=large, policy=policy))  # type: ignore[arg-type]
+    for computed in (prompt // 2, prompt, prompt + output):
+        assert lo.tokens(computed, prompt) <= hi.tokens(computed, prompt) <= computed
+    total = prompt + output
+    plans = [budget_plan(b, policy) for b in (small, large, None)]
+    batches = [p.max_batch(seq_len=total, prompt_len=prompt) for p in plans]
+    assert batches[0] >= batches[1] >= batches[2]
+
+
+def test_budget_needs_prefix_caching_off() -> None:
+    from simulator.runs import runner
+    from simulator.specs.engine_args import EngineArgs
+
+    args = EngineArgs(kv_budget=64, enable_prefix_caching=True)
+    with pytest.raises(SpecError, match="prefix caching") as err:
+        runner.bench_throughput(
+            model="llama-3.1-8b",
+            hardware="h100_sxm",
+            input_len=256,
+            output_len=8,
+            num_prompts=2,
+            engine_args=args,
+        )
+    assert err.value.field == "kv_budget"
+
+
+def test_unknown_eviction_policy() -> None:
+    with pytest.raises(SpecError, match="snapkv, h2o, streaming") as err:
+        deployment(model="llama-3.1-8b", hardware="h100_sxm", kv_budget=64, kv_eviction="lru")
+    assert err.value.field == "kv_eviction"
+
+
+def test_decode_at_long_context_is_faster_with_a_budget() -> None:
+    """64 sequences decoding at 64K: H2O's 2048-token budget reads 2048 tokens each (plus its
+    score bookkeeping), which the step timer prices below the full read."""
+
+    def run(budget: int | None) -> float:
+        dep = deployment(
+            model="llama-3.1-8b",
+            hardware="h100_sxm",
+            kv_budget=budget,
+            kv_eviction="h2o",
+        )
+        timer = StepTimer(dep, max_num_seqs=64, max_num_batched_tokens=8192, max_context=70_000)
+        return float(timer.decode_run(num_seqs=64, total_context=64 * 65536.0, steps=4).mean())
+
+    full, budgeted = run(None), run(2048)
+    assert budgeted < 0.5 * full
+
+
+def test_eviction_kernels_are_priced() -> None:
+    """SnapKV's observation-window scores and selection join the prefill; H2O's accumulated
+    scores the decode; StreamingLLM adds none."""
+    batch = BatchShape(
+        prefill_tokens=4096.0,
+        prefill_seqs=1.0,
+        prefill_pairs=4096.0 * 4097 / 2,
+        prefill_kv_tokens=4096.0,
+        decode_seqs=8.0,
+        decode_kv_tokens=8 * 2048.0,
+        sampled=9.0,
+    )
+
+    def names(policy: str) -> set[str]:
+        dep = deployment(
+            model="llama-3.1-8b", hardware="h100_sxm", kv_budget=2048, kv_eviction=policy
+        )
+        return {c.op.name for c in gpu_step(dep, batch).costs}
+
+    base = names("streaming")
+    assert names("snapkv") - base == {"snapkv_scores", "snapkv_select"}
+    assert names("h2o") - base == {"h2o_scores"}
+
+
+def test_serving_with_a_budget_runs_more_sequences_at_once() -> None:
+    """bench throughput of 32K-token prompts: a 2048-token SnapKV budget lets more sequences
+    decode at once than the full KV, and the run finishes sooner."""
+    from simulator.runs import runner
+    from simulator.specs.engine_args import EngineArgs
+
+    def run(budget: int | None) -> dict[str, Any]:
+        args = EngineArgs(kv_budget=budget, enable_prefix_caching=False)
+        _, summary = runner.bench_throughput(
+            model="llama-3.1-8b",
+            hardware="h100_sxm",
+            input_len=32000,
+            output_len=512,
+            num_prompts=48,
+            engine_args=args,
+        )
+        return summary
+
+    full, budgeted = run(None), run(2048)
+    assert budgeted["elapsed_time"] < full["elapsed_time"]
