@@ -34,6 +34,7 @@ from simulator.specs.engine import EngineSpec, KvBudget
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import (
     DTYPE_BYTES,
+    CCAttention,
     GQAttention,
     ModelSpec,
     kv_bytes_per_elem,
@@ -141,7 +142,7 @@ class MemoryPlan:
     offload: OffloadPlan | None = None
     min_cpu_offload_gib: int | None = None  # the least --cpu-offload-gb that fits (no fit)
     kv_budget: KvBudget = "total"  # what usable_bytes' fraction of capacity applies to
-    residual_bytes: float = 0.0  # 16-bit windows of recent tokens of a low-bit KV format
+    residual_bytes: float = 0.0  # per sequence slot: KIVI's 16-bit windows, CCA's conv state
     hold: KvHold | None = None  # what a sequence keeps when sliding windows cap it
 
     @property
@@ -245,14 +246,24 @@ def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: P
 def kv_residual_bytes(
     model: ModelSpec, layout: Parallelism, prec: Precision, *, max_seqs: int
 ) -> float:
-    """The 16-bit window of recent tokens a low-bit KV format keeps per sequence (KIVI's R
-    tokens, `specs.model.kv_residual_tokens`), for `max_seqs` sequences: set aside on top of
-    the quantized blocks, what R tokens cost in 16 bits beyond their quantized bytes."""
+    """What each of `max_seqs` sequence slots keeps beside its KV blocks: a low-bit KV
+    format's 16-bit window of recent tokens (KIVI's R tokens, `specs.model.kv_residual_tokens`:
+    what they cost in 16 bits beyond their quantized bytes), and CCA's convolution state (the
+    last taps - 1 latent queries and keys of each convolution, and the previous token's hidden
+    state for the value shift, per layer, as ZAYA1's vLLM cache keeps them)."""
+    a = DTYPE_BYTES[prec.activations]
+    total = 0.0
     residual = kv_residual_tokens(prec.kv_cache)
-    if not residual:
-        return 0.0
-    extra = DTYPE_BYTES[prec.activations] - kv_bytes_per_elem(prec.kv_cache)
-    return float(max_seqs * residual * _kv_elems_per_token_per_device(model, layout) * extra)
+    if residual:
+        extra = a - kv_bytes_per_elem(prec.kv_cache)
+        total += residual * _kv_elems_per_token_per_device(model, layout) * extra
+    attn = model.attention
+    if isinstance(attn, CCAttention):
+        channels = attn.num_heads // layout.tp + max(1, attn.num_kv_heads // layout.tp)
+        taps = sum(attn.conv_kernels) - 2
+        layers = -(-model.num_layers // layout.pp)
+        total += layers * (channels * attn.head_dim * taps + model.hidden_size) * a
+    return float(max_seqs * total)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ from simulator.specs.engine import LogitsPass
 from simulator.specs.model import (
     DTYPE_BYTES,
     KV_QUANT_FORMATS,
+    CCAttention,
     GQAttention,
     MLAttention,
     ModelSpec,
@@ -235,11 +236,45 @@ def _gqa_ops(
     a = DTYPE_BYTES[prec.activations]
     t = b.num_tokens
     rope = rotary(t, heads, kv_heads, d, act_bytes=a, count=n_layers)
+    conv = (
+        _cca_conv_ops(attn, heads, kv_heads, t, prec, n_layers)
+        if isinstance(attn, CCAttention)
+        else []
+    )
     return [
         gemm("qkv_proj", m=t, n=(heads + 2 * kv_heads) * d, k=h, count=n_layers, prec=prec),
+        *conv,
         *([rope] if model.position == "rope" else []),
         *_gqa_batch_ops(attn, model, tp, prec, b),
         gemm("o_proj", m=t, n=h, k=heads * d, count=n_layers, prec=prec),
+    ]
+
+
+def _cca_conv_ops(
+    attn: CCAttention, heads: int, kv_heads: int, t: Num, prec: Precision, count: float
+) -> list[Op]:
+    """CCA's convolutions of the latent queries and keys (arXiv 2510.04476, sec. 3; ZAYA1's
+    conv_qk): a depthwise causal convolution (each channel read and written), then one grouped
+    by head, a `head_dim` x (taps x `head_dim`) product per head and token (a grouped GEMM on
+    its weights); then the queries' and keys' mean with their unconvolved selves, their norms
+    and the value shift, elementwise (each latent read twice and written once)."""
+    d = attn.head_dim
+    taps0, taps1 = attn.conv_kernels
+    channels = (heads + kv_heads) * d
+    a = DTYPE_BYTES[prec.activations]
+    return [
+        elementwise("cca_conv_depthwise", bytes_=t * channels * a * (taps0 + 1), count=count),
+        gemm(
+            "cca_conv_grouped",
+            m=t,
+            n=d,
+            k=taps1 * d,
+            groups=heads + kv_heads,
+            count=count,
+            prec=prec,
+            weight_dtype=prec.activations,
+        ),
+        elementwise("cca_mix", bytes_=t * (channels + kv_heads * d) * a * 3, count=count),
     ]
 
 

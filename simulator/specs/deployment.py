@@ -57,7 +57,7 @@ class Parallelism(Frozen):
                 field="tensor_parallel_size",
             )
         kv = attn.num_kv_heads
-        if attn.kind == "gqa" and kv % self.tp and self.tp % kv:
+        if attn.kind != "mla" and kv % self.tp and self.tp % kv:
             raise SpecError(
                 f"tensor parallel size {self.tp} neither divides nor is a multiple of the "
                 f"{kv} KV heads",

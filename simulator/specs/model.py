@@ -2,10 +2,11 @@
 
 A ModelSpec is built from a Hugging Face `config.json` (`simulator.specs.hf.from_hf_config`);
 the built-in catalogue is a folder of such configs. Covered: dense MHA/GQA/MQA, DeepSeek MLA
-(latent KV), gated and plain MLPs, MoE (routed experts, top-k, shared experts, leading dense
-layers), sliding-window attention, tied embeddings, the position encoding (rotary: a kernel of
-its own per layer; ALiBi: inside attention). Not modelled: multi-token-prediction heads
-(excluded from parameter counts, as published totals exclude them), vision towers.
+(latent KV), compressed convolutional attention (CCA/CCGQA: attention in a latent), gated and
+plain MLPs, MoE (routed experts, top-k, shared experts, leading dense layers), sliding-window
+attention and hybrid local/global layouts, tied embeddings, the position encoding (rotary: a
+kernel of its own per layer; ALiBi: inside attention). Not modelled: multi-token-prediction
+heads (excluded from parameter counts, as published totals exclude them), vision towers.
 """
 
 from __future__ import annotations
@@ -154,7 +155,37 @@ class MLAttention(Frozen):
         return q + kv_a + kv_b + o
 
 
-Attention = Annotated[GQAttention | MLAttention, Field(discriminator="kind")]
+class CCAttention(GQAttention):
+    """Compressed Convolutional (Grouped Query) Attention, CCA / CCGQA (Figliolia et al.,
+    arXiv 2510.04476): queries, keys and values are down-projected to a latent of `num_heads`
+    (queries) and `num_kv_heads` (keys, values) heads of `head_dim`, smaller than the hidden
+    size by the compression factor, and attention runs inside that latent: the cache holds
+    the latent K and V, and attention's FLOPs shrink with it. Before attention the latent
+    queries and keys pass through two causal convolutions along the sequence, a depthwise one
+    of `conv_kernels[0]` taps and one grouped by head of `conv_kernels[1]` taps (ZAYA1's
+    `cca_time0` / `cca_time1`, both 2, transformers' configuration_zaya.py); values are half
+    from the token and half from the one before (a value shift, no extra projection)."""
+
+    kind: Literal["cca"] = "cca"  # type: ignore[assignment]
+    conv_kernels: tuple[int, int] = (2, 2)
+
+    @model_validator(mode="after")
+    def _kernels(self) -> CCAttention:
+        if min(self.conv_kernels) < 1:
+            raise ValueError(f"conv_kernels must be at least 1, got {self.conv_kernels}")
+        return self
+
+    def compression(self, hidden: int) -> float:
+        """How much smaller the query latent is than the hidden size (the paper's C)."""
+        return hidden / self.q_dim
+
+    def params(self, hidden: int) -> int:
+        taps0, taps1 = self.conv_kernels
+        channels = self.q_dim + self.kv_dim  # the convolved queries and keys
+        return super().params(hidden) + channels * taps0 + channels * taps1 * self.head_dim
+
+
+Attention = Annotated[GQAttention | CCAttention | MLAttention, Field(discriminator="kind")]
 
 
 class MLP(Frozen):

@@ -23,7 +23,7 @@ from simulator.serving.request import Request
 from simulator.serving.steptime import StepTimer
 from simulator.specs.deployment import KvEviction
 from simulator.specs.hf import from_hf_config
-from simulator.specs.model import ModelSpec
+from simulator.specs.model import CCAttention, ModelSpec
 
 MODELS = Path(__file__).parents[2] / "simulator" / "specs" / "models"
 # Wider to narrower: a later entry never takes more bytes per cached element.
@@ -367,3 +367,55 @@ def test_serving_with_a_budget_runs_more_sequences_at_once() -> None:
 
     full, budgeted = run(None), run(2048)
     assert budgeted["elapsed_time"] < full["elapsed_time"]
+
+
+# -- compressed convolutional attention (CCA / CCGQA) -------------------------------------------
+def test_cca_is_declared_like_gqa_in_a_latent() -> None:
+    """`cca_compression: 4` on Llama-3.1-8B's shape: 32 query and 8 KV heads of 4096 / (4 x 32)
+    = 32 dims, so a quarter of the KV bytes and of the projections' width; `cca_time0/1` (ZAYA1's
+    names) are the convolutions' taps."""
+    cca = model(cca_compression=4, cca_time0=2, cca_time1=3)
+    attn = cca.attention
+    assert isinstance(attn, CCAttention) and attn.kind == "cca"
+    assert (attn.num_heads, attn.num_kv_heads, attn.head_dim) == (32, 8, 32)
+    assert attn.conv_kernels == (2, 3) and attn.compression(4096) == 4
+    gqa = model()
+    assert cca.kv_bytes_per_token() == gqa.kv_bytes_per_token() / 4
+    convs = (32 + 8) * 32 * 2 + (32 + 8) * 32 * 3 * 32
+    assert attn.params(4096) == (gqa.attention.params(4096)) / 4 + convs
+    zaya_like = model(head_dim=128, num_attention_heads=8, num_key_value_heads=2, cca_time0=2)
+    assert zaya_like.attention.kind == "cca" and zaya_like.attention.head_dim == 128
+
+
+def test_cca_shrinks_kv_and_prefill_attention_and_pays_its_convolutions() -> None:
+    """At 16K-token prefill CCA's attention FLOPs are a quarter of GQA's and the step is
+    faster; its convolution kernels appear in the step; its cache holds 4x the tokens."""
+    batch = BatchShape.prefill(batch_size=1, prompt_len=16384)
+
+    def step(m: ModelSpec) -> Any:
+        return gpu_step(deployment(model=m, hardware="h100_sxm"), batch)
+
+    gqa, cca = step(model()), step(model(cca_compression=4))
+
+    def flops(s: Any) -> float:
+        return sum(
+            float(np.ravel(c.op.flops)[0]) * c.op.count
+            for c in s.costs
+            if c.op.kind == "attention_prefill"
+        )
+
+    assert flops(cca) == pytest.approx(flops(gqa) / 4)
+    assert cca.seconds < gqa.seconds
+    names = {c.op.name for c in cca.costs}
+    assert {"cca_conv_depthwise", "cca_conv_grouped", "cca_mix"} <= names
+    plans = [
+        deployment(model=m, hardware="h100_sxm").memory()
+        for m in (model(), model(cca_compression=4))
+    ]
+    assert plans[1].kv_capacity_tokens > 3.9 * plans[0].kv_capacity_tokens
+    assert plans[1].residual_bytes > 0  # each sequence slot's convolution state
+
+
+def test_cca_compression_must_be_a_whole_number() -> None:
+    with pytest.raises(KeyError, match="cca_compression"):
+        model(cca_compression=0)
