@@ -143,7 +143,7 @@ class MemoryPlan:
     min_cpu_offload_gib: int | None = None  # the least --cpu-offload-gb that fits (no fit)
     kv_budget: KvBudget = "total"  # what usable_bytes' fraction of capacity applies to
     residual_bytes: float = 0.0  # per sequence slot: KIVI's 16-bit windows, CCA's conv state
-    hold: KvHold | None = None  # what a sequence keeps when sliding windows cap it
+    hold: KvHold | None = None  # what a sequence keeps under sliding windows or a budget
 
     @property
     def kv_cache_bytes(self) -> float:

@@ -61,7 +61,7 @@ class ReplicaGroup:
     speculative: SpeculativeSpec | None = None  # its acceptance rates; the timer has the rest
     enable_prefix_caching: bool = False  # vLLM's --enable-prefix-caching
     kv_tiers: KVTiers | None = None  # tiers below HBM (prefix caching on: serving.kv_tiers)
-    kv_hold: KvHold | None = None  # sliding-window layers keep their window (plain cache only)
+    kv_hold: KvHold | None = None  # sliding windows, a KV token budget (plain cache only)
     # How each replica is built when not a plain Replica: DP-attention ranks in lockstep
     # (serving.dp_group) or pipeline micro-batches in flight (serving.pipeline).
     loop: ReplicaLoop | None = None

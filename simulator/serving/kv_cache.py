@@ -11,8 +11,8 @@ Swap space (`host_blocks`) holds the blocks of requests preempted by swapping.
 is shared and `allocate` / `extend` stay the lean loops of `BlockManager`. Tiers below HBM (host
 DRAM, NVMe) extend it in `serving/kv_tiers.py`.
 
-With a `hold` (`costmodel.memory.KvHold`: sliding-window layers keep only their window), a
-or a KV token budget (`specs.deployment.KvEviction`), a request holds the blocks of
+With a `hold` (`costmodel.memory.KvHold`: sliding-window layers keeping only their window, or
+a KV token budget, `specs.deployment.KvEviction`), a request holds the blocks of
 `hold.tokens(num_computed, prompt_len)` tokens and gives back those its window layers no
 longer need, or its budget evicted; prefix caching does not apply a hold (every token is held).
 
