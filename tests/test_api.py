@@ -391,7 +391,7 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
     ),
     "unknown-kv-cache-dtype": (
         lambda: simulator.deployment(
-            model="llama-3.1-8b", hardware="h100_sxm", kv_cache_dtype="int2"
+            model="llama-3.1-8b", hardware="h100_sxm", kv_cache_dtype="int3"
         ),
         "kv_cache_dtype",
     ),

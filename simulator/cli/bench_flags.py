@@ -53,7 +53,34 @@ QuantOpt = Annotated[
         "gguf:Q4_K_M); default: the checkpoint's own",
     ),
 ]
-KvDtypeOpt = Annotated[str, typer.Option("--kv-cache-dtype")]
+KvDtypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--kv-cache-dtype",
+        help="auto, fp8 (vLLM's), int4 (COMET's KV4) or int2 (KIVI); docs/long-context.md",
+    ),
+]
+KvBudgetOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--kv-budget",
+        min=1,
+        help="tokens of KV each sequence keeps once its prompt is in (turns prefix caching "
+        "off unless it is set); docs/long-context.md",
+    ),
+]
+
+
+class KvEviction(str, Enum):
+    snapkv = "snapkv"
+    h2o = "h2o"
+    streaming = "streaming"
+
+
+KvEvictionOpt = Annotated[
+    KvEviction,
+    typer.Option("--kv-eviction", help="what --kv-budget keeps: SnapKV, H2O or StreamingLLM"),
+]
 EngineOpt = Annotated[str, typer.Option("--engine")]
 EagerOpt = Annotated[bool, typer.Option("--enforce-eager")]
 MaxModelLenOpt = Annotated[

@@ -6,6 +6,7 @@ function broadcasts over them (vectorised sweeps, the decode steps of `bench lat
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,3 +102,17 @@ class BatchShape:
             decode_kv_tokens=float(ctx.sum()),
             sampled=float(last + len(ctx)),
         )
+
+
+def windowed(b: BatchShape, window: int) -> BatchShape:
+    """`b` as layers attending within `window` tokens see it: each query attends to at most
+    `window` keys and each sequence reads at most `window` cached tokens. From the aggregates
+    alone this is exact where every sequence is past the window or every one within it, and an
+    upper bound otherwise (a hybrid layout's window layers; `attended_pairs` is exact)."""
+    w = float(window)
+    return dataclasses.replace(
+        b,
+        prefill_pairs=np.minimum(b.prefill_pairs, b.prefill_tokens * w),
+        prefill_kv_tokens=np.minimum(b.prefill_kv_tokens, b.prefill_seqs * w),
+        decode_kv_tokens=np.minimum(b.decode_kv_tokens, b.decode_seqs * w),
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import cast, get_args
 
 from simulator.costmodel.memory import MemoryPlan, plan_memory
 from simulator.errors import SpecError
@@ -18,6 +19,8 @@ from simulator.specs import (
     load_model,
 )
 from simulator.specs.deployment import (
+    KvEviction,
+    KvEvictionPolicy,
     Parallelism,
     Precision,
     kernel_format,
@@ -31,7 +34,8 @@ from simulator.specs.offload import ExpertOffloadSpec, OffloadLike, OffloadSpec,
 @dataclass(frozen=True)
 class Deployment:
     """A model on a device type under a layout, precision and engine: everything resolved.
-    `offload`: weights kept in host memory or on NVMe (None: all on the GPU)."""
+    `offload`: weights kept in host memory or on NVMe (None: all on the GPU). A KV token
+    budget is part of the precision (`Precision.kv_eviction`): what the KV cache holds."""
 
     model: ModelSpec
     hardware: HardwareSpec
@@ -94,6 +98,8 @@ def deployment(
     entrypoint: Entrypoint = "server",
     async_scheduling: bool = False,
     host_cpu: str | None = None,
+    kv_budget: int | None = None,
+    kv_eviction: str = "snapkv",
 ) -> Deployment:
     """Resolve ids into a checked Deployment; raises SpecError for anything impossible.
     `entrypoint`: the engine runs as an API server or offline (vLLM's LLM class), which with
@@ -106,7 +112,9 @@ def deployment(
     `expert_parallel_size` = tp x dp > tp is DP attention (`Parallelism`);
     `expert_load_imbalance` is the busiest EP rank's tokens over the mean (1: balanced).
     `host_cpu`: the node's CPU where it is not the hardware spec's (`with_host_cpu`); the
-    engine's CPU costs scale from the CPU they were fitted on to it (`engine_on_host`)."""
+    engine's CPU costs scale from the CPU they were fitted on to it (`engine_on_host`).
+    `kv_budget`: tokens of KV each sequence keeps once its prompt is in, chosen by
+    `kv_eviction` (snapkv, h2o or streaming: `specs.deployment.KvEviction`)."""
     m = model if isinstance(model, ModelSpec) else load_model(model)
     hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
     if host_cpu is not None:
@@ -158,7 +166,24 @@ def deployment(
     off = resolve_offload(
         cpu_offload_gb=cpu_offload_gb, offload=offload, expert_offload=expert_offload
     )
+    eviction = resolve_eviction(kv_budget, kv_eviction)
+    if eviction is not None:
+        prec = prec.model_copy(update={"kv_eviction": eviction})
     return Deployment(m, hw, eng, layout, prec, off)
+
+
+def resolve_eviction(budget: int | None, policy: str) -> KvEviction | None:
+    """The KvEviction of `--kv-budget` and `--kv-eviction` (None without a budget)."""
+    if policy not in get_args(KvEvictionPolicy):
+        raise SpecError(
+            f"unknown KV eviction policy {policy!r} ({', '.join(get_args(KvEvictionPolicy))})",
+            field="kv_eviction",
+        )
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise SpecError(f"must be a whole number of tokens >= 1, got {budget!r}", field="kv_budget")
+    return KvEviction(budget_tokens=budget, policy=cast(KvEvictionPolicy, policy))
 
 
 def fitting_layouts(

@@ -28,10 +28,18 @@ import numpy as np
 
 from simulator.costmodel.offload import OffloadPlan, plan_offload
 from simulator.errors import SpecError
-from simulator.specs.deployment import Parallelism, Precision
+from simulator.specs.deployment import KvEviction, Parallelism, Precision
 from simulator.specs.engine import EngineSpec, KvBudget
 from simulator.specs.hardware import HardwareSpec
-from simulator.specs.model import DTYPE_BYTES, MLP, GQAttention, ModelSpec
+from simulator.specs.model import (
+    DTYPE_BYTES,
+    MLP,
+    CCAttention,
+    GQAttention,
+    ModelSpec,
+    kv_bytes_per_elem,
+    kv_residual_tokens,
+)
 from simulator.specs.offload import OffloadSpec
 from simulator.specs.weights import LinearName
 from simulator.units import GiB
@@ -160,10 +168,13 @@ class MemoryPlan:
     offload: OffloadPlan | None = None
     min_cpu_offload_gib: int | None = None  # the least --cpu-offload-gb that fits (no fit)
     kv_budget: KvBudget = "total"  # what usable_bytes' fraction of capacity applies to
+    residual_bytes: float = 0.0  # per sequence slot: KIVI's 16-bit windows, CCA's conv state
+    hold: KvHold | None = None  # what a sequence keeps under sliding windows or a budget
 
     @property
     def kv_cache_bytes(self) -> float:
         resident = self.weights_bytes + self.staging_bytes + self.reserve_bytes
+        resident += self.residual_bytes
         if self.kv_budget == "static":  # activations live outside the static pool
             return self.usable_bytes - resident
         if self.kv_budget == "free":  # the fraction applies to what is left
@@ -183,9 +194,13 @@ class MemoryPlan:
     def kv_capacity_blocks(self) -> int:
         return max(0, int(self.kv_cache_bytes // (self.kv_bytes_per_token * self.block_size)))
 
-    def max_batch(self, *, seq_len: int) -> int:
-        """Largest number of sequences of `seq_len` tokens whose KV fits at once."""
-        blocks_per_seq = -(-seq_len // self.block_size)
+    def max_batch(self, *, seq_len: int, prompt_len: int | None = None) -> int:
+        """Largest number of sequences of `seq_len` tokens whose KV fits at once; with a KV
+        token budget, sequences decoding past a prompt of `prompt_len` tokens (default: all
+        of `seq_len` a prompt, held whole)."""
+        prompt = seq_len if prompt_len is None else prompt_len
+        held = seq_len if self.hold is None else self.hold.tokens(seq_len, prompt)
+        blocks_per_seq = -(-held // self.block_size)
         return self.kv_capacity_blocks // max(1, blocks_per_seq)
 
     def summary(self) -> str:
@@ -231,24 +246,113 @@ class MemoryPlan:
             "kv_capacity_blocks": self.kv_capacity_blocks,
             "block_size": self.block_size,
             "kv_budget": self.kv_budget,
+            "residual_bytes": self.residual_bytes,
             "fits": self.fits,
         }
 
 
-def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: Precision) -> float:
-    """KV bytes one token occupies on one device: its stage's layers, its share of KV heads
-    (replicated when there are fewer KV heads than TP ranks; MLA's latent is replicated), and
-    with context parallelism 1/cp of them: each of the cp ranks holds 1/cp of every sequence's
-    KV (as vLLM's decode context parallelism interleaves it), so a replica holds cp times the
-    tokens."""
+def _kv_elems_per_token_per_device(model: ModelSpec, layout: Parallelism) -> int:
     attn = model.attention
     elems = (
         2 * max(1, attn.num_kv_heads // layout.tp) * attn.head_dim
         if isinstance(attn, GQAttention)
         else attn.kv_elems_per_token
     )
-    layers = -(-model.num_layers // layout.pp)
-    return float(elems * layers * DTYPE_BYTES[prec.kv_cache]) / layout.cp
+    return elems * -(-model.num_layers // layout.pp)
+
+
+def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: Precision) -> float:
+    """KV bytes one token occupies on one device: its stage's layers, its share of KV heads
+    (replicated when there are fewer KV heads than TP ranks; MLA's latent is replicated); a
+    low-bit format's scales and zero points included (`specs.model.kv_bytes_per_elem`); and
+    with context parallelism 1/cp of them: each of the cp ranks holds 1/cp of every sequence's
+    KV (as vLLM's decode context parallelism interleaves it), so a replica holds cp times the
+    tokens."""
+    elems = _kv_elems_per_token_per_device(model, layout)
+    return float(elems * kv_bytes_per_elem(prec.kv_cache)) / layout.cp
+
+
+def kv_residual_bytes(
+    model: ModelSpec, layout: Parallelism, prec: Precision, *, max_seqs: int
+) -> float:
+    """What each of `max_seqs` sequence slots keeps beside its KV blocks: a low-bit KV
+    format's 16-bit window of recent tokens (KIVI's R tokens, `specs.model.kv_residual_tokens`:
+    what they cost in 16 bits beyond their quantized bytes), and CCA's convolution state (the
+    last taps - 1 latent queries and keys of each convolution, and the previous token's hidden
+    state for the value shift, per layer, as ZAYA1's vLLM cache keeps them)."""
+    a = DTYPE_BYTES[prec.activations]
+    total = 0.0
+    residual = kv_residual_tokens(prec.kv_cache)
+    if residual:
+        extra = a - kv_bytes_per_elem(prec.kv_cache)
+        total += residual * _kv_elems_per_token_per_device(model, layout) * extra
+    attn = model.attention
+    if isinstance(attn, CCAttention):
+        channels = attn.num_heads // layout.tp + max(1, attn.num_kv_heads // layout.tp)
+        taps = sum(attn.conv_kernels) - 2
+        layers = -(-model.num_layers // layout.pp)
+        total += layers * (channels * attn.head_dim * taps + model.hidden_size) * a
+    return float(max_seqs * total)
+
+
+@dataclass(frozen=True, slots=True)
+class KvHold:
+    """What a sequence's KV holds, in tokens at the plan's `kv_bytes_per_token` (all layers).
+    With a token budget (`eviction`) a sequence keeps what its policy keeps once its prompt is
+    in (`KvEviction.held`). Where sliding-window layers keep only the last `window` tokens, a
+    `window_share` of the bytes (the window layers' share of all layers) stops growing at the
+    window and the rest grows with every token: vLLM V1 frees the blocks of sliding-window
+    layers that fall outside the window (its hybrid KV cache manager,
+    vllm/v1/core/single_type_kv_cache_manager.py, SlidingWindowManager)."""
+
+    window: int | None = None
+    window_share: float = 0.0
+    eviction: KvEviction | None = None
+
+    def tokens(self, computed: int, prompt: int = 0) -> int:
+        """Tokens' worth of KV a sequence of `prompt` prompt tokens holds with `computed`."""
+        kept = computed if self.eviction is None else self.eviction.held(computed, prompt)
+        if self.window is None:
+            return kept
+        local = min(kept, self.window)
+        # rounded up, less a rounding error (never above `kept`)
+        return min(kept, math.ceil((1.0 - self.window_share) * kept + self.window_share * local))
+
+    def tokens_of(self, computed: np.ndarray, prompt: np.ndarray) -> np.ndarray:
+        """`tokens` of each sequence (arrays of computed and prompt tokens)."""
+        c = np.asarray(computed, dtype=float)
+        kept = c
+        if self.eviction is not None:
+            p = np.asarray(prompt, dtype=float)
+            budget = float(self.eviction.budget_tokens)
+            after = (
+                np.minimum(p, budget) + c - p
+                if self.eviction.policy == "snapkv"
+                else np.minimum(c, budget)
+            )
+            kept = np.where(c <= p, c, after)
+        if self.window is not None:
+            local = np.minimum(kept, self.window)
+            mixed = np.ceil((1.0 - self.window_share) * kept + self.window_share * local)
+            kept = np.minimum(kept, mixed)
+        return kept.astype(int)
+
+    def most_tokens(self, total: np.ndarray, prompt: np.ndarray) -> np.ndarray:
+        """The most `tokens` each sequence holds on its way to `total` tokens: at the end of
+        its prompt (before a budget evicts) or at the end."""
+        p = np.asarray(prompt, dtype=float)
+        return np.maximum(self.tokens_of(np.minimum(total, p), p), self.tokens_of(total, p))
+
+
+def kv_hold(model: ModelSpec, eviction: KvEviction | None = None) -> KvHold | None:
+    """The KvHold of `model` under `eviction`, or None where every layer keeps every token."""
+    window = model.attention.sliding_window
+    if window is not None and window >= model.max_position_embeddings:
+        window = None
+    if window is None and eviction is None:
+        return None
+    share = model.num_window_layers / model.num_layers if window is not None else 0.0
+    return KvHold(window=window, window_share=share, eviction=eviction)
 
 
 def pick(value: T | None, default: T) -> T:
@@ -284,8 +388,9 @@ def plan_memory(
     host_reserved_bytes: float = 0.0,
 ) -> MemoryPlan:
     """The memory budget of the busiest device; see `MemoryPlan.fits`. Knobs left None take
-    the engine's defaults. `offload` moves weights off the device (SpecError if host memory,
-    less `host_reserved_bytes` such as swap space, cannot hold them); a plan that does not fit
+    the engine's defaults; a KV token budget (`prec.kv_eviction`) caps what a sequence holds.
+    `offload` moves weights off the device (SpecError if host memory, less
+    `host_reserved_bytes` such as swap space, cannot hold them); a plan that does not fit
     carries the least `cpu_offload_gb` that would (`min_cpu_offload_gib`)."""
     sched = engine.scheduler
     util = pick(gpu_memory_utilization, sched.gpu_memory_utilization)
@@ -306,6 +411,8 @@ def plan_memory(
         kv_bytes_per_token=kv_bytes_per_token_per_device(model, layout, prec),
         block_size=sched.block_size,
         kv_budget=sched.kv_budget,
+        residual_bytes=kv_residual_bytes(model, layout, prec, max_seqs=max_seqs),
+        hold=kv_hold(model, prec.kv_eviction),
     )
     offloaded = partial(with_offload, base, model, hw, layout, prec, max_tokens=max_tokens)
     plan = base

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from simulator.costmodel.batch import BatchShape, Num
+from simulator.costmodel.batch import BatchShape, Num, windowed
 from simulator.costmodel.elementwise_kernels import rms_norm, rotary
 from simulator.costmodel.ffn_ops import (
     dispatch_ops,
@@ -44,7 +44,16 @@ from simulator.costmodel.op import (
 )
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import LogitsPass
-from simulator.specs.model import DTYPE_BYTES, GQAttention, MLAttention, ModelSpec
+from simulator.specs.model import (
+    DTYPE_BYTES,
+    KV_QUANT_FORMATS,
+    CCAttention,
+    GQAttention,
+    MLAttention,
+    ModelSpec,
+    kv_bytes_per_elem,
+    kv_residual_tokens,
+)
 from simulator.specs.weights import LinearName
 
 __all__ = [
@@ -90,12 +99,23 @@ def attention_ops(
     """Flash-style attention of a mixed batch, per device: one varlen prefill kernel over all
     chunks (causal, each chunk reading its cached prefix) and one paged decode kernel (those of
     `parts`: the prefill kernel reads only the batch's prefill fields, the decode kernel only
-    its decode fields)."""
-    a, kvb = DTYPE_BYTES[prec.activations], DTYPE_BYTES[prec.kv_cache]
+    its decode fields).
+
+    A KV cache below 8 bits (`specs.model.KV_QUANT_FORMATS`) is dequantized inside the
+    attention kernels, as KIVI's CUDA kernel fuses dequantization with the Q.K and P.V
+    products (arXiv 2402.02750, sec. 4.3) and COMET's with its attention (arXiv 2410.12168):
+    they read the packed KV with its scales and zero points, and decode reads each sequence's
+    16-bit residual window beside it; new tokens pay a `kv_quantize` kernel (read 16-bit K/V,
+    write them packed)."""
+    a, kvb = DTYPE_BYTES[prec.activations], kv_bytes_per_elem(prec.kv_cache)
     kv_elems = 2 * kv_heads * head_dim  # K and V per token
     b = batch
     ops: list[Op] = []
+    quantized = prec.kv_cache in KV_QUANT_FORMATS
+    residual = kv_residual_tokens(prec.kv_cache) * kv_elems * (a - kvb)  # per sequence
     if "prefill" in parts:
+        if quantized:
+            ops.append(_kv_quantize(b.prefill_tokens, kv_elems * (a + kvb), count))
         ops.append(
             Op(
                 "attention_prefill",
@@ -115,6 +135,8 @@ def attention_ops(
             )
         )
     if "decode" in parts:
+        if quantized:
+            ops.append(_kv_quantize(b.decode_seqs, kv_elems * (a + kvb), count))
         ops.append(
             Op(
                 "attention_decode",
@@ -122,19 +144,91 @@ def attention_ops(
                 count,
                 flops=4.0 * heads * head_dim * b.decode_kv_tokens,
                 bytes=b.decode_kv_tokens * kv_elems * kvb
-                + b.decode_seqs * (2 * heads * head_dim * a + kv_elems * kvb),
+                + b.decode_seqs * (2 * heads * head_dim * a + kv_elems * kvb + residual),
                 dtype=prec.activations,
                 seq_len=safe_div(b.decode_kv_tokens, b.decode_seqs),
                 batch=b.decode_seqs,
                 heads=heads,
                 kv_heads=kv_heads,
                 kv_dtype=prec.kv_cache,
-                kv_bytes=b.decode_kv_tokens * kv_elems * kvb,
+                kv_bytes=b.decode_kv_tokens * kv_elems * kvb + b.decode_seqs * residual,
                 kv_row_elems=kv_heads * head_dim,
                 scales_with="batch",
             )
         )
     return ops
+
+
+def _kv_quantize(tokens: Num, bytes_per_token: float, count: float) -> Op:
+    """New tokens' K and V read in 16 bits and written packed with their group scales (KIVI
+    quantizes a residual group of them at a time, the same bytes per token)."""
+    return elementwise(
+        "kv_quantize", bytes_=tokens * bytes_per_token, count=count, scales_with="batch"
+    )
+
+
+def eviction_ops(
+    model: ModelSpec, tp: int, prec: Precision, b: BatchShape, part: BatchPart
+) -> list[Op]:
+    """The kernels a KV token budget adds (`Precision.kv_eviction`), per device, of one part:
+
+    - snapkv, at prefill: the observation window's queries against every prompt key
+      (`snapkv_scores`, w x head_dim by head_dim x prompt per head) and the selection
+      (`snapkv_select`: the scores' softmax, sum over the window, pooling and top-k read and
+      written in fp32, then the kept K/V gathered: at most every prompt token read and written
+      once). Priced per prompt token as the chunks are computed, which over a prompt sums to
+      SnapKV's one pass at its end.
+    - h2o, at decode: the step's attention weights written out (flash kernels keep them on
+      chip) and added to each cached token's accumulated score, whose lowest is evicted
+      (`h2o_scores`: per attended token and query head, fp32 written, read and written back,
+      and read for the arg-min).
+    - streaming: none (the sinks stay and the window is a ring buffer)."""
+    ev = prec.kv_eviction
+    if ev is None:
+        return []
+    attn = model.attention
+    heads = attn.num_heads // tp
+    if isinstance(attn, GQAttention):
+        kv_heads = max(1, attn.num_kv_heads // tp)
+        kv_elems, head_dim = 2 * kv_heads * attn.head_dim, attn.head_dim
+    else:
+        kv_elems, head_dim = attn.kv_elems_per_token, attn.kv_elems_per_token
+    kvb, n = kv_bytes_per_elem(prec.kv_cache), float(model.num_layers)
+    if ev.policy == "snapkv" and part == "prefill":
+        window = float(ev.observation_window)
+        return [
+            Op(
+                "snapkv_scores",
+                "attention_prefill",
+                n,
+                flops=2.0 * heads * head_dim * window * b.prefill_tokens,
+                bytes=b.prefill_tokens * (kv_elems / 2 * kvb + heads * 4.0),
+                dtype=prec.activations,
+                seq_len=window,
+                batch=b.prefill_seqs,
+                heads=heads,
+                kv_heads=heads,
+                kv_dtype=prec.kv_cache,
+                kv_row_elems=kv_elems / 2,
+                scales_with="batch",
+            ),
+            elementwise(
+                "snapkv_select",
+                bytes_=b.prefill_tokens * (heads * 4.0 * 3 + 2 * kv_elems * kvb),
+                count=n,
+                scales_with="batch",
+            ),
+        ]
+    if ev.policy == "h2o" and part == "decode":
+        return [
+            elementwise(
+                "h2o_scores",
+                bytes_=b.decode_kv_tokens * heads * 4.0 * 4,
+                count=n,
+                scales_with="batch",
+            )
+        ]
+    return []
 
 
 def _gqa_ops(
@@ -155,6 +249,11 @@ def _gqa_ops(
     every = (0, n_layers)
     qkv = heads + 2 * kv_heads
     shares: dict[LinearName, float] = {"q": heads / qkv, "k": kv_heads / qkv, "v": kv_heads / qkv}
+    conv = (
+        _cca_conv_ops(attn, heads, kv_heads, t, prec, n_layers)
+        if isinstance(attn, CCAttention)
+        else []
+    )
     return [
         gemm(
             "qkv_proj",
@@ -166,6 +265,7 @@ def _gqa_ops(
             linears=shares,
             layers=every,
         ),
+        *conv,
         *([rope] if model.position == "rope" else []),
         *_gqa_attention(attn, model, layout, prec, b, gpus_per_node=gpus_per_node),
         gemm(
@@ -203,6 +303,34 @@ def _gqa_attention(
     return ops
 
 
+def _cca_conv_ops(
+    attn: CCAttention, heads: int, kv_heads: int, t: Num, prec: Precision, count: float
+) -> list[Op]:
+    """CCA's convolutions of the latent queries and keys (arXiv 2510.04476, sec. 3; ZAYA1's
+    conv_qk): a depthwise causal convolution (each channel read and written), then one grouped
+    by head, a `head_dim` x (taps x `head_dim`) product per head and token (a grouped GEMM on
+    its weights); then the queries' and keys' mean with their unconvolved selves, their norms
+    and the value shift, elementwise (each latent read twice and written once)."""
+    d = attn.head_dim
+    taps0, taps1 = attn.conv_kernels
+    channels = (heads + kv_heads) * d
+    a = DTYPE_BYTES[prec.activations]
+    return [
+        elementwise("cca_conv_depthwise", bytes_=t * channels * a * (taps0 + 1), count=count),
+        gemm(
+            "cca_conv_grouped",
+            m=t,
+            n=d,
+            k=taps1 * d,
+            groups=heads + kv_heads,
+            count=count,
+            prec=prec,
+            weight_dtype=prec.activations,
+        ),
+        elementwise("cca_mix", bytes_=t * (channels + kv_heads * d) * a * 3, count=count),
+    ]
+
+
 def _gqa_heads(attn: GQAttention, tp: int) -> tuple[int, int]:
     """(query heads, KV heads) per device; KV heads are replicated when fewer than ranks."""
     return attn.num_heads // tp, max(1, attn.num_kv_heads // tp)
@@ -216,17 +344,35 @@ def _gqa_batch_ops(
     b: BatchShape,
     parts: tuple[BatchPart, ...] = BATCH_PARTS,
 ) -> list[Op]:
-    """The GQA ops whose cost depends on the batch's shape (`scales_with="batch"`)."""
+    """The GQA ops whose cost depends on the batch's shape (`scales_with="batch"`). In a
+    hybrid layout (`sliding_window_layers`) the batch is not window-capped (`batch_window`):
+    the global layers attend to all of it and the window layers to `windowed(b)` of it."""
     heads, kv_heads = _gqa_heads(attn, tp)
-    return attention_ops(
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=attn.head_dim,
-        prec=prec,
-        batch=b,
-        count=model.num_layers,
-        parts=parts,
-    )
+    local = model.num_window_layers if attn.batch_window is None else 0
+    window = attn.sliding_window
+    ops: list[Op] = []
+    for part in parts:  # all prefill ops first, then all decode ops, as `batch_ops` promises
+        ops += attention_ops(
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=attn.head_dim,
+            prec=prec,
+            batch=b,
+            count=model.num_layers - local,
+            parts=(part,),
+        )
+        if local and window is not None:
+            ops += attention_ops(
+                heads=heads,
+                kv_heads=kv_heads,
+                head_dim=attn.head_dim,
+                prec=prec,
+                batch=windowed(b, window),
+                count=local,
+                parts=(part,),
+            )
+        ops += eviction_ops(model, tp, prec, b, part)
+    return [op for op in ops if op.count]
 
 
 def _mla_ops(
@@ -278,7 +424,7 @@ def _mla_batch_ops(
     n_layers = model.num_layers
     heads = attn.num_heads // tp
     qk, v, lat = attn.head_dim, attn.v_head_dim, attn.kv_elems_per_token
-    a, kvb = DTYPE_BYTES[prec.activations], DTYPE_BYTES[prec.kv_cache]
+    a, kvb = DTYPE_BYTES[prec.activations], kv_bytes_per_elem(prec.kv_cache)
     nope = attn.qk_nope_head_dim
     ops: list[Op] = []
     if "prefill" in parts:
@@ -311,6 +457,8 @@ def _mla_batch_ops(
                 scales_with="batch",
             ),
         ]
+    if "prefill" in parts:
+        ops += eviction_ops(model, tp, prec, b, "prefill")
     if "decode" in parts:
         ops += [
             gemm(
@@ -351,6 +499,8 @@ def _mla_batch_ops(
                 scales_with="batch",
             ),
         ]
+    if "decode" in parts:
+        ops += eviction_ops(model, tp, prec, b, "decode")
     return ops
 
 

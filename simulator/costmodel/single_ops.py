@@ -278,7 +278,7 @@ def attention_cost(
     ops = attention_ops(
         heads=num_heads, kv_heads=num_kv_heads, head_dim=head_dim, prec=prec, batch=batch, count=1
     )
-    op = ops[0] if phase == "prefill" else ops[1]
+    op = next(o for o in ops if o.kind == f"attention_{phase}")
     hw = _hw(hardware)
     eng = _engine(engine, hw)
     cost = evaluate([op], hw, eng)[0]

@@ -96,7 +96,7 @@ def step_op_costs(
     and `bytes` (DRAM, or on the wire for collectives) per step, `hidden_s` the launch time
     that overlaps GPU work, `intensity_flop_per_byte` and `achieved_flops_per_s` (NaN where
     there are no FLOPs or bytes)."""
-    window = dep.model.attention.sliding_window
+    window = dep.model.attention.batch_window
     parts = [
         _phase(
             dep,

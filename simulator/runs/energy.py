@@ -194,7 +194,7 @@ def step_utilisation(
     duration = (steps["end_s"] - steps["start_s"]).to_numpy(dtype=float)
     if not len(steps):
         return np.zeros(0), np.zeros(0)
-    batch = steps_batch(steps, block_size=block_size, window=dep.model.attention.sliding_window)
+    batch = steps_batch(steps, block_size=block_size, window=dep.model.attention.batch_window)
     compute_s, memory_s = step_work_s(dep.model, dep.hardware, dep.layout, dep.precision, batch)
     memory_s = memory_s + sampler_memory_s(dep, sampling or SamplingSpec(), batch.sampled)
     safe = np.where(duration > 0, duration, np.inf)

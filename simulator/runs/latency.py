@@ -197,7 +197,7 @@ def _wave(
 ) -> tuple[np.ndarray, np.ndarray, StepCost, StepCost, pd.DataFrame]:
     """Prefill and decode step times of one batch that runs to completion together, and the
     engine's breakdown lines of its first prefill and middle decode step."""
-    window = dep.model.attention.sliding_window
+    window = dep.model.attention.batch_window
     schedule = prefill_schedule(
         batch_size=batch_size, input_len=input_len, max_tokens=max_tokens, chunked=chunked
     )

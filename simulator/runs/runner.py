@@ -128,6 +128,8 @@ def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
         dtype=spec.dtype,
         quantization=spec.quantization,
         kv_cache_dtype=spec.kv_cache_dtype,
+        kv_budget=spec.kv_budget,
+        kv_eviction=spec.kv_eviction,
         cpu_offload_gb=spec.cpu_offload_gb,
         offload=spec.offload,
         expert_offload=spec.expert_offload,

@@ -216,7 +216,7 @@ class Drafter:
         target_s = engine_step_time(
             cost, self.engine, num_tokens=n * q, num_seqs=n, enforce_eager=enforce_eager
         )
-        window = self.target.attention.sliding_window
+        window = self.target.attention.batch_window
         plain = step_cost(
             self.target,
             self.hw,

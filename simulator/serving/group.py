@@ -5,6 +5,7 @@ engine with its memory plan, refusing what does not fit or is not modelled.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -13,7 +14,7 @@ import numpy as np
 import simpy
 
 from simulator.costmodel.deployment import Deployment, fitting_layouts
-from simulator.costmodel.memory import MemoryPlan, require_fit
+from simulator.costmodel.memory import KvHold, MemoryPlan, require_fit
 from simulator.errors import SpecError
 from simulator.metrics.recorder import Recorder
 from simulator.serving.drafter import resolve_drafter
@@ -60,6 +61,7 @@ class ReplicaGroup:
     speculative: SpeculativeSpec | None = None  # its acceptance rates; the timer has the rest
     enable_prefix_caching: bool = False  # vLLM's --enable-prefix-caching
     kv_tiers: KVTiers | None = None  # tiers below HBM (prefix caching on: serving.kv_tiers)
+    kv_hold: KvHold | None = None  # sliding windows, a KV token budget (plain cache only)
     # How each replica is built when not a plain Replica: DP-attention ranks in lockstep
     # (serving.dp_group) or pipeline micro-batches in flight (serving.pipeline).
     loop: ReplicaLoop | None = None
@@ -76,6 +78,7 @@ class ReplicaGroup:
             host_blocks=self.host_blocks,
             prefix_caching=self.enable_prefix_caching,
             tiers=self.kv_tiers,
+            hold=self.kv_hold,
         )
 
 
@@ -138,7 +141,10 @@ def _check_requests(
             f"{int(total[i])} tokens)",
             field="workload",
         )
-    blocks = -(-(total + spec.num_speculative_tokens) // plan.block_size)  # + lookahead slots
+    total = total + spec.num_speculative_tokens  # + lookahead slots
+    if plan.hold is not None:
+        total = plan.hold.most_tokens(total, requests.prompt_len)
+    blocks = -(-total // plan.block_size)
     if blocks.max() > plan.kv_capacity_blocks:
         i = int(blocks.argmax())
         raise SpecError(
@@ -197,6 +203,17 @@ def replica_group(
         )
     if drafter is not None:
         plan = drafter.memory(plan)
+    if enable_prefix_caching or kv_offload is not None or drafter is not None:
+        if dep.precision.kv_eviction is not None:
+            what = (
+                "prefix caching (--no-enable-prefix-caching turns it off)"
+                if enable_prefix_caching
+                else "KV offload"
+                if kv_offload is not None
+                else "speculative decoding"
+            )
+            raise SpecError(f"a KV token budget with {what} is not modelled", field="kv_budget")
+        plan = dataclasses.replace(plan, hold=None)  # those caches hold every token
     if not plan.fits:
         fits = fitting_layouts(
             dep,
@@ -250,5 +267,6 @@ def replica_group(
             swap_space_gib=swap_space_gib,
         ),
         frontend=dep.engine.front_end(),
+        kv_hold=plan.hold,
     )
     return group, plan

@@ -11,6 +11,11 @@ Swap space (`host_blocks`) holds the blocks of requests preempted by swapping.
 is shared and `allocate` / `extend` stay the lean loops of `BlockManager`. Tiers below HBM (host
 DRAM, NVMe) extend it in `serving/kv_tiers.py`.
 
+With a `hold` (`costmodel.memory.KvHold`: sliding-window layers keeping only their window, or
+a KV token budget, `specs.deployment.KvEviction`), a request holds the blocks of
+`hold.tokens(num_computed, prompt_len)` tokens and gives back those its window layers no
+longer need, or its budget evicted; prefix caching does not apply a hold (every token is held).
+
 Not modelled: block-table fragmentation.
 """
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from simulator.costmodel.memory import KvHold
 from simulator.serving.request import BlockKey, Request
 
 
@@ -26,10 +32,17 @@ class BlockManager:
     async_loads = False  # KV tiers whose loads run between steps (serving/kv_tiers.py)
 
     def __init__(
-        self, *, num_blocks: int, block_size: int, watermark: float = 0.01, host_blocks: int = 0
+        self,
+        *,
+        num_blocks: int,
+        block_size: int,
+        watermark: float = 0.01,
+        host_blocks: int = 0,
+        hold: KvHold | None = None,
     ) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache must hold at least one block")
+        self.hold = hold
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.free = num_blocks
@@ -50,7 +63,10 @@ class BlockManager:
 
     def needed(self, req: Request, num_new_tokens: int) -> int:
         """More blocks `req` needs to hold `num_new_tokens` more computed tokens."""
-        return max(0, self.blocks_for(req.num_computed + num_new_tokens) - req.blocks)
+        tokens = req.num_computed + num_new_tokens
+        if self.hold is not None:
+            tokens = self.hold.tokens(tokens, req.prompt_len)
+        return max(0, self.blocks_for(tokens) - req.blocks)
 
     def can_admit(self, req: Request, num_new_tokens: int, *, hit: int = 0) -> bool:
         """Whether a waiting `req` may start (`hit` cached tokens taken first, then
@@ -71,6 +87,8 @@ class BlockManager:
     def allocate(self, req: Request, num_new_tokens: int) -> bool:
         """Take the blocks for `num_new_tokens` more tokens of `req`, or change nothing.
         (The scheduler calls this for every running request every step: kept lean.)"""
+        if self.hold is not None:
+            return self._allocate_held(req, num_new_tokens)
         need = -(-(req.num_computed + num_new_tokens) // self.block_size) - req.blocks
         if need <= 0:
             return True
@@ -83,9 +101,27 @@ class BlockManager:
             self.peak_used = used
         return True
 
+    def _allocate_held(self, req: Request, num_new_tokens: int) -> bool:
+        """`allocate` under a hold: blocks the window layers no longer need, or the budget
+        evicted, go back first."""
+        assert self.hold is not None
+        held = self.hold.tokens(req.num_computed + num_new_tokens, req.prompt_len)
+        need = self.blocks_for(held) - req.blocks
+        if need > self.free:
+            return False
+        self.free -= need  # a negative need gives blocks back
+        req.blocks += need
+        self.peak_used = max(self.peak_used, self.num_blocks - self.free)
+        return True
+
     def extend(self, reqs: list[Request], num_new_tokens: int) -> None:
         """Take the blocks for `num_new_tokens` more tokens of each of `reqs`, which the caller
         has checked fit (a run of decode steps; one loop instead of a call per request)."""
+        if self.hold is not None:
+            for req in reqs:
+                if not self._allocate_held(req, num_new_tokens):
+                    raise RuntimeError("KV blocks over-allocated: the caller's fit check was wrong")
+            return
         size, free = self.block_size, self.free
         for req in reqs:
             need = -(-(req.num_computed + num_new_tokens) // size) - req.blocks

@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from simulator.costmodel.memory import MemoryPlan
+from simulator.costmodel.memory import KvHold, MemoryPlan
 from simulator.costmodel.offload import link_bandwidth
 from simulator.errors import SpecError
 from simulator.serving.kv_cache import RUN, BlockManager, PrefixCachingBlockManager
@@ -314,9 +314,10 @@ def block_manager(
     host_blocks: int,
     prefix_caching: bool,
     tiers: KVTiers | None,
+    hold: KvHold | None = None,
 ) -> BlockManager:
     """An empty KV cache: plain, with prefix caching, or with tiers below HBM (which implies
-    prefix caching)."""
+    prefix caching); `hold` (sliding windows) applies to the plain one."""
     if tiers is not None:
         return TieredBlockManager(
             num_blocks=num_blocks,
@@ -325,9 +326,19 @@ def block_manager(
             watermark=watermark,
             host_blocks=host_blocks,
         )
-    manager = PrefixCachingBlockManager if prefix_caching else BlockManager
-    return manager(
-        num_blocks=num_blocks, block_size=block_size, watermark=watermark, host_blocks=host_blocks
+    if prefix_caching:
+        return PrefixCachingBlockManager(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            watermark=watermark,
+            host_blocks=host_blocks,
+        )
+    return BlockManager(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        watermark=watermark,
+        host_blocks=host_blocks,
+        hold=hold,
     )
 
 

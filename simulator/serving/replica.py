@@ -64,6 +64,8 @@ class Replica:
         self.index = index
         self.spec = scheduler
         self.kv = kv
+        # a KV token budget: decodes attend to what their sequence keeps
+        self._eviction = None if kv.hold is None else kv.hold.eviction
         self.timer = timer
         self.recorder = recorder
         self.on_finish = on_finish
@@ -192,14 +194,18 @@ class Replica:
     def batch_of(self, plan: StepPlan) -> tuple[list[Chunk], list[int]]:
         """The plan as the cost model prices it: prefill chunks and the KV lengths of the
         decodes (a decode: one token after the last sampled one, plus k proposals to verify
-        when speculating)."""
+        when speculating); under a KV token budget, the KV a decode's sequence keeps."""
         chunks: list[Chunk] = []
         decodes: list[int] = []
         verify = self._verify  # tokens a decode computes: 1, or 1 + k when speculating
+        eviction = self._eviction
         for req, n in plan.entries:
             computed = req.num_computed
             known = req.prompt_len + req.num_output  # req.known, inlined: every request
             if n == verify and computed + 1 == known and req.num_output > 0:
+                if eviction is not None:
+                    decodes.append(eviction.held(computed + 1, req.prompt_len))
+                    continue
                 decodes.append(computed + 1)
             else:
                 chunks.append((n, computed, computed + n >= known))
@@ -311,10 +317,12 @@ class Replica:
         left = self._block_left or block  # steps to the end of the block in progress
         if block > 1 and self.waiting:  # the block's end is the next chance to admit
             steps = min(steps, left)
-        total = sum([r.num_computed for r in reqs])
+        total = sum([r.num_computed for r in reqs]) + n
+        if self._eviction is not None:  # what the sequences keep (the timer caps its growth)
+            total = sum([self._eviction.held(r.num_computed + 1, r.prompt_len) for r in reqs])
         outputs = _outputs(reqs) if self.timer.penalises else (0, 0)
         durations = self.timer.decode_run(
-            num_seqs=n, total_context=float(total + n), steps=steps, outputs=outputs
+            num_seqs=n, total_context=float(total), steps=steps, outputs=outputs
         )
         if block > 1:  # the scheduler's CPU time only where a block starts
             starts = np.zeros(steps, dtype=bool)
@@ -349,9 +357,12 @@ class Replica:
             return steps
         computed = np.fromiter((r.num_computed for r in reqs), float, len(reqs))
         held = np.fromiter((r.blocks for r in reqs), float, len(reqs))
+        hold = self.kv.hold
+        prompts = np.fromiter((r.prompt_len for r in reqs), float, len(reqs))
 
         def fits(k: int) -> bool:
-            return float(np.maximum(0.0, np.ceil((computed + k) / size) - held).sum()) <= free
+            tokens = computed + k if hold is None else hold.tokens_of(computed + k, prompts)
+            return float(np.maximum(0.0, np.ceil(tokens / size) - held).sum()) <= free
 
         if fits(steps):
             return steps

@@ -99,7 +99,7 @@ def verify_shape(
     as `tokens` decode queries per sequence, each attending to its prefix, which reads the
     latent cache once per query token: an upper bound on the traffic (FlashMLA reads it once
     per sequence). With tokens = 1 this is exactly `BatchShape.decode`."""
-    window = model.attention.sliding_window
+    window = model.attention.batch_window
     n = np.asarray(num_seqs, dtype=float)
     if tokens == 1:
         kv = np.minimum(np.asarray(context, dtype=float), window or np.inf)
@@ -192,7 +192,10 @@ class StepTimer:
         self._ops = ops
         self._engine = dep.engine
         self._eager = enforce_eager
-        self._window = dep.model.attention.sliding_window
+        self._window = dep.model.attention.batch_window
+        # a KV token budget caps what a decode attends to (H2O, StreamingLLM; not SnapKV)
+        eviction = dep.precision.kv_eviction
+        self._cap = math.inf if eviction is None else eviction.decode_cap
         self._q = verify_tokens
         self._logits = verify_tokens if verify_logits else 1
         self._draft = draft
@@ -393,7 +396,7 @@ class StepTimer:
         if steps <= SHORT_RUN_STEPS:
             return np.array(self._short_run(k, num_seqs, total_context, steps))
         mean = (total_context + num_seqs * np.arange(steps, dtype=float)) / num_seqs
-        return np.interp(mean, self._ctx_grid, self._decode[k])
+        return np.interp(np.minimum(mean, self._cap), self._ctx_grid, self._decode[k])
 
     def _penalised_run(
         self, k: int, num_seqs: int, total_context: float, steps: int, outputs: tuple[int, int]
@@ -403,7 +406,7 @@ class StepTimer:
         assert self._decode_parts is not None
         gpu, kernels = self._decode_parts
         i = np.arange(steps, dtype=float)
-        mean = (total_context + num_seqs * i) / num_seqs
+        mean = np.minimum((total_context + num_seqs * i) / num_seqs, self._cap)
         host = self._host_s(num_seqs, outputs[0] + num_seqs * i, outputs[1] + i)
         return np.asarray(
             engine_time(
@@ -435,9 +438,10 @@ class StepTimer:
         if row is None:
             row = self._decode_rows[k] = self._decode[k].tolist()
         grid, top = self._ctx_list, len(self._ctx_list) - 1
+        cap = self._cap
         durations: list[float] = []
         for i in range(steps):
-            mean = (total_context + num_seqs * i) / num_seqs
+            mean = min((total_context + num_seqs * i) / num_seqs, cap)
             j = bisect_right(grid, mean) - 1
             if j < 0:
                 durations.append(row[0])

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import Field
 
 from simulator.errors import SpecError
-from simulator.specs._base import Frozen
+from simulator.specs._base import MAX_TOKENS, Frozen
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec, WeightDtype
 from simulator.specs.weights import (
@@ -80,7 +81,7 @@ class Parallelism(Frozen):
                 field="tensor_parallel_size",
             )
         kv = attn.num_kv_heads
-        if attn.kind == "gqa" and kv % self.tp and self.tp % kv:
+        if attn.kind != "mla" and kv % self.tp and self.tp % kv:
             raise SpecError(
                 f"tensor parallel size {self.tp} neither divides nor is a multiple of the "
                 f"{kv} KV heads",
@@ -150,6 +151,46 @@ class Parallelism(Frozen):
             )
 
 
+KvEvictionPolicy = Literal["snapkv", "h2o", "streaming"]
+
+
+class KvEviction(Frozen):
+    """A KV token budget: each sequence keeps at most `budget_tokens` tokens of KV once its
+    prompt is in, chosen by `policy` (quality effects are not modelled):
+
+    - `snapkv` (Li et al., arXiv 2404.14469): at the end of prefill the last
+      `observation_window` prompt tokens' attention to the prompt scores its positions (pooled,
+      top-k per head) and the prompt keeps `budget_tokens` of them; generated tokens are all
+      kept, as SnapKV compresses the prompt only.
+    - `h2o` (Zhang et al., arXiv 2306.14048): heavy hitters plus recent tokens, `budget_tokens`
+      in all; each decode step accumulates the step's attention weights per cached token and
+      evicts the lowest.
+    - `streaming` (StreamingLLM, Xiao et al., arXiv 2309.17453): attention sinks plus a window
+      of the most recent tokens, `budget_tokens` in all; eviction is a ring buffer's index, no
+      kernel.
+
+    The prompt is held whole while it is prefilled (every policy scores or evicts after)."""
+
+    budget_tokens: int = Field(gt=0, le=MAX_TOKENS)
+    policy: KvEvictionPolicy = "snapkv"
+    # SnapKV's observation window: the last 32 prompt tokens (arXiv 2404.14469, sec. 5: window
+    # size 32, pooling kernel 7).
+    observation_window: int = Field(default=32, gt=0, le=MAX_TOKENS)
+
+    def held(self, computed: int, prompt: int) -> int:
+        """Tokens of KV a sequence of `prompt` prompt tokens keeps with `computed` computed."""
+        if computed <= prompt:
+            return computed
+        if self.policy == "snapkv":
+            return min(prompt, self.budget_tokens) + computed - prompt
+        return min(computed, self.budget_tokens)
+
+    @property
+    def decode_cap(self) -> float:
+        """The most KV tokens a decode attends to (SnapKV: no cap, generated tokens stay)."""
+        return math.inf if self.policy == "snapkv" else float(self.budget_tokens)
+
+
 class Precision(Frozen):
     """Resolved precisions: what the weights are stored in, what the matrix units compute in,
     what the KV cache holds, and what activations are kept in between kernels. `weights` is
@@ -160,10 +201,11 @@ class Precision(Frozen):
 
     weights: WeightDtype
     compute: Literal["fp32", "bf16", "fp16", "fp8", "int8", "fp4"]
-    kv_cache: Literal["fp32", "bf16", "fp16", "fp8"]
+    kv_cache: Literal["fp32", "bf16", "fp16", "fp8", "int4", "int2"]
     activations: Literal["fp32", "bf16", "fp16"]
     formats: WeightFormats | None = None
     matrix_formats: tuple[str, ...] = ()
+    kv_eviction: KvEviction | None = None  # a KV token budget (None: every token kept)
 
     @property
     def weight_only(self) -> bool:
@@ -225,6 +267,11 @@ def kernel_format(quantization: str) -> str:
     return "gguf" if parse_gguf(quantization) is not None else quantization
 
 
+# vLLM's --kv-cache-dtype values, and the sub-8-bit formats of `specs.model.KV_QUANT_FORMATS`
+# (KIVI's int2, COMET's int4), which vLLM does not serve.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16", "int4", "int2")
+
+
 def resolve_precision(
     model: ModelSpec,
     hw: HardwareSpec,
@@ -270,9 +317,10 @@ def resolve_precision(
         formats = formats.resolved(act)
     matrix = tuple(f for f in QUANTISED_COMPUTE if hw.supports(f))
     compute = weights if weights in matrix else act
-    if kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16"):
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise SpecError(
-            f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8)", field="kv_cache_dtype"
+            f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8, int4, int2)",
+            field="kv_cache_dtype",
         )
     kv = (
         act

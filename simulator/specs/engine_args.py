@@ -36,6 +36,8 @@ class EngineArgs:
     `max_model_len`: vLLM's --max-model-len (None: the model's context length).
     `host_cpu`: the node's CPU where it is not the hardware's (`--host-cpu`; an id of
     simulator/specs/host_cpus.yaml): the engine's CPU costs scale to it.
+    `kv_budget`: tokens of KV each sequence keeps after its prompt, chosen by `kv_eviction`
+    (snapkv, h2o, streaming; `specs.deployment.KvEviction`); no vLLM flag.
     Values are checked when the scenario is validated.
     """
 
@@ -47,6 +49,8 @@ class EngineArgs:
     dtype: str = "auto"
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
+    kv_budget: int | None = None
+    kv_eviction: str = "snapkv"
     enforce_eager: bool = False
     max_model_len: int | None = None
     async_scheduling: bool = False
@@ -93,6 +97,8 @@ class EngineArgs:
             "dtype": self.dtype,
             "quantization": self.quantization,
             "kv_cache_dtype": self.kv_cache_dtype,
+            "kv_budget": self.kv_budget,
+            "kv_eviction": self.kv_eviction,
             "enforce_eager": self.enforce_eager,
             "max_model_len": self.max_model_len,
             "async_scheduling": self.async_scheduling,

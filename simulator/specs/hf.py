@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from simulator.errors import did_you_mean
-from simulator.specs.model import MLP, GQAttention, MLAttention, ModelSpec, MoE
+from simulator.specs.model import MLP, CCAttention, GQAttention, MLAttention, ModelSpec, MoE
 from simulator.specs.weights import WeightFormats, check_patterns, from_ignore_list
 
 _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -35,7 +35,8 @@ READ_KEYS = frozenset(
      "n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace",
      "mlp_only_layers", "decoder_sparse_step", "moe_layer_freq", "num_experts_per_tok",
      "quantization_config", "alibi", "tie_word_embeddings", "max_position_embeddings",
-     "seq_length", "n_positions", "vocab_size"}
+     "seq_length", "n_positions", "vocab_size", "layer_types", "sliding_window_pattern",
+     "max_window_layers", "cca_time0", "cca_time1", "cca_compression"}
 )  # fmt: skip
 # Hugging Face keys of other meanings that are one edit away from a key read above: never
 # typos (MPT's n_heads and n_layers, GPT-2's n_ctx, and plural or singular forms in use).
@@ -163,15 +164,55 @@ def _attention(cfg: dict[str, Any], hidden: int) -> GQAttention | MLAttention:
     model_type = _model_type(cfg)
     bias = bool(cfg.get("attention_bias", False)) or model_type in ("qwen2", "qwen2_moe", "bloom")
     use_window = cfg.get("use_sliding_window", True) and cfg.get("sliding_window")
-    return GQAttention(
+    window_layers = _window_layers(cfg) if use_window else None
+    cca = any(cfg.get(k) is not None for k in ("cca_time0", "cca_time1", "cca_compression"))
+    head_dim = hidden // heads
+    if cca and cfg.get("head_dim") is None:  # the paper's d_head = d_model / (C x heads)
+        head_dim = max(1, hidden // (_int(cfg, "cca_compression", 1) * heads))
+    extra: dict[str, Any] = {}
+    if cca:
+        extra["conv_kernels"] = (_int(cfg, "cca_time0", 2), _int(cfg, "cca_time1", 2))
+    return (CCAttention if cca else GQAttention)(
         num_heads=heads,
         num_kv_heads=_int(cfg, "num_key_value_heads", heads),
-        head_dim=_int(cfg, "head_dim", hidden // heads),
+        head_dim=_int(cfg, "head_dim", head_dim),
         qkv_bias=bias,
         o_bias=bool(cfg.get("attention_bias", False)) or model_type == "bloom",
         qk_norm=model_type in ("qwen3", "qwen3_moe"),
         sliding_window=_first_int(cfg, "sliding_window", default=0) or None if use_window else None,
+        sliding_window_layers=window_layers,
+        **extra,
     )
+
+
+def _window_layers(cfg: dict[str, Any]) -> int | None:
+    """How many layers attend within the sliding window when not all do (None: all). Read
+    from transformers' `layer_types` ("sliding_attention" / "full_attention" per layer, as
+    Gemma-2/3, Qwen2/3 and GPT-OSS configs write it), else Gemma-3's `sliding_window_pattern`
+    (every n-th layer global, modeling_gemma3.py: `bool((layer_idx + 1) % pattern)`), else
+    Gemma-2's alternation (even layers local, modeling_gemma2.py), else Qwen2's
+    `max_window_layers` (layers from that index on use the window, configuration_qwen2.py)."""
+    layers = _int(cfg, "num_layers")
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            raise ConfigKeyError("layer_types", f"expected a list of {layers} layer types")
+        sliding = {"sliding_attention", "hybrid_sliding"}  # hybrid*: ZAYA1's CCA layers
+        known = ["sliding_attention", "full_attention", "hybrid", "hybrid_sliding"]
+        odd = next((t for t in types if t not in known), None)
+        if odd is not None:
+            raise ConfigKeyError("layer_types", f"unknown layer type {odd!r} ({', '.join(known)})")
+        local = sum(t in sliding for t in types)
+    elif cfg.get("sliding_window_pattern") is not None:
+        pattern = _int(cfg, "sliding_window_pattern")
+        local = sum(1 for i in range(layers) if (i + 1) % pattern)
+    elif _model_type(cfg) == "gemma2":
+        local = (layers + 1) // 2
+    elif cfg.get("max_window_layers") is not None and _model_type(cfg).startswith("qwen"):
+        local = layers - min(layers, _int(cfg, "max_window_layers"))
+    else:
+        return None
+    return None if local == layers else local
 
 
 def _dense_mlp(cfg: dict[str, Any], hidden: int) -> MLP:

@@ -2,10 +2,11 @@
 
 A ModelSpec is built from a Hugging Face `config.json` (`simulator.specs.hf.from_hf_config`);
 the built-in catalogue is a folder of such configs. Covered: dense MHA/GQA/MQA, DeepSeek MLA
-(latent KV), gated and plain MLPs, MoE (routed experts, top-k, shared experts, leading dense
-layers), sliding-window attention, tied embeddings, the position encoding (rotary: a kernel of
-its own per layer; ALiBi: inside attention). Not modelled: multi-token-prediction heads
-(excluded from parameter counts, as published totals exclude them), vision towers.
+(latent KV), compressed convolutional attention (CCA/CCGQA: attention in a latent), gated and
+plain MLPs, MoE (routed experts, top-k, shared experts, leading dense layers), sliding-window
+attention and hybrid local/global layouts, tied embeddings, the position encoding (rotary: a
+kernel of its own per layer; ALiBi: inside attention). Not modelled: multi-token-prediction
+heads (excluded from parameter counts, as published totals exclude them), vision towers.
 """
 
 from __future__ import annotations
@@ -29,7 +30,33 @@ DTYPE_BYTES: dict[str, float] = {
     "int8": 1.0,
     "int4": 0.5,
     "fp4": 0.5,
+    "int2": 0.25,
 }
+
+# KV cache formats below 8 bits: (bits per element, elements per quantization group, each
+# group carrying an fp16 scale and an fp16 zero point, recent tokens kept in 16 bits).
+# int2: KIVI (Liu et al., arXiv 2402.02750, sec. 4 and 5.1): keys quantized per channel and
+# values per token in groups of G = 32, the last R = 128 tokens held in full precision until
+# a group of them is quantized. int4: COMET's KV4 (Liu et al., arXiv 2410.12168, FMPQ):
+# groups of 128 channels with a scale and zero each, no full-precision window.
+KV_QUANT_FORMATS: dict[str, tuple[int, int, int]] = {
+    "int4": (4, 128, 0),
+    "int2": (2, 32, 128),
+}
+
+
+def kv_bytes_per_elem(kv_dtype: str) -> float:
+    """Bytes one cached K or V element occupies at `kv_dtype`, a low-bit format's scales and
+    zero points (two fp16 per group) included."""
+    if kv_dtype in KV_QUANT_FORMATS:
+        bits, group, _ = KV_QUANT_FORMATS[kv_dtype]
+        return bits / 8.0 + 4.0 / group
+    return DTYPE_BYTES[kv_dtype]
+
+
+def kv_residual_tokens(kv_dtype: str) -> int:
+    """Recent tokens of each sequence a low-bit KV format keeps in 16 bits (KIVI's R)."""
+    return KV_QUANT_FORMATS[kv_dtype][2] if kv_dtype in KV_QUANT_FORMATS else 0
 
 
 class GQAttention(Frozen):
@@ -43,6 +70,13 @@ class GQAttention(Frozen):
     o_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = Field(default=None, gt=0, description="tokens attended, or all")
+    sliding_window_layers: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_LAYERS,
+        description="layers that attend within sliding_window (the rest attend to all tokens: "
+        "a hybrid local/global layout, as Gemma-2/3's layer_types); None: every layer",
+    )
 
     @model_validator(mode="after")
     def _groups(self) -> GQAttention:
@@ -56,6 +90,12 @@ class GQAttention(Frozen):
     @property
     def q_dim(self) -> int:
         return self.num_heads * self.head_dim
+
+    @property
+    def batch_window(self) -> int | None:
+        """The window every layer attends within (a batch's attended KV is capped at it), or
+        None: no window, or a hybrid layout whose global layers attend to all tokens."""
+        return self.sliding_window if self.sliding_window_layers is None else None
 
     @property
     def kv_dim(self) -> int:
@@ -89,6 +129,8 @@ class MLAttention(Frozen):
     qk_rope_head_dim: int = Field(gt=0)
     v_head_dim: int = Field(gt=0)
     sliding_window: None = None
+    sliding_window_layers: None = None
+    batch_window: None = None
 
     @property
     def num_kv_heads(self) -> int:
@@ -114,7 +156,37 @@ class MLAttention(Frozen):
         return q + kv_a + kv_b + o
 
 
-Attention = Annotated[GQAttention | MLAttention, Field(discriminator="kind")]
+class CCAttention(GQAttention):
+    """Compressed Convolutional (Grouped Query) Attention, CCA / CCGQA (Figliolia et al.,
+    arXiv 2510.04476): queries, keys and values are down-projected to a latent of `num_heads`
+    (queries) and `num_kv_heads` (keys, values) heads of `head_dim`, smaller than the hidden
+    size by the compression factor, and attention runs inside that latent: the cache holds
+    the latent K and V, and attention's FLOPs shrink with it. Before attention the latent
+    queries and keys pass through two causal convolutions along the sequence, a depthwise one
+    of `conv_kernels[0]` taps and one grouped by head of `conv_kernels[1]` taps (ZAYA1's
+    `cca_time0` / `cca_time1`, both 2, transformers' configuration_zaya.py); values are half
+    from the token and half from the one before (a value shift, no extra projection)."""
+
+    kind: Literal["cca"] = "cca"  # type: ignore[assignment]
+    conv_kernels: tuple[int, int] = (2, 2)
+
+    @model_validator(mode="after")
+    def _kernels(self) -> CCAttention:
+        if min(self.conv_kernels) < 1:
+            raise ValueError(f"conv_kernels must be at least 1, got {self.conv_kernels}")
+        return self
+
+    def compression(self, hidden: int) -> float:
+        """How much smaller the query latent is than the hidden size (the paper's C)."""
+        return hidden / self.q_dim
+
+    def params(self, hidden: int) -> int:
+        taps0, taps1 = self.conv_kernels
+        channels = self.q_dim + self.kv_dim  # the convolved queries and keys
+        return super().params(hidden) + channels * taps0 + channels * taps1 * self.head_dim
+
+
+Attention = Annotated[GQAttention | CCAttention | MLAttention, Field(discriminator="kind")]
 
 
 class MLP(Frozen):
@@ -195,6 +267,11 @@ class ModelSpec(Frozen):
     def _moe_layers(self) -> ModelSpec:
         if self.moe is not None and self.moe.first_dense_layers > self.num_layers:
             raise ValueError("moe.first_dense_layers exceeds num_layers")
+        local = self.attention.sliding_window_layers
+        if local is not None and local > self.num_layers:
+            raise ValueError(
+                f"attention.sliding_window_layers ({local}) exceeds num_layers ({self.num_layers})"
+            )
         return self
 
     @property
@@ -205,6 +282,14 @@ class ModelSpec(Frozen):
             if self.moe
             else [False] * self.num_layers
         )
+
+    @property
+    def num_window_layers(self) -> int:
+        """Layers attending within the sliding window (0 without one)."""
+        if self.attention.sliding_window is None:
+            return 0
+        local = self.attention.sliding_window_layers
+        return self.num_layers if local is None else local
 
     # -- layer counts ---------------------------------------------------------------------
     @property
@@ -265,7 +350,8 @@ class ModelSpec(Frozen):
 
     def kv_bytes_per_token(self, kv_dtype: str | None = None) -> float:
         """Bytes of KV cache one token occupies across all layers, at `kv_dtype` (default:
-        the model's native activation dtype). Sliding-window layers are counted in full: the
-        block manager does not free blocks outside the window (vLLM V0 behaviour)."""
-        dtype_bytes = DTYPE_BYTES[kv_dtype or self.dtype]
+        the model's native activation dtype), every layer counted (what a token costs while
+        it is inside every window; `costmodel.memory.KvHold` caps what sliding-window layers
+        keep)."""
+        dtype_bytes = kv_bytes_per_elem(kv_dtype or self.dtype)
         return float(self.attention.kv_elems_per_token * self.num_layers * dtype_bytes)

@@ -23,7 +23,7 @@ from simulator.specs._base import (
     Frozen,
     Watts,
 )
-from simulator.specs.deployment import check_quantization
+from simulator.specs.deployment import KvEvictionPolicy, check_quantization
 from simulator.specs.engine import Entrypoint
 from simulator.specs.loader import (
     beside,
@@ -105,7 +105,21 @@ class ReplicaGroupSpec(Frozen):
         description="weight format: fp8, int8, int4, fp4, or gguf:TYPE (a GGUF file type such "
         "as gguf:Q4_K_M, its tensors in llama.cpp's formats); None: the checkpoint's own",
     )
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = Field(
+        default="auto",
+        description="vLLM's --kv-cache-dtype (auto, fp8), or int4 (COMET's KV4) / int2 "
+        "(KIVI), which vLLM does not serve",
+    )
+    kv_budget: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TOKENS,
+        description="tokens of KV each sequence keeps once its prompt is in (SnapKV, H2O, "
+        "StreamingLLM); None: all. Turns prefix caching off unless it is set",
+    )
+    kv_eviction: KvEvictionPolicy = Field(
+        default="snapkv", description="what a kv_budget keeps: snapkv, h2o or streaming"
+    )
     enforce_eager: bool = False
     max_model_len: int | None = Field(
         default=None,
@@ -197,9 +211,11 @@ class ReplicaGroupSpec(Frozen):
     @property
     def prefix_caching(self) -> bool:
         """Prefix caching on: as set, else the engine's default (on for an engine id that is
-        not found, whose error comes when the group is built)."""
+        not found, whose error comes when the group is built); off under a kv_budget."""
         if self.enable_prefix_caching is not None:
             return self.enable_prefix_caching
+        if self.kv_budget is not None:  # a cache of evicted prompts is not modelled
+            return False
         try:
             return load_engine(self.engine).scheduler.prefix_caching
         except SpecError:

@@ -110,7 +110,7 @@ def _predict_group(
     b = conf["batch_size"].to_numpy(dtype=float)
     p = conf["prompt_size"].to_numpy(dtype=float)
     t = conf["token_size"].to_numpy(dtype=int)
-    window = model.attention.sliding_window
+    window = model.attention.batch_window
 
     pre = BatchShape.prefill(batch_size=b, prompt_len=p, window=window)
     pre_step = step_cost(model, hw, layout, prec, pre, engine=engine)

@@ -81,7 +81,7 @@ def _phase_work(conf: pd.DataFrame, hw: HardwareSpec) -> pd.DataFrame:
     model = load_model(str(conf["model_id"].iloc[0]))
     layout = Parallelism(tp=int(conf["tensor_parallel"].iloc[0]))
     prec = resolve_precision(model, hw, dtype="float16")
-    window = model.attention.sliding_window
+    window = model.attention.batch_window
     b = conf["batch_size"].to_numpy(dtype=float)
     p = conf["prompt_size"].to_numpy(dtype=float)
     t = conf["token_size"].to_numpy(dtype=float)

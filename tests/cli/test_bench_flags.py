@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import typer
-from clitools import run_cli
+from clitools import one_line_error, run_cli
 
 from simulator.cli import app, main
 from simulator.runs import runner
@@ -72,7 +72,15 @@ KV_EXPECTED = EngineArgs(
 MULTI_STEP_FLAGS = ["--engine", "vllm-0.6", "--num-scheduler-steps", "4"]  # V0 only
 MULTI_STEP_FLAGS += ["--host-cpu", "epyc-9654"]
 MULTI_STEP_EXPECTED = EngineArgs(engine="vllm-0.6", num_scheduler_steps=4, host_cpu="epyc-9654")
-CASES = [(FLAGS, EXPECTED), (KV_FLAGS, KV_EXPECTED), (MULTI_STEP_FLAGS, MULTI_STEP_EXPECTED)]
+BUDGET_FLAGS = ["--kv-budget", "512", "--kv-eviction", "h2o"]  # turns prefix caching off
+BUDGET_FLAGS += ["-cp", "2"]
+BUDGET_EXPECTED = EngineArgs(kv_budget=512, kv_eviction="h2o", context_parallel_size=2)
+CASES = [
+    (FLAGS, EXPECTED),
+    (KV_FLAGS, KV_EXPECTED),
+    (MULTI_STEP_FLAGS, MULTI_STEP_EXPECTED),
+    (BUDGET_FLAGS, BUDGET_EXPECTED),
+]
 
 
 class Captured(Exception):  # carries a value out of the command
@@ -154,3 +162,20 @@ def test_a_bad_flag_value_is_named_by_its_flag(
     code, out, err = run_cli(capsys, *args, "--num-prompts", "4", *flags)
     assert (code, out, err.count("\n")) == (2, "", 1)
     assert err.startswith(f"llmsim: error: {named}: "), err
+
+
+def test_kv_budget_flags_run_and_bad_values_are_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["bench", "throughput", *BENCH, "--num-prompts", "8", "--input-len", "2048"]
+    code, out, _ = run_cli(capsys, *args, "--output-len", "64", "--kv-budget", "256")
+    assert code == 0 and "Throughput:" in out
+    code, out, _ = run_cli(capsys, *args, "--kv-cache-dtype", "int2")
+    assert code == 0 and "Throughput:" in out
+    assert "kv_cache_dtype" in one_line_error(capsys, *args, "--kv-cache-dtype", "int3")
+    assert "--kv-eviction" in one_line_error(
+        capsys, *args, "--kv-budget", "64", "--kv-eviction", "lru"
+    )
+    assert "kv_budget" in one_line_error(
+        capsys, *args, "--kv-budget", "64", "--enable-prefix-caching"
+    )
