@@ -146,6 +146,7 @@ def bench_latency_cmd(
 
 def _print_latency_summary(result: Any, data: dict[str, Any]) -> None:
     from simulator.metrics.bands import band_lines, band_suffix
+    from simulator.metrics.summary import bound_lines
 
     out.print(
         f"Avg latency: {result.latency_s:.6f} seconds{band_suffix(data, 'avg_latency', '.6f')}",
@@ -159,7 +160,7 @@ def _print_latency_summary(result: Any, data: dict[str, Any]) -> None:
         f"{format_seconds(result.tpot_s)}{_seconds_band(data, 'tpot_s')}",
         markup=False,
     )
-    for line in band_lines(data):
+    for line in bound_lines(data) + band_lines(data):
         out.print(line, markup=False, highlight=False)
     per_step = result.config.get("speculative_tokens_per_step")
     if per_step is not None and len(result.decode_steps):  # TPOT is then per output token
