@@ -63,6 +63,14 @@ AsyncOpt = Annotated[
         help="schedule and prepare the next step while the GPU runs this one (vLLM V1)",
     ),
 ]
+OverlapTpOpt = Annotated[
+    bool,
+    typer.Option(
+        "--overlap-tp-comm/--no-overlap-tp-comm",
+        help="fuse each tensor-parallel all-reduce with the GEMM producing its input "
+        "(T3-style; TensorRT-LLM userbuffers): it runs under that GEMM",
+    ),
+]
 GmuOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
 SeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs")]
 TokensOpt = Annotated[int | None, typer.Option("--max-num-batched-tokens")]

@@ -454,6 +454,7 @@ def estimate(
     kv_cache_dtype: str = "auto",
     enforce_eager: bool = False,
     async_scheduling: bool = False,
+    overlap_tp_comm: bool = False,
     gpu_memory_utilization: float | None = None,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
@@ -469,6 +470,7 @@ def estimate(
     mapping or a SpeculativeSpec) with the acceptance added (serving/speculative.py). A model
     too large for the GPU runs with weights streamed from host memory when `cpu_offload_gb`
     or `offload` allows it (see `deployment`). `async_scheduling`: vLLM's --async-scheduling.
+    `overlap_tp_comm`: tensor-parallel all-reduces fused with their producer GEMMs.
     `max_model_len`: vLLM's --max-model-len (default and upper bound: the model's context).
     The requests sample as vLLM's benchmark's do (temperature 1.0: OFFLINE_BENCH_SAMPLING), the
     engine's draw priced every step."""
@@ -487,6 +489,7 @@ def estimate(
         offload=offload,
         entrypoint="offline",  # vllm bench latency runs the LLM class
         async_scheduling=async_scheduling,
+        overlap_tp_comm=overlap_tp_comm,
     )
     return bench_latency(
         dep,

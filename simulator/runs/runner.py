@@ -135,6 +135,7 @@ def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
         expert_offload=spec.expert_offload,
         entrypoint=spec.entrypoint,
         async_scheduling=spec.async_scheduling,
+        overlap_tp_comm=spec.overlap_tp_comm,
     )
 
 
