@@ -10,6 +10,7 @@ cheapest fleet (`plan`), validate against measurements (`run_validation`).
 from __future__ import annotations
 
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.bound import HardwareBound, hardware_bound
 from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.costmodel.single_ops import (
@@ -63,6 +64,7 @@ __all__ = [
     "EngineArgs",
     "EngineOpCost",
     "EngineSpec",
+    "HardwareBound",
     "HardwareSpec",
     "KVTransferSpec",
     "LatencyResult",
@@ -91,6 +93,7 @@ __all__ = [
     "estimate",
     "gemm_cost",
     "generate_requests",
+    "hardware_bound",
     "list_engines",
     "list_hardware",
     "list_models",

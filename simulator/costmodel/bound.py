@@ -102,15 +102,20 @@ def hardware_bound(
     *,
     prompt_len: float,
     output_len: float,
-    weight_bytes: float,
-    kv_capacity_tokens: int,
+    weight_bytes: float | None = None,
+    kv_capacity_tokens: int | None = None,
 ) -> HardwareBound:
     """The bound of one replica of `dep` serving requests of `prompt_len` prompt and
     `output_len` output tokens (means). `weight_bytes`: the weights of one device (its memory
     plan's, offloaded ones included); `kv_capacity_tokens`: the tokens one replica's KV cache
-    holds (memory plan). Raises ValueError for lengths below 1."""
+    holds (memory plan); either None: from the engine's default memory plan (`dep.memory()`).
+    Raises ValueError for lengths below 1."""
     if prompt_len < 1 or output_len < 1:
         raise ValueError(f"lengths must be at least 1, got {prompt_len} and {output_len}")
+    if weight_bytes is None or kv_capacity_tokens is None:
+        plan = dep.memory()
+        weight_bytes = plan.weights_bytes + plan.offloaded_bytes
+        kv_capacity_tokens = plan.kv_capacity_tokens
     model, hw, layout, prec = dep.model, dep.hardware, dep.layout, dep.precision
     gpus = layout.tp * layout.pp * layout.cp
     p, o = float(prompt_len), float(output_len)
