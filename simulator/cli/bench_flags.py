@@ -68,7 +68,7 @@ OverlapTpOpt = Annotated[
     typer.Option(
         "--overlap-tp-comm/--no-overlap-tp-comm",
         help="fuse each tensor-parallel all-reduce with the GEMM producing its input "
-        "(T3-style; TensorRT-LLM userbuffers): it runs under that GEMM",
+        "(T3-style): it runs under that GEMM",
     ),
 ]
 GmuOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]

@@ -300,10 +300,10 @@ TP_PRODUCERS = ("o_proj", "down_proj", "expert_down_proj", "shared_down_proj")
 
 def _overlap_tp(costs: list[OpCost], fraction: float) -> list[OpCost]:
     """An engine that fuses each all-reduce with the GEMM producing its input (T3, arXiv
-    2401.16677; TensorRT-LLM's userbuffers) sends finished tiles while the rest compute: the
-    step hides min(all-reduce, `fraction` x the producers' time) of `tp_all_reduce`'s time
-    (never more than the all-reduce, so no step gets slower). The fraction and its sources:
-    `costmodel/tp_overlap.yaml`."""
+    2401.16677; vLLM's opt-in async-TP collective fusion) sends finished tiles while the rest
+    compute: the step hides min(all-reduce, `fraction` x the producers' time) of
+    `tp_all_reduce`'s time (never more than the all-reduce, so no step gets slower). The
+    fraction and its sources: `costmodel/tp_overlap.yaml`."""
     at = {c.op.name: i for i, c in enumerate(costs)}
     if "tp_all_reduce" not in at:
         return costs

@@ -117,7 +117,7 @@ class ReplicaGroupSpec(Frozen):
     overlap_tp_comm: bool = Field(
         default=False,
         description="tensor-parallel all-reduces fused with the GEMM producing their input "
-        "(T3, TensorRT-LLM userbuffers): each hides under that GEMM (costmodel/tp_overlap.yaml)",
+        "(T3-style): each hides under that GEMM (costmodel/tp_overlap.yaml)",
     )
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     swap_space_gib: float = Field(

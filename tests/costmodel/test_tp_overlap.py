@@ -100,10 +100,10 @@ def _sublayer_speedup(hardware: str, *, hidden: int, inner: int, tokens: int) ->
 
 
 def test_t3s_sublayer_speedups_in_direction_and_rough_magnitude() -> None:
-    """T3 (arXiv 2401.16677): T-NLG's and Mega-GPT-2's communication-heavy sublayers 30%
-    faster at the geometric mean, 47% at most; here the output projection (inner = hidden)
-    and FC-2 (inner = 4 x hidden) at TP8 on MI300X (T3 modelled an AMD Instinct-class GPU),
-    8192 tokens (docs/cost-model.md has the table)."""
+    """T3 (arXiv 2401.16677): communication-heavy sublayers of models like T-NLG 30% faster
+    at the geometric mean, 47% at most; here the output projection (inner = hidden) and FC-2
+    (inner = 4 x hidden) at TP8 on MI300X, hidden 3072 and 4256, 8192 tokens
+    (docs/cost-model.md has the table)."""
     speedups = [
         _sublayer_speedup("mi300x", hidden=h, inner=mult * h, tokens=8192)
         for h in (3072, 4256)
