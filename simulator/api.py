@@ -10,6 +10,7 @@ cheapest fleet (`plan`), validate against measurements (`run_validation`).
 from __future__ import annotations
 
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.bound import HardwareBound, hardware_bound
 from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.costmodel.single_ops import (
@@ -64,6 +65,7 @@ __all__ = [
     "EngineArgs",
     "EngineOpCost",
     "EngineSpec",
+    "HardwareBound",
     "HardwareSpec",
     "KVTransferSpec",
     "LatencyResult",
@@ -92,6 +94,7 @@ __all__ = [
     "estimate",
     "gemm_cost",
     "generate_requests",
+    "hardware_bound",
     "list_engines",
     "list_hardware",
     "list_host_cpus",

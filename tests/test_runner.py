@@ -44,6 +44,13 @@ THROUGHPUT_KEYS = {
     "tokens_per_second",
     "output_tokens_per_second",
 }
+# the hardware-limit bound and the run's share of it (costmodel.bound)
+BOUND_KEYS = {
+    "hardware_bound_tok_s",
+    "hardware_bound_output_tok_s",
+    "hardware_bound_resource",
+    "bound_share",
+}
 
 
 def small_workload(n: int = 40, rate: float = 20.0) -> WorkloadSpec:
@@ -106,7 +113,7 @@ def test_throughput_never_exceeds_what_the_roofline_allows() -> None:
     result, summary = runner.bench_throughput(
         model="llama-3.1-8b", hardware="h100_sxm", input_len=128, output_len=64, num_prompts=64
     )
-    assert set(summary) == THROUGHPUT_KEYS
+    assert set(summary) == THROUGHPUT_KEYS | BOUND_KEYS
     steps = result.sim.steps
     fastest = (steps["end_s"] - steps["start_s"]).min()
     assert summary["output_tokens_per_second"] <= 64 / fastest
@@ -238,7 +245,7 @@ def test_bench_throughput_json(capsys: pytest.CaptureFixture[str]) -> None:
         "output_tokens_per_second_interval",
         "elapsed_time_interval",
     }
-    assert set(data) == THROUGHPUT_KEYS | bands
+    assert set(data) == THROUGHPUT_KEYS | BOUND_KEYS | bands
     assert data["num_requests"] == 30
 
 

@@ -34,6 +34,7 @@ from simulator.cli.bench_flags import (
     ModelOpt,
     OffloadConfigOpt,
     OutJsonOpt,
+    OverlapTpOpt,
     PolicyOpt,
     PpOpt,
     PreemptOpt,
@@ -95,6 +96,7 @@ def bench_latency_cmd(
     enforce_eager: EagerOpt = False,
     async_scheduling: AsyncOpt = False,
     host_cpu: HostCpuOpt = None,
+    overlap_tp_comm: OverlapTpOpt = False,
     max_model_len: MaxModelLenOpt = None,
     gpu_memory_utilization: GmuOpt = None,
     max_num_seqs: SeqsOpt = None,
@@ -132,6 +134,7 @@ def bench_latency_cmd(
         enforce_eager=enforce_eager,
         async_scheduling=async_scheduling,
         host_cpu=host_cpu,
+        overlap_tp_comm=overlap_tp_comm,
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -152,6 +155,7 @@ def bench_latency_cmd(
 
 def _print_latency_summary(result: Any, data: dict[str, Any]) -> None:
     from simulator.metrics.bands import band_lines, band_suffix
+    from simulator.metrics.summary import bound_lines
 
     out.print(
         f"Avg latency: {result.latency_s:.6f} seconds{band_suffix(data, 'avg_latency', '.6f')}",
@@ -165,7 +169,7 @@ def _print_latency_summary(result: Any, data: dict[str, Any]) -> None:
         f"{format_seconds(result.tpot_s)}{_seconds_band(data, 'tpot_s')}",
         markup=False,
     )
-    for line in band_lines(data):
+    for line in bound_lines(data) + band_lines(data):
         out.print(line, markup=False, highlight=False)
     per_step = result.config.get("speculative_tokens_per_step")
     if per_step is not None and len(result.decode_steps):  # TPOT is then per output token
@@ -277,6 +281,7 @@ def bench_throughput_cmd(
     enforce_eager: EagerOpt = False,
     async_scheduling: AsyncOpt = False,
     host_cpu: HostCpuOpt = None,
+    overlap_tp_comm: OverlapTpOpt = False,
     max_model_len: MaxModelLenOpt = None,
     gpu_memory_utilization: GmuOpt = None,
     max_num_seqs: SeqsOpt = None,
@@ -471,6 +476,7 @@ def bench_serve_cmd(
     enforce_eager: EagerOpt = False,
     async_scheduling: AsyncOpt = False,
     host_cpu: HostCpuOpt = None,
+    overlap_tp_comm: OverlapTpOpt = False,
     max_model_len: MaxModelLenOpt = None,
     gpu_memory_utilization: GmuOpt = None,
     max_num_seqs: SeqsOpt = None,

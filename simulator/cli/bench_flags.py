@@ -106,6 +106,14 @@ HostCpuOpt = Annotated[
         "the engine's CPU costs scale by single-thread speed",
     ),
 ]
+OverlapTpOpt = Annotated[
+    bool,
+    typer.Option(
+        "--overlap-tp-comm/--no-overlap-tp-comm",
+        help="fuse each tensor-parallel all-reduce with the GEMM producing its input "
+        "(T3-style): it runs under that GEMM",
+    ),
+]
 GmuOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
 SeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs")]
 TokensOpt = Annotated[int | None, typer.Option("--max-num-batched-tokens")]

@@ -100,11 +100,14 @@ def deployment(
     host_cpu: str | None = None,
     kv_budget: int | None = None,
     kv_eviction: str = "snapkv",
+    overlap_tp_comm: bool = False,
 ) -> Deployment:
     """Resolve ids into a checked Deployment; raises SpecError for anything impossible.
     `entrypoint`: the engine runs as an API server or offline (vLLM's LLM class), which with
     the device picks its batch defaults (`EngineSpec.on_device`). `async_scheduling`: vLLM's
     --async-scheduling (`EngineSpec.with_async_scheduling`; SpecError on an engine without).
+    `overlap_tp_comm`: tensor-parallel all-reduces fused with their producer GEMMs
+    (`EngineSpec.with_tp_comm_overlap` at `roofline.tp_overlap_fraction`).
     `cpu_offload_gb` (vLLM's flag), `offload` (an OffloadSpec, mapping or JSON text) and
     `expert_offload` keep weights off the GPU (`simulator.specs.offload`).
     `context_parallel_size`: cp ranks of tp x pp devices share every sequence's tokens and KV
@@ -130,6 +133,10 @@ def deployment(
     )
     if async_scheduling:
         eng = eng.with_async_scheduling()
+    if overlap_tp_comm:
+        from simulator.costmodel.roofline import tp_overlap_fraction
+
+        eng = eng.with_tp_comm_overlap(tp_overlap_fraction())
     for name, value in (
         ("tensor_parallel_size", tensor_parallel_size),
         ("pipeline_parallel_size", pipeline_parallel_size),

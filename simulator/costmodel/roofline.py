@@ -10,7 +10,8 @@ kernels' thread blocks and the decode KV read live in `costmodel.attention_kerne
 cost of one-block-per-token elementwise kernels in `costmodel.elementwise_kernels`.
 
 Not modelled: L2 cache reuse across kernels, clock throttling under power caps, overlap of
-communication with compute (but for context parallelism's ring, `_overlap_ring`),
+communication with compute (but for context parallelism's ring, `_overlap_ring`, and an
+engine's fused GEMM + tensor-parallel all-reduce, `_overlap_tp`),
 contention between concurrent kernels.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -294,7 +296,43 @@ def evaluate(ops: list[Op], hw: HardwareSpec, engine: EngineSpec | None = None) 
                 _shaped(latency, shape),
             )
         )
-    return _overlap_ring(costs)
+    costs = _overlap_ring(costs)
+    if engine is not None and engine.tp_comm_overlap > 0:
+        costs = _overlap_tp(costs, engine.tp_comm_overlap)
+    return costs
+
+
+# The GEMMs whose output the tensor-parallel all-reduces carry (attention out, MLP out).
+TP_PRODUCERS = ("o_proj", "down_proj", "expert_down_proj", "shared_down_proj")
+
+
+def _overlap_tp(costs: list[OpCost], fraction: float) -> list[OpCost]:
+    """An engine that fuses each all-reduce with the GEMM producing its input (T3, arXiv
+    2401.16677; vLLM's opt-in async-TP collective fusion) sends finished tiles while the rest
+    compute: the step hides min(all-reduce, `fraction` x the producers' time) of
+    `tp_all_reduce`'s time (never more than the all-reduce, so no step gets slower). The
+    fraction and its sources: `costmodel/tp_overlap.yaml`."""
+    at = {c.op.name: i for i, c in enumerate(costs)}
+    if "tp_all_reduce" not in at:
+        return costs
+    ar = costs[at["tp_all_reduce"]]
+    producers = [costs[at[n]].total_s for n in TP_PRODUCERS if n in at]
+    if not producers:
+        return costs
+    gemm_s = sum(producers, start=np.zeros(1))
+    hidden = np.minimum(ar.total_s, fraction * gemm_s)
+    exposed = (ar.total_s - hidden) / ar.op.count
+    costs[at["tp_all_reduce"]] = dataclasses.replace(ar, time_s=_shaped(exposed, ar.time_s.shape))
+    return costs
+
+
+def tp_overlap_fraction() -> float:
+    """The sourced share of the producer GEMMs a fused all-reduce runs under
+    (`costmodel/tp_overlap.yaml`), what `--overlap-tp-comm` turns on."""
+    import yaml
+
+    text = (Path(__file__).parent / "tp_overlap.yaml").read_text()
+    return float(yaml.safe_load(text)["tp_comm_fraction"])
 
 
 def _overlap_ring(costs: list[OpCost]) -> list[OpCost]:

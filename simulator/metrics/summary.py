@@ -257,6 +257,7 @@ def format_serve_summary(
         lines.append(_row("Prefix cache hit rate (%):", hit_pct, ".2f"))
         lines.append(_row("Prefill tokens saved by the cache:", s["prefix_cache_saved_tokens"]))
     lines += _tier_section(s)
+    lines += bound_lines(s)
     lines.append("=" * WIDTH)
     return "\n".join(lines + band_lines(s))
 
@@ -283,7 +284,21 @@ def format_throughput_summary(summary: Mapping[str, float | int | None]) -> str:
     if spans:
         coverage = float(_num(summary["interval_coverage"]))
         lines.append(f"Error bands at {coverage:.0%}: {', '.join(spans)}")
-    return "\n".join(lines + band_lines(summary))
+    return "\n".join(lines + bound_lines(summary) + band_lines(summary))
+
+
+def bound_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The hardware-limit bound's line (`costmodel.bound`) where the summary has it: the bound
+    in total tokens/s, the resource that sets it and the run's share of it."""
+    bound = summary.get("hardware_bound_tok_s")
+    if bound is None:
+        return []
+    share = summary.get("bound_share")
+    text = "" if share is None else f", this run reaches {100 * _num(share):.1f}% of it"
+    return [
+        f"Hardware-limit bound: {_num(bound):.2f} total tokens/s "
+        f"({summary.get('hardware_bound_resource')}-bound at datasheet peaks){text}"
+    ]
 
 
 def parse_metric_percentiles(text: str | None) -> tuple[float, ...]:

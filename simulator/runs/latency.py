@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.bound import HardwareBound, hardware_bound
 from simulator.costmodel.deployment import Deployment, deployment, fitting_layouts
 from simulator.costmodel.memory import MemoryPlan, pick, positive, require_fit
 from simulator.costmodel.offload import OffloadPlan
@@ -62,6 +63,23 @@ class LatencyResult:
     config: dict[str, object] = field(default_factory=dict)
     engine_rows: pd.DataFrame | None = None
     band_target: bands.Target | None = None
+    bound: HardwareBound | None = None
+
+    def bound_json(self) -> dict[str, object]:
+        """The hardware-limit bound (`costmodel.bound`) for these lengths at the batch KV room
+        allows, and the batch's share of it: its prompt and output tokens over the latency
+        (keys as `runs.runner.bound_summary`); empty without a bound."""
+        if self.bound is None:
+            return {}
+        tokens = float(self.config["batch_size"]) * (  # type: ignore[arg-type]
+            float(self.config["input_len"]) + float(self.config["output_len"])  # type: ignore[arg-type]
+        )
+        return {
+            "hardware_bound_tok_s": self.bound.tokens_per_s,
+            "hardware_bound_output_tok_s": self.bound.output_tokens_per_s,
+            "hardware_bound_resource": self.bound.resource,
+            "bound_share": tokens / self.latency_s / self.bound.tokens_per_s,
+        }
 
     def intervals(self, *, coverage: float = bands.DEFAULT_COVERAGE) -> dict[str, Any]:
         """The error bands of avg_latency, ttft_s and tpot_s (`avg_latency_interval`, ...,
@@ -108,6 +126,7 @@ class LatencyResult:
             "config": self.config,
             "memory": self.memory.as_dict(),
             "breakdown": self.breakdown().to_dict(orient="records"),
+            **self.bound_json(),
         }
         if interval_coverage is not None:
             data |= self.intervals(coverage=interval_coverage)
@@ -391,6 +410,13 @@ def bench_latency(
         num_iters=num_iters,
         engine_rows=engine_rows,
         band_target=bands.deployment_target(dep),
+        bound=hardware_bound(
+            dep,
+            prompt_len=input_len,
+            output_len=output_len,
+            weight_bytes=plan.weights_bytes + plan.offloaded_bytes,
+            kv_capacity_tokens=plan.kv_capacity_tokens,
+        ),
         config={
             "model": dep.model.id,
             "hardware": dep.hardware.id,
@@ -429,6 +455,7 @@ def estimate(
     enforce_eager: bool = False,
     async_scheduling: bool = False,
     host_cpu: str | None = None,
+    overlap_tp_comm: bool = False,
     gpu_memory_utilization: float | None = None,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
@@ -445,6 +472,7 @@ def estimate(
     too large for the GPU runs with weights streamed from host memory when `cpu_offload_gb`
     or `offload` allows it (see `deployment`). `async_scheduling`: vLLM's --async-scheduling.
     `host_cpu`: the node's CPU where it is not the hardware's (`deployment`).
+    `overlap_tp_comm`: tensor-parallel all-reduces fused with their producer GEMMs.
     `max_model_len`: vLLM's --max-model-len (default and upper bound: the model's context).
     The requests sample as vLLM's benchmark's do (temperature 1.0: OFFLINE_BENCH_SAMPLING), the
     engine's draw priced every step."""
@@ -464,6 +492,7 @@ def estimate(
         entrypoint="offline",  # vllm bench latency runs the LLM class
         async_scheduling=async_scheduling,
         host_cpu=host_cpu,
+        overlap_tp_comm=overlap_tp_comm,
     )
     return bench_latency(
         dep,

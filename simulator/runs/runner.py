@@ -15,12 +15,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from simulator.costmodel.bound import HardwareBound, hardware_bound
 from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.errors import naming
 from simulator.metrics import bands
 from simulator.metrics.summary import (
     PERCENTILES,
+    completed_requests,
     kv_tier_summary,
     serve_summary,
     throughput_summary,
@@ -136,6 +138,7 @@ def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
         entrypoint=spec.entrypoint,
         async_scheduling=spec.async_scheduling,
         host_cpu=spec.host_cpu,
+        overlap_tp_comm=spec.overlap_tp_comm,
     )
 
 
@@ -247,10 +250,74 @@ def _simulate(
         summary.update(pool_summary(scenario, sim))
     if sim.kv_tiers is not None:
         summary.update(kv_tier_summary(sim.kv_tiers))
+    summary.update(
+        bound_summary(
+            scenario,
+            [plan for _, plan, _ in built],
+            [dep for _, _, dep in built],
+            sim.requests,
+            tokens_per_s=summary.get("total_token_throughput"),
+        )
+    )
     result = RunResult(
         scenario, sim, summary, [plan for _, plan, _ in built], [dep for _, _, dep in built]
     )
     return dataclasses.replace(result, energy=energy_summary(result))
+
+
+def fleet_bound(
+    scenario: Scenario,
+    plans: Sequence[MemoryPlan],
+    deps: Sequence[Deployment],
+    requests: pd.DataFrame,
+) -> HardwareBound | None:
+    """The hardware-limit bound (`costmodel.bound`) of every replica of the scenario's groups
+    together, for the completed requests' mean prompt and output lengths; None without a
+    completed request or a group whose KV cache holds nothing."""
+    done = completed_requests(requests)
+    if not len(done):
+        return None
+    prompt = float(done["prompt_tokens"].mean())
+    output = float(done["output_tokens"].mean())
+    if prompt < 1 or output < 1:
+        return None
+    total: HardwareBound | None = None
+    for spec, plan, dep in zip(scenario.replicas, plans, deps, strict=True):
+        if plan.kv_capacity_tokens <= 0:
+            return None
+        one = hardware_bound(
+            dep,
+            prompt_len=prompt,
+            output_len=output,
+            weight_bytes=plan.weights_bytes + plan.offloaded_bytes,
+            kv_capacity_tokens=plan.kv_capacity_tokens,
+        ).scaled(spec.num_replicas)
+        total = one if total is None else total.plus(one)
+    return total
+
+
+def bound_summary(
+    scenario: Scenario,
+    plans: Sequence[MemoryPlan],
+    deps: Sequence[Deployment],
+    requests: pd.DataFrame,
+    *,
+    tokens_per_s: float | None,
+) -> dict[str, Any]:
+    """The run's hardware-limit bound and its share of it (`fleet_bound`): keys
+    `hardware_bound_tok_s` (prompt + output tokens/s), `hardware_bound_output_tok_s`,
+    `hardware_bound_resource` (compute, memory or network: the tightest) and `bound_share`
+    (`tokens_per_s` over the bound); empty where there is no bound."""
+    bound = fleet_bound(scenario, plans, deps, requests)
+    if bound is None:
+        return {}
+    share = None if tokens_per_s is None else float(tokens_per_s) / bound.tokens_per_s
+    return {
+        "hardware_bound_tok_s": bound.tokens_per_s,
+        "hardware_bound_output_tok_s": bound.output_tokens_per_s,
+        "hardware_bound_resource": bound.resource,
+        "bound_share": share,
+    }
 
 
 def save_run(
@@ -352,7 +419,17 @@ def bench_throughput(
         entrypoint="offline",  # vllm bench throughput runs the LLM class
     )
     result = run(scenario)
-    return result, throughput_summary(result.sim.requests)
+    summary = throughput_summary(result.sim.requests)
+    summary.update(
+        bound_summary(
+            scenario,
+            result.memory,
+            result.deployments,
+            result.sim.requests,
+            tokens_per_s=summary["tokens_per_second"],
+        )
+    )
+    return result, summary
 
 
 def throughput_intervals(

@@ -344,6 +344,14 @@ class EngineSpec(Frozen):
         description="steps overlap the next step's CPU work with the GPU (vLLM's "
         "--async-scheduling; set by `with_async_scheduling`, not in a profile)",
     )
+    tp_comm_overlap: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="share of each tensor-parallel all-reduce's producer GEMM (o_proj, "
+        "down_proj) the all-reduce runs under when the engine fuses them (T3-style fused GEMM "
+        "+ all-reduce); 0: off (every bundled profile); set by `with_tp_comm_overlap`",
+    )
     frontend: FrontEnd = Field(
         default_factory=FrontEnd,
         description="what a request costs outside the engine's steps, by entrypoint (API "
@@ -448,6 +456,14 @@ class EngineSpec(Frozen):
                 field="async_scheduling",
             )
         return self.model_copy(update={"async_scheduling": True})
+
+    def with_tp_comm_overlap(self, fraction: float) -> EngineSpec:
+        """The profile with its tensor-parallel all-reduces overlapped with their producer
+        GEMMs: a step hides min(all-reduce, `fraction` x those GEMMs' time)
+        (`costmodel.roofline`); a profile that sets its own `tp_comm_overlap` keeps it."""
+        if self.tp_comm_overlap > 0:
+            return self
+        return self.model_copy(update={"tp_comm_overlap": fraction})
 
     def chunked_by_default(self, max_model_len: int | None) -> bool:
         """Whether the engine runs chunked prefill when not told: the profile's

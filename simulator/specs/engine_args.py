@@ -33,6 +33,7 @@ class EngineArgs:
     KV offloading flags, a CPU tier below HBM (`serving.kv_tiers`; needs prefix caching).
     None: the engine profile's default (prefix caching: on in vLLM V1, SGLang, TensorRT-LLM).
     `async_scheduling`: vLLM's --async-scheduling (the next step's CPU work overlaps the GPU).
+    `overlap_tp_comm`: tensor-parallel all-reduces fused with their producer GEMMs.
     `max_model_len`: vLLM's --max-model-len (None: the model's context length).
     `host_cpu`: the node's CPU where it is not the hardware's (`--host-cpu`; an id of
     simulator/specs/host_cpus.yaml): the engine's CPU costs scale to it.
@@ -54,6 +55,7 @@ class EngineArgs:
     enforce_eager: bool = False
     max_model_len: int | None = None
     async_scheduling: bool = False
+    overlap_tp_comm: bool = False
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -103,6 +105,7 @@ class EngineArgs:
             "max_model_len": self.max_model_len,
             "async_scheduling": self.async_scheduling,
             "host_cpu": self.host_cpu,
+            "overlap_tp_comm": self.overlap_tp_comm,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "swap_space_gib": self.swap_space,
             "enable_prefix_caching": self.enable_prefix_caching,

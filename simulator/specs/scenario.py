@@ -133,6 +133,11 @@ class ReplicaGroupSpec(Frozen):
         description="vLLM's --async-scheduling: the next step's scheduling, input preparation "
         "and launches run while the GPU computes this one (engines with async scheduling)",
     )
+    overlap_tp_comm: bool = Field(
+        default=False,
+        description="tensor-parallel all-reduces fused with the GEMM producing their input "
+        "(T3-style): each hides under that GEMM (costmodel/tp_overlap.yaml)",
+    )
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     swap_space_gib: float = Field(
         default=4.0, ge=0, le=MAX_HOST_GIB, description="host swap space per GPU"

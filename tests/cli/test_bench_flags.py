@@ -34,7 +34,7 @@ FLAGS = [
     *("--scheduling-policy", "priority", "--preemption-mode", "swap", "--swap-space", "8"),
     *("--speculative-config", SPEC, "--cpu-offload-gb", "1"),
     *("--offload-config", '{"transfer": "sync"}'),
-    *("--enable-expert-parallel", "--pipeline-micro-batching"),
+    *("--enable-expert-parallel", "--pipeline-micro-batching", "--overlap-tp-comm"),
 ]
 EXPECTED = EngineArgs(
     engine="vllm",
@@ -58,6 +58,7 @@ EXPECTED = EngineArgs(
     offload_config='{"transfer": "sync"}',
     enable_expert_parallel=True,
     pipeline_micro_batching=True,
+    overlap_tp_comm=True,
 )
 KV_FLAGS = [
     *("--enable-prefix-caching", "--kv-offloading-size", "2", "--kv-offloading-backend", "lmcache"),

@@ -84,7 +84,9 @@ def test_throughput_prints_the_token_totals(capsys: pytest.CaptureFixture[str]) 
         "Total num prompt tokens:  6000",
         "Total num output tokens:  800",
     ]
-    assert all(line.startswith("Error bands") for line in out.splitlines()[3:])
+    assert all(
+        line.startswith(("Error bands", "Hardware-limit bound")) for line in out.splitlines()[3:]
+    )
 
 
 def test_serve_reports_vllms_peak_output_token_throughput(
