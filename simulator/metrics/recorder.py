@@ -221,8 +221,11 @@ class Recorder:
 
         def kv_used() -> np.ndarray:  # grows linearly over a run
             slope = (runs[:, 5] - runs[:, 4]) / np.maximum(k - 1, 1)
-            within = np.arange(len(ends)) - np.repeat(first, k)
-            return np.round(np.repeat(runs[:, 4], k) + np.repeat(slope, k) * within)
+            within = np.arange(len(ends), dtype=float)  # a step's index within its run
+            within -= np.repeat(first.astype(float), k)
+            within *= np.repeat(slope, k)  # (in place: a day of steps is GBs an array)
+            within += np.repeat(runs[:, 4], k)
+            return np.round(within, out=within)
 
         def count(values: np.ndarray) -> np.ndarray:
             return np.repeat(values.astype(np.int32), k)
