@@ -95,7 +95,8 @@ class Recorder:
         self._built: Runs | None = None  # the steps' arrays, built once the run is over
 
     def _buffers(self, replica: int) -> tuple[array[float], array[float]]:
-        self._built = None  # a step is recorded: the arrays, if built, are out of date
+        if self._built is not None:  # the buffers went into the arrays (`_concatenate`)
+            raise RuntimeError("the run's step rows are built: release() before recording again")
         if replica not in self._runs:
             self._runs[replica], self._ends[replica] = array("d"), array("d")
         return self._runs[replica], self._ends[replica]

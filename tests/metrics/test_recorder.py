@@ -4,6 +4,7 @@ expanded step by step) and the ITL sample, whatever the order replicas record in
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -94,8 +95,13 @@ def test_rows_are_the_recorded_steps_and_gaps(
 def test_release_lets_the_rows_go_and_recording_starts_afresh() -> None:
     recorder, _ = record([(0, 1, 3, 4, 0, 2), (1, 0, 1, 2, 64, 0)])
     assert len(recorder.step_frame()) == 4
+    with pytest.raises(RuntimeError, match="release"):  # its buffers went into the frame
+        recorder.decode_run(
+            replica=0, start_s=9.0, end_s=[9.5], num_seqs=1, kv_before=0, kv_after=0
+        )
     recorder.release()
     assert len(recorder.step_frame()) == 0 and len(recorder.itl_sample()[0]) == 0
+    recorder.release()
     recorder.step(
         replica=0,
         start_s=0.0,
