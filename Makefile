@@ -64,9 +64,13 @@ test: lint typecheck unit notebooks regress
 
 test-fast: lint typecheck unit-fast
 
+# The tables of docs/speed.md, with the machine, its load and the Python they were measured on.
+# The serving benchmark's 1,000,000-request run takes minutes: `make bench BENCH_SERVING=--million`.
+BENCH_SERVING ?=
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_costmodel.py
 	$(BIN)/python benchmarks/bench_startup.py
+	$(BIN)/python benchmarks/bench_serving.py $(BENCH_SERVING)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,61 +1,217 @@
-"""Speed of the serving simulator. Run by hand: `python benchmarks/bench_serving.py [--million]`.
+"""Speed and memory of the serving simulator: prints the table of docs/speed.md.
 
-- replay of the Azure 2023 conversation trace (19,366 requests, one hour) on Llama-3.1-8B / H100;
-- N synthetic requests (default 100,000; --million for the issue's 1,000,000 target).
-Reports wall time and the process's peak resident memory. Compare ratios measured in one run.
+    python benchmarks/bench_serving.py [--synthetic N | --million] [--root DIR ...]
+                                       [--repeat K] [--cases NAME,...] [--json]
+
+Cases (Llama-3.1-8B on H100s, vLLM profile, energy and summary included), each in a fresh
+interpreter:
+- `azure`: replay of the Azure 2023 conversation trace (19,366 requests, one hour) in process;
+- `azure-cli`: the same through the CLI, `llmsim run scenarios/azure_conv_replay.yaml`,
+  start-up included; `azure-cli-out`: with `--out DIR` (every table, CSV);
+  `azure-cli-summary`: with `--out DIR --outputs summary`;
+- `synthetic`: N synthetic requests at 40/s on 4 replicas (default 100,000; `--million` for
+  1,000,000, which takes minutes).
+Each figure is the child's CPU seconds (user + system), its wall seconds and its peak resident
+memory (the kernel's ru_maxrss of that child); with `--repeat K`, of the run of least CPU of K
+(the one the machine disturbed least). CPU and wall move with the machine's load; the peak
+memory does not. `--root` measures checkouts side by side, their runs interleaved (a
+before and an after: compare their ratios, the noise is shared); a case a checkout cannot run
+(a flag it lacks) shows "n/a".
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
-from simulator.runs import runner
-from simulator.specs.engine_args import EngineArgs
-from simulator.specs.workload import WorkloadSpec
-from simulator.workload.requests import RandomDataset
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = "scenarios/azure_conv_replay.yaml"
+CLI_CASES = {
+    "azure-cli": [],
+    "azure-cli-out": ["--out", "{out}"],
+    "azure-cli-summary": ["--out", "{out}", "--outputs", "summary"],
+}
 
 
-def timed(label: str, scenario: object) -> None:
+def case(name: str, n: int) -> dict[str, Any]:
+    """Run one in-process case here (this interpreter is the child) and describe it."""
+    from simulator.runs import runner
+    from simulator.specs.engine_args import EngineArgs
+    from simulator.specs.workload import WorkloadSpec
+    from simulator.workload.requests import RandomDataset
+
+    scenario: Any = SCENARIO
+    if name == "synthetic":
+        workload = WorkloadSpec(
+            dataset=RandomDataset(input_len=512, output_len=128, range_ratio=0.5),
+            num_prompts=n,
+            request_rate=40.0,
+        )
+        scenario = runner.bench_scenario(
+            model="llama-3.1-8b",
+            hardware="h100_sxm",
+            workload=workload,
+            engine_args=EngineArgs(data_parallel_size=4),
+            router="least_outstanding",
+        )
+    cpu, wall = time.process_time(), time.perf_counter()
+    result = runner.run(scenario)
+    return {
+        "inner_cpu_s": time.process_time() - cpu,
+        "inner_wall_s": time.perf_counter() - wall,
+        "requests": int(result.summary["completed"]),
+        "steps": len(result.sim.steps),
+        "mean_ttft_ms": result.summary["mean_ttft_ms"],
+    }
+
+
+def child(argv: list[str], root: Path) -> dict[str, Any] | None:
+    """CPU, wall and peak memory of `argv` run on the checkout at `root` (None if it fails)."""
+    env = {**os.environ, "PYTHONPATH": str(root), "OPENBLAS_NUM_THREADS": "1"}
     start = time.perf_counter()
-    result = runner.run(scenario)  # type: ignore[arg-type]
-    wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    s = result.summary
-    print(
-        f"{label}: {s['completed']:,} requests, {len(result.sim.steps):,} steps simulated "
-        f"in {wall:.2f} s wall, process peak RSS {peak / 2**20:.0f} MiB "
-        f"(simulated {s['duration']:.0f} s; mean TTFT {s['mean_ttft_ms']:.1f} ms)"
+    proc = subprocess.Popen(
+        argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
+    assert proc.stdout is not None
+    output = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        return None
+    figures = {
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "wall_s": time.perf_counter() - start,
+        "peak_mib": usage.ru_maxrss / 1024,  # KiB on Linux
+    }
+    last = output.strip().splitlines()[-1] if output.strip() else ""
+    if last.startswith("{"):
+        figures |= json.loads(last)
+    return figures
+
+
+def measure(name: str, root: Path, n: int) -> dict[str, Any] | None:
+    if name in CLI_CASES:
+        out = Path(tempfile.mkdtemp(prefix="llmsim-bench-")) / "run"
+        args = [a.replace("{out}", str(out)) for a in CLI_CASES[name]]
+        figures = child([sys.executable, "-m", "simulator", "run", SCENARIO, *args], root)
+        if figures is not None and out.exists():
+            figures["written_mb"] = sum(p.stat().st_size for p in out.iterdir()) / 1e6
+        shutil.rmtree(out.parent, ignore_errors=True)
+        return figures
+    return child([sys.executable, __file__, "--case", name, "--synthetic", str(n)], root)
+
+
+def least(results: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The run of least CPU (None if any failed: the checkout cannot run the case)."""
+    done = [r for r in results if r is not None]
+    return min(done, key=lambda r: r["cpu_s"]) if len(done) == len(results) else None
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        model = platform.processor()
+    return {
+        "cpu_model": model or "unknown",
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def cell(f: dict[str, Any] | None) -> str:
+    if f is None:
+        return "n/a"
+    text = f"{f['cpu_s']:.2f} s CPU, {f['wall_s']:.2f} s wall, {f['peak_mib']:,.0f} MiB"
+    if "written_mb" in f:
+        text += f", {f['written_mb']:.1f} MB written"
+    return text
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--million", action="store_true")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--synthetic", type=int, default=100_000)
+    parser.add_argument("--million", action="store_true", help="1,000,000 synthetic requests")
+    parser.add_argument("--root", type=Path, action="append", help="default: this checkout")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per case and checkout")
+    parser.add_argument("--cases", help="comma-separated cases (default all)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # a child's one case
     args = parser.parse_args()
-    replay = WorkloadSpec.model_validate({"dataset": {"name": "azure-conv"}, "arrival": "trace"})
-    timed(
-        "azure-conv replay",
-        runner.bench_scenario(model="llama-3.1-8b", hardware="h100_sxm", workload=replay),
-    )
     n = 1_000_000 if args.million else args.synthetic
-    synthetic = WorkloadSpec(
-        dataset=RandomDataset(input_len=512, output_len=128, range_ratio=0.5),
-        num_prompts=n,
-        request_rate=40.0,
+    if args.case:
+        print(json.dumps(case(args.case, n)))
+        return
+    roots = [r.resolve() for r in args.root or [ROOT]]
+    host = machine()
+    labels = {
+        "azure": "Azure conversation hour (19,366 requests), in process",
+        "azure-cli": "the same, `llmsim run` (start-up included)",
+        "azure-cli-out": "the same, `llmsim run --out DIR` (all tables, CSV)",
+        "azure-cli-summary": "the same, `--out DIR --outputs summary`",
+        "synthetic": f"{n:,} synthetic requests at 40/s on 4 replicas, in process",
+    }
+    if args.cases:
+        unknown = set(args.cases.split(",")) - set(labels)
+        if unknown:
+            parser.error(
+                f"unknown case(s) {', '.join(sorted(unknown))}; known: {', '.join(labels)}"
+            )
+        labels = {k: v for k, v in labels.items() if k in args.cases.split(",")}
+    runs: dict[str, dict[str, list[dict[str, Any] | None]]] = {}
+    for _ in range(args.repeat):
+        for name in labels:
+            for root in roots:  # interleaved: the machine's noise falls on each alike
+                runs.setdefault(name, {}).setdefault(str(root), []).append(measure(name, root, n))
+    figures = {
+        name: {root: least(results) for root, results in by_root.items()}
+        for name, by_root in runs.items()
+    }
+    host["load_average_after"] = os.getloadavg()
+    if args.json:
+        print(json.dumps({"machine": host, "figures": figures}, indent=2))
+        return
+    load = "/".join(f"{x:.2f}" for x in host["load_average"])
+    after = "/".join(f"{x:.2f}" for x in host["load_average_after"])
+    print(
+        f"{host['date']}; {host['cpu_model']}, {host['cores']} cores; Python {host['python']}; "
+        f"load average (1/5/15 min) {load} before, {after} after; least CPU of {args.repeat}"
     )
-    timed(
-        f"{n:,} synthetic",
-        runner.bench_scenario(
-            model="llama-3.1-8b",
-            hardware="h100_sxm",
-            workload=synthetic,
-            engine_args=EngineArgs(data_parallel_size=4),
-            router="least_outstanding",
-        ),
-    )
+    print()
+    heads = [str(r) for r in roots]
+    ratio = len(roots) == 2
+    print("| what | " + " | ".join(heads) + (" | CPU ratio | memory ratio |" if ratio else " |"))
+    print("|---" * (1 + len(roots) + (2 if ratio else 0)) + "|")
+    for name, label in labels.items():
+        row = [cell(figures[name][h]) for h in heads]
+        if ratio:
+            a, b = (figures[name][h] for h in heads)
+            both = a is not None and b is not None
+            row.append(f"{b['cpu_s'] / a['cpu_s']:.2f}" if both else "-")  # type: ignore[index]
+            row.append(f"{b['peak_mib'] / a['peak_mib']:.2f}" if both else "-")  # type: ignore[index]
+        print(f"| {label} | " + " | ".join(row) + " |")
+    for name in ("azure", "synthetic"):
+        for h in heads if name in figures else ():
+            f = figures[name][h]
+            if f is not None and "steps" in f:
+                print(f"\n{labels[name]}: {f['requests']:,} requests, {f['steps']:,} steps")
+                break
 
 
 if __name__ == "__main__":

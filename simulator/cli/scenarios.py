@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,13 +18,41 @@ from simulator.cli.common import (
     print_json,
     progress_line,
 )
-from simulator.errors import SpecError
+from simulator.errors import SpecError, naming
+
+
+class Outputs(str, Enum):
+    summary = "summary"
+    requests = "requests"
+    steps = "steps"
+    all = "all"
+
+
+class OutputFormat(str, Enum):
+    csv = "csv"
+    parquet = "parquet"
 
 
 def run_cmd(
     scenario: Annotated[str | None, typer.Argument(metavar="SCENARIO.yaml")] = None,
     out: Annotated[
-        str | None, typer.Option("--out", help="write summary.json, requests.csv, steps.csv")
+        str | None,
+        typer.Option("--out", help="write summary.json and the tables --outputs names to DIR"),
+    ] = None,
+    outputs: Annotated[
+        Outputs | None,
+        typer.Option(
+            "--outputs",
+            help="tables --out writes: summary (none), requests, steps (requests, steps) or "
+            "all (also the ITL sample); default the scenario's outputs, else all",
+        ),
+    ] = None,
+    output_format: Annotated[
+        OutputFormat | None,
+        typer.Option(
+            "--output-format",
+            help="the tables' format (parquet needs pyarrow); default the scenario's, else csv",
+        ),
     ] = None,
     as_json: JsonOpt = False,
     schema: Annotated[
@@ -46,11 +75,32 @@ def run_cmd(
         raise SpecError("missing SCENARIO.yaml", field="scenario")
     if report and not out:
         raise SpecError("--report needs --out DIR (it writes DIR/report.html)", field="report")
+    level = outputs.value if outputs else None
+    fmt = output_format.value if output_format else None
     if out:
         check_replaceable(out, runner.RUN_FILES)  # before a long run whose results go there
+        given = _scenario_outputs(scenario)  # what the file asks for, checked before the run
+        level, fmt = level or given[0], fmt or given[1]
+        if fmt == "parquet" and output_format:
+            runner.require_parquet("--output-format")
+        elif fmt == "parquet":
+            with naming(scenario):
+                runner.require_parquet("output_format")
+        if report and level in ("summary", "requests"):
+            raise SpecError(
+                f"--report needs the steps table, which --outputs {level} leaves out "
+                "(use --outputs steps or all)",
+                field="outputs",
+            )
     result = runner.run(scenario)
     if out:
-        runner.save_run(result, out, interval_coverage=interval_coverage)
+        runner.save_run(
+            result,
+            out,
+            interval_coverage=interval_coverage,
+            outputs=level,  # type: ignore[arg-type]  # a RunOutputs when not None
+            output_format=fmt,  # type: ignore[arg-type]
+        )
     if out and report:
         sys.stderr.write(_report_line(out) + "\n")  # stdout may be --json
     if as_json:
@@ -88,6 +138,21 @@ def run_cmd(
         f"Cost ${e['cost_usd']:.2f} for {e['gpu_hours']:.3f} GPU-hours: "
         f"${e['usd_per_million_output_tokens']:.2f}/M output tokens, "
         f"${e['usd_per_million_tokens']:.2f}/M tokens"
+    )
+
+
+def _scenario_outputs(path: str) -> tuple[str | None, str | None]:
+    """The `outputs` and `output_format` a scenario file gives, read before it is validated
+    (None where absent or not a string; validation reports what is wrong with them)."""
+    from simulator.specs.loader import read_yaml
+
+    data = read_yaml(Path(path))
+    if not isinstance(data, dict):
+        return None, None
+    level, fmt = data.get("outputs"), data.get("output_format")
+    return (
+        level if isinstance(level, str) else None,
+        fmt if isinstance(fmt, str) else None,
     )
 
 

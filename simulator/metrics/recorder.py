@@ -95,7 +95,8 @@ class Recorder:
         self._built: Runs | None = None  # the steps' arrays, built once the run is over
 
     def _buffers(self, replica: int) -> tuple[array[float], array[float]]:
-        self._built = None  # a step is recorded: the arrays, if built, are out of date
+        if self._built is not None:  # the buffers went into the arrays (`_concatenate`)
+            raise RuntimeError("the run's step rows are built: release() before recording again")
         if replica not in self._runs:
             self._runs[replica], self._ends[replica] = array("d"), array("d")
         return self._runs[replica], self._ends[replica]
@@ -191,13 +192,21 @@ class Recorder:
         return self._built
 
     def _concatenate(self) -> Runs:
+        """The replicas' buffers copied into one array each, every buffer let go once copied
+        (they are not needed again: `_buffers` starts afresh), so a long run holds its rows
+        once, not twice, while they are copied."""
         replicas = sorted(self._runs)
-        per = [np.frombuffer(self._runs[r], dtype=float).reshape(-1, RUN_FIELDS) for r in replicas]
-        runs = np.concatenate(per) if per else np.empty((0, RUN_FIELDS))
-        ends = np.concatenate(
-            [np.frombuffer(self._ends[r], dtype=float) for r in replicas] or [np.empty(0)]
-        )
-        owner = np.repeat(np.asarray(replicas, dtype=float), [len(x) for x in per])
+        counts = [len(self._runs[r]) // RUN_FIELDS for r in replicas]
+        runs = np.empty((sum(counts), RUN_FIELDS))
+        ends = np.empty(sum(len(self._ends[r]) for r in replicas))
+        row = at = 0
+        for r, n in zip(replicas, counts, strict=True):
+            runs[row : row + n] = np.frombuffer(self._runs.pop(r), dtype=float).reshape(n, -1)
+            steps = np.frombuffer(self._ends.pop(r), dtype=float)
+            ends[at : at + len(steps)] = steps
+            row, at = row + n, at + len(steps)
+            del steps  # the view, and with it the buffer
+        owner = np.repeat(np.asarray(replicas, dtype=float), counts)
         return runs, ends, runs[:, 6].astype(np.int64), owner
 
     def step_frame(self) -> pd.DataFrame:
@@ -213,8 +222,11 @@ class Recorder:
 
         def kv_used() -> np.ndarray:  # grows linearly over a run
             slope = (runs[:, 5] - runs[:, 4]) / np.maximum(k - 1, 1)
-            within = np.arange(len(ends)) - np.repeat(first, k)
-            return np.round(np.repeat(runs[:, 4], k) + np.repeat(slope, k) * within)
+            within = np.arange(len(ends), dtype=float)  # a step's index within its run
+            within -= np.repeat(first.astype(float), k)
+            within *= np.repeat(slope, k)  # (in place: a day of steps is GBs an array)
+            within += np.repeat(runs[:, 4], k)
+            return np.round(within, out=within)
 
         def count(values: np.ndarray) -> np.ndarray:
             return np.repeat(values.astype(np.int32), k)
@@ -232,13 +244,25 @@ class Recorder:
 
     def itl_sample(self) -> tuple[np.ndarray, np.ndarray]:
         """Every recorded gap and how many tokens it applies to: the one-token gaps, the
-        weighted ones, and the gaps between a run's consecutive steps (one per sequence)."""
+        weighted ones, and the gaps between a run's consecutive steps (one per sequence).
+        Written into two arrays allocated once (a day of traffic is tens of millions)."""
         runs, ends, k, _ = self._arrays()
         within = np.ones(len(ends), dtype=bool)
         within[np.cumsum(k) - k] = False  # a run's first step: its gaps are recorded apart
-        diffs = np.diff(ends, prepend=0.0)[within]
-        weights = np.repeat(runs[:, 1], k)[within]
         gaps = np.frombuffer(self._gaps, dtype=float)
         pairs = np.frombuffer(self._weighted, dtype=float).reshape(-1, 2)
-        values = np.concatenate([gaps, pairs[:, 0], diffs])
-        return values, np.concatenate([np.ones(len(gaps)), pairs[:, 1], weights])
+        head = len(gaps) + len(pairs)
+        values = np.empty(head + int(np.count_nonzero(within)))
+        weights = np.empty_like(values)
+        values[: len(gaps)], weights[: len(gaps)] = gaps, 1.0
+        values[len(gaps) : head], weights[len(gaps) : head] = pairs[:, 0], pairs[:, 1]
+        np.compress(within, np.diff(ends, prepend=0.0), out=values[head:])
+        np.compress(within, np.repeat(runs[:, 1], k), out=weights[head:])
+        return values, weights
+
+    def release(self) -> None:
+        """Let every buffer go (the run is over and its frames are built): what is recorded
+        after this starts afresh."""
+        self._runs, self._ends, self._built = {}, {}, None
+        self._gaps, self._weighted = array("d"), array("d")
+        self._requests, self._tiers = array("d"), array("d")

@@ -45,11 +45,16 @@ def weighted_percentile(
     if np.any((qs < 0) | (qs > 100)) or not np.all(np.isfinite(qs)):
         raise ValueError("percentiles must lie in [0, 100]")
     keep = w > 0
-    v, w = v[keep], w[keep]
+    if not keep.all():  # (a copy of a sample of tens of millions only when needed)
+        v, w = v[keep], w[keep]
+    del keep
     if v.size == 0:
         raise ValueError("weighted_percentile of an empty sample")
     order = np.argsort(v, kind="stable")
-    v, cum = v[order], np.cumsum(w[order])
+    cum = w[order]
+    np.cumsum(cum, out=cum)  # in place: one array of the sample's size less
+    v = v[order]
+    del order
     total = cum[-1]
     last = v.size - 1
     frac_q = qs / 100.0
@@ -94,7 +99,10 @@ def describe_ms(
         points = [float(x) for x in np.percentile(v, list(percentiles))]
     else:
         mean = float(np.average(v, weights=w))
-        std = float(np.sqrt(np.average((v - mean) ** 2, weights=w)))
+        squares = v - mean
+        squares **= 2  # in place: (v - mean) ** 2 without a second array
+        std = float(np.sqrt(np.average(squares, weights=w)))
+        del squares
         qs = [50.0, *percentiles]  # one sort for the median and every percentile
         median, *points = (float(x) for x in np.atleast_1d(weighted_percentile(v, w, qs)))
     out = {

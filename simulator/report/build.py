@@ -91,7 +91,9 @@ def _run(run: RunFolder) -> tuple[str, str, list[Section]]:
         top.text.append(f"{scenario.model} on {groups}.")
     latency = Section(
         "Latency",
-        text=[] if run.itl is not None else ["No itl.csv in the folder: the ITL panel is empty."],
+        text=[]
+        if run.itl is not None
+        else ["No ITL sample (itl.csv or .parquet) in the folder: its panel is empty."],
         figures=[fg.latency_cdf(run.requests, itl=run.itl, slo=slo)],
     )
     load_section = Section(

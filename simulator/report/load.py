@@ -26,7 +26,9 @@ from simulator.runs.runner import RUN_FILES as RUN_OUTPUTS
 from simulator.specs.loader import read_yaml, validate
 from simulator.specs.scenario import Scenario
 
-RUN_FILES = ("summary.json", "requests.csv", "steps.csv")
+RUN_FILES = (
+    "summary.json", "requests.csv", "steps.csv", "requests.parquet", "steps.parquet",
+)  # fmt: skip
 SWEEP_FILE = "results.csv"
 PLAN_FILES = ("plan.json", "probes.csv")
 REQUEST_COLUMNS = (  # of requests.csv, the ones the report uses
@@ -88,9 +90,9 @@ def load(folder: str | Path) -> Loaded:
         check_manifest(path, "plan", PLAN_OUTPUTS)
         return _plan(path)
     raise SpecError(
-        "not a run, sweep or plan folder: expected summary.json, requests.csv and steps.csv "
-        "(llmsim run --out), results.csv (llmsim sweep --out), or plan.json and probes.csv "
-        "(llmsim plan --out)",
+        "not a run, sweep or plan folder: expected summary.json, requests and steps (.csv or "
+        ".parquet; llmsim run --out), results.csv (llmsim sweep --out), or plan.json and "
+        "probes.csv (llmsim plan --out)",
         source=str(path),
     )
 
@@ -102,17 +104,56 @@ def _file(folder: Path, name: str) -> Path:
     return path
 
 
+def _table(folder: Path, name: str, columns: tuple[str, ...]) -> pd.DataFrame | None:
+    """The run's table `name` (.csv, else .parquet); None when neither is there."""
+    for suffix in (".csv", ".parquet"):
+        path = folder / (name + suffix)
+        if path.is_file():
+            return _csv(path, columns)
+    return None
+
+
+def _needed_table(folder: Path, name: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """`_table`, or a SpecError naming what the run was saved without."""
+    frame = _table(folder, name, columns)
+    if frame is not None:
+        return frame
+    raise SpecError(
+        f"no {name}.csv or {name}.parquet: the run was saved without its {name} table "
+        "(llmsim run --outputs summary or requests); rerun with --outputs steps or all",
+        source=str(folder),
+    )
+
+
 def _csv(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
-    try:
-        frame = pd.read_csv(path)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-        reason = "empty" if isinstance(exc, pd.errors.EmptyDataError) else "not a readable CSV"
-        raise SpecError(reason, source=str(path)) from None
+    """A CSV file's frame, or a Parquet file's where `path` ends in .parquet (needs pyarrow)."""
+    if path.suffix == ".parquet":
+        frame = _parquet(path)
+    else:
+        try:
+            frame = pd.read_csv(path)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+            reason = "empty" if isinstance(exc, pd.errors.EmptyDataError) else "not a readable CSV"
+            raise SpecError(reason, source=str(path)) from None
     try:
         require(frame, columns, what=path.name)
     except SpecError as exc:
         raise SpecError(exc.reason, source=str(path), field=exc.field) from None
     return frame
+
+
+def _parquet(path: Path) -> pd.DataFrame:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise SpecError(
+            "reading Parquet needs pyarrow, which is not installed: pip install 'llmsim[parquet]'",
+            source=str(path),
+        ) from None
+    try:
+        return pd.read_parquet(path, engine="pyarrow")
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise SpecError(f"not a readable Parquet file ({exc})", source=str(path)) from None
 
 
 def _json(path: Path) -> Any:
@@ -140,9 +181,9 @@ def _object(path: Path, keys: tuple[str, ...], what: str) -> dict[str, Any]:
 
 def _run(folder: Path) -> RunFolder:
     summary = _object(_file(folder, "summary.json"), ("completed",), "a run's summary")
-    requests = _csv(_file(folder, "requests.csv"), REQUEST_COLUMNS)
-    steps = _csv(_file(folder, "steps.csv"), STEP_COLUMNS)
-    itl_path = _optional(folder, "itl.csv")
+    requests = _needed_table(folder, "requests", REQUEST_COLUMNS)
+    steps = _needed_table(folder, "steps", STEP_COLUMNS)
+    itl = _table(folder, "itl", ("itl_s", "weight"))
     scenario_path = _optional(folder, "scenario.json")
     memory_path = _optional(folder, "memory.json")
     scenario = (
@@ -160,7 +201,7 @@ def _run(folder: Path) -> RunFolder:
         summary=summary,
         requests=requests,
         steps=steps,
-        itl=_csv(itl_path, ("itl_s", "weight")) if itl_path else None,
+        itl=itl,
         scenario=scenario,
         memory=memory,
     )

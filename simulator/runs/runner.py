@@ -18,7 +18,7 @@ import pandas as pd
 from simulator.costmodel.bound import HardwareBound, hardware_bound
 from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
-from simulator.errors import naming
+from simulator.errors import SpecError, naming
 from simulator.metrics import bands
 from simulator.metrics.summary import (
     PERCENTILES,
@@ -44,15 +44,30 @@ from simulator.specs.engine import Entrypoint
 from simulator.specs.engine_args import EngineArgs
 from simulator.specs.hardware import with_power_cap
 from simulator.specs.loader import validate
-from simulator.specs.scenario import ReplicaGroupSpec, Scenario, load_scenario
+from simulator.specs.scenario import (
+    OutputFormat,
+    ReplicaGroupSpec,
+    RunOutputs,
+    Scenario,
+    load_scenario,
+)
 from simulator.specs.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec, WorkloadSpec
 from simulator.workload.requests import RequestTable, generate_requests
 
-# What `save_run` writes (kv_tiers.csv only with KV tiers), beside its manifest.json.
+# The tables `save_run` may write and the least `outputs` level that writes each (levels in
+# order: each writes what the one before it does, and more); kv_tiers only with KV tiers.
+OUTPUT_LEVELS: tuple[RunOutputs, ...] = ("summary", "requests", "steps", "all")
+TABLE_LEVEL: dict[str, RunOutputs] = {
+    "requests": "requests", "steps": "steps", "kv_tiers": "steps", "itl": "all",
+}  # fmt: skip
+TABLE_SUFFIX: dict[OutputFormat, str] = {"csv": ".csv", "parquet": ".parquet"}
+# What `save_run` writes, beside its manifest.json.
 RUN_FILES = (
-    "summary.json", "requests.csv", "steps.csv", "itl.csv", "kv_tiers.csv", "scenario.json",
+    "summary.json",
+    *(table + suffix for table in TABLE_LEVEL for suffix in TABLE_SUFFIX.values()),
+    "scenario.json",
     "memory.json",
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -325,28 +340,61 @@ def save_run(
     out: str | Path,
     *,
     interval_coverage: float | None = bands.DEFAULT_COVERAGE,
+    outputs: RunOutputs | None = None,
+    output_format: OutputFormat | None = None,
 ) -> Path:
     """Write summary.json (`RunResult.as_json`, error bands at `interval_coverage`),
-    requests.csv, steps.csv, itl.csv (the ITL sample: `itl_s`, and `weight`, the tokens that
-    came that long after their previous one), scenario.json (the resolved scenario),
-    memory.json (each replica group's memory plan) and, with KV tiers, kv_tiers.csv (their
-    samples), then manifest.json, as the folder `out`; returns it. The folder is written
-    beside `out` and renamed into place (`simulator.outputs.atomic_folder`): a kill or a full
-    disk leaves the previous folder or this one, whole. `llmsim report` reads it back."""
+    scenario.json (the resolved scenario), memory.json (each replica group's memory plan) and
+    the tables `outputs` asks for (None: the scenario's `outputs`, by default all of them):
+    requests, steps, KV tier samples (with KV tiers) and the ITL sample (`itl_s`, and
+    `weight`, the tokens that came that long after their previous one), each a .csv or, with
+    `output_format` "parquet" (None: the scenario's), a .parquet file; then manifest.json, as
+    the folder `out`; returns it. The folder is written beside `out` and renamed into place
+    (`simulator.outputs.atomic_folder`): a kill or a full disk leaves the previous folder or
+    this one, whole. `llmsim report` reads it back (it needs the requests and steps)."""
+    level = OUTPUT_LEVELS.index(outputs or result.scenario.outputs)
+    fmt = output_format or result.scenario.output_format
+    if fmt == "parquet":
+        require_parquet()
     summary = result.as_json(interval_coverage=interval_coverage)
+    sim = result.sim
+    tables = {
+        "requests": lambda: sim.requests,
+        "steps": lambda: sim.steps,
+        "kv_tiers": lambda: sim.kv_tiers,
+        "itl": lambda: pd.DataFrame({"itl_s": sim.itl_s, "weight": sim.itl_weight}, copy=False),
+    }
     with atomic_folder(out, "run", RUN_FILES) as folder:
         (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-        result.sim.requests.to_csv(folder / "requests.csv", index=False)
-        result.sim.steps.to_csv(folder / "steps.csv", index=False)
-        itl = {"itl_s": result.sim.itl_s, "weight": result.sim.itl_weight}
-        pd.DataFrame(itl).to_csv(folder / "itl.csv", index=False)
-        if result.sim.kv_tiers is not None:
-            result.sim.kv_tiers.to_csv(folder / "kv_tiers.csv", index=False)
+        for name, table in tables.items():
+            frame = table() if OUTPUT_LEVELS.index(TABLE_LEVEL[name]) <= level else None
+            if frame is not None:
+                write_table(frame, folder / (name + TABLE_SUFFIX[fmt]))
         scenario = result.scenario.model_dump(mode="json")
         (folder / "scenario.json").write_text(json.dumps(scenario, indent=2) + "\n")
         memory = [plan.as_dict() for plan in result.memory]
         (folder / "memory.json").write_text(json.dumps(memory, indent=2) + "\n")
     return Path(out)
+
+
+def write_table(frame: pd.DataFrame, path: Path) -> None:
+    """`frame` as CSV, or as Parquet where `path` ends in .parquet (pyarrow, `require_parquet`)."""
+    if path.suffix == ".parquet":
+        frame.to_parquet(path, engine="pyarrow", index=False)
+    else:
+        frame.to_csv(path, index=False)
+
+
+def require_parquet(field: str = "output_format") -> None:
+    """A SpecError on `field` unless pyarrow, which writes and reads Parquet, is installed."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise SpecError(
+            "parquet needs pyarrow, which is not installed: pip install 'llmsim[parquet]' "
+            "(or use csv)",
+            field=field,
+        ) from None
 
 
 def bench_scenario(

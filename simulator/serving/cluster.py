@@ -174,7 +174,7 @@ def sim_result(
     """What a finished run produced (`requests`: the request rows, with their phase columns;
     `wall`: when the run started, from time.perf_counter)."""
     itl_s, itl_weight = recorder.itl_sample()
-    return SimResult(
+    result = SimResult(
         requests=requests,
         steps=recorder.step_frame(),
         itl_s=itl_s,
@@ -185,6 +185,10 @@ def sim_result(
         wall_s=time.perf_counter() - wall,
         kv_tiers=recorder.kv_tier_frame(),
     )
+    # The recorder is held in reference cycles (replicas, simpy processes) that only the
+    # garbage collector frees: let its buffers go now, not whenever that runs.
+    recorder.release()
+    return result
 
 
 def build_replica(

@@ -245,6 +245,11 @@ class SLOSpec(Frozen):
         return {k: v for k, v in targets.items() if v is not None}
 
 
+# What `llmsim run --out` writes (`runs.runner.save_run`): each level adds to the one before.
+RunOutputs = Literal["summary", "requests", "steps", "all"]
+OutputFormat = Literal["csv", "parquet"]
+
+
 class Scenario(Frozen):
     name: str
     model: str = Field(description="catalogue id or path to a Hugging Face config.json")
@@ -260,6 +265,15 @@ class Scenario(Frozen):
     max_concurrency: int | None = Field(default=None, ge=1, le=MAX_REQUESTS)
     slo: SLOSpec | None = None
     seed: int = Field(default=0, ge=0)
+    outputs: RunOutputs = Field(
+        default="all",
+        description="the tables `llmsim run --out` writes beside summary.json: summary (none), "
+        "requests (requests), steps (requests, steps, KV tiers) or all (those and the "
+        "inter-token-latency sample, itl)",
+    )
+    output_format: OutputFormat = Field(
+        default="csv", description="the tables' format: csv, or parquet (needs pyarrow)"
+    )
 
     @field_validator("replicas")
     @classmethod
