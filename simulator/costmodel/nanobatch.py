@@ -20,9 +20,10 @@ slower than the nano-batches run one after another (C + M + N, the engine's choi
 overlap to lose), and never faster than max(C, M, N), the nano-batched work's own resource
 bound. With one nano-batch nothing changes: the step is the sequential sum of today's costs.
 
-Not modelled: NanoFlow's per-operation nano-batch sizes (its LLaMA-2-70B pipeline splits the
-2048-token dense batch 768 / 1280 for the GEMMs and finer for attention), its search of SM
-shares, and its asynchronous CPU scheduling (the engine profile's own CPU overheads apply).
+Not modelled: NanoFlow's unequal, per-operation nano-batch sizes (efeslab/Nanoflow's
+LLaMA-2-70B config splits the 2048-token dense batch 640 / 1408 for the GEMMs and finer for
+attention; the paper's Fig. 6 draws 768 / 1280), its search of SM shares, and its
+asynchronous CPU scheduling (the engine profile's own CPU overheads apply).
 """
 
 from __future__ import annotations
