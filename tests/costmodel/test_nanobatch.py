@@ -218,3 +218,25 @@ def test_nanoflow_beats_vllm_on_llama2_70b_8xa100_as_the_paper_reports(
     assert 1.3 < ratio < 2.5
     assert got["nanoflow"]["bound_share"] > got["vllm"]["bound_share"]
     assert got["nanoflow"]["bound_share"] <= 1.0
+
+
+def test_the_python_api_and_bench_latency_take_nano_batches() -> None:
+    """`sim.estimate` (bench latency): two nano-batches shorten a large TP8 decode step; four
+    of a 256-sequence batch are GEMMs of 64 rows that each read the weights again, slower
+    than none (why NanoFlow runs a dense batch)."""
+    import simulator as sim
+
+    tpot = {
+        n: sim.estimate(
+            model="llama-2-70b",
+            hardware="a100_sxm_80gb",
+            tensor_parallel_size=8,
+            batch_size=256,
+            input_len=1024,
+            output_len=16,
+            nano_batches=n,
+        ).tpot_s
+        for n in (None, 2, 4)
+    }
+    assert tpot[2] < 0.8 * tpot[None]
+    assert tpot[4] > tpot[2]
