@@ -51,6 +51,8 @@ def test_the_flag_sets_the_sourced_interference_and_keeps_a_profiles_own() -> No
     assert on.overlap.interference == interference() > 0
     own = load_engine("nanoflow").with_nano_batches(4, 0.5)
     assert own.overlap.interference == load_engine("nanoflow").overlap.interference
+    # the profile repeats the sourced value (costmodel/nanobatch.yaml), it does not tune its own
+    assert load_engine("nanoflow").overlap.interference == interference()
 
 
 @settings(max_examples=200, deadline=None)
@@ -240,3 +242,20 @@ def test_the_python_api_and_bench_latency_take_nano_batches() -> None:
     }
     assert tpot[2] < 0.8 * tpot[None]
     assert tpot[4] > tpot[2]
+
+
+def test_the_breakdown_adds_up_to_the_overlapped_step() -> None:
+    dep = deployment(
+        model="llama-2-70b", hardware="a100_sxm_80gb", engine="nanoflow", tensor_parallel_size=8
+    )
+    batch = BatchShape.mixed(chunks=[(1024, 0, True)], decode_context_lens=[1200] * 512)
+    cost = step_cost(dep.model, dep.hardware, dep.layout, dep.precision, batch, engine=dep.engine)
+    rows = cost.breakdown()
+    saved = rows.loc[rows["op"] == "nano_batch_overlap", "total_s"]
+    assert len(saved) == 1 and float(saved.iloc[0]) < 0
+    assert float(rows["total_s"].sum()) == pytest.approx(cost.seconds, rel=1e-9)
+    plain = deployment(model="llama-2-70b", hardware="a100_sxm_80gb", tensor_parallel_size=8)
+    base = step_cost(
+        plain.model, plain.hardware, plain.layout, plain.precision, batch, engine=plain.engine
+    )
+    assert "nano_batch_overlap" not in set(base.breakdown()["op"])
