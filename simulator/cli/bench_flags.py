@@ -114,6 +114,16 @@ OverlapTpOpt = Annotated[
         "(T3-style): it runs under that GEMM",
     ),
 ]
+NanoOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nano-batches",
+        min=1,
+        max=16,
+        help="split each step into N nano-batches whose compute, memory and network kernels "
+        "overlap (NanoFlow); default: the engine profile's (nanoflow: 2, others: 1)",
+    ),
+]
 GmuOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
 SeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs")]
 TokensOpt = Annotated[int | None, typer.Option("--max-num-batched-tokens")]

@@ -101,6 +101,7 @@ def deployment(
     kv_budget: int | None = None,
     kv_eviction: str = "snapkv",
     overlap_tp_comm: bool = False,
+    nano_batches: int | None = None,
 ) -> Deployment:
     """Resolve ids into a checked Deployment; raises SpecError for anything impossible.
     `entrypoint`: the engine runs as an API server or offline (vLLM's LLM class), which with
@@ -108,6 +109,9 @@ def deployment(
     --async-scheduling (`EngineSpec.with_async_scheduling`; SpecError on an engine without).
     `overlap_tp_comm`: tensor-parallel all-reduces fused with their producer GEMMs
     (`EngineSpec.with_tp_comm_overlap` at `roofline.tp_overlap_fraction`).
+    `nano_batches`: each step split into that many nano-batches whose compute, memory and
+    network kernels overlap (NanoFlow; `EngineSpec.with_nano_batches`, `costmodel.nanobatch`);
+    None: the profile's own (1 in every profile but `nanoflow`).
     `cpu_offload_gb` (vLLM's flag), `offload` (an OffloadSpec, mapping or JSON text) and
     `expert_offload` keep weights off the GPU (`simulator.specs.offload`).
     `context_parallel_size`: cp ranks of tp x pp devices share every sequence's tokens and KV
@@ -137,6 +141,10 @@ def deployment(
         from simulator.costmodel.roofline import tp_overlap_fraction
 
         eng = eng.with_tp_comm_overlap(tp_overlap_fraction())
+    if nano_batches is not None:
+        from simulator.costmodel.nanobatch import interference
+
+        eng = eng.with_nano_batches(nano_batches, interference())
     for name, value in (
         ("tensor_parallel_size", tensor_parallel_size),
         ("pipeline_parallel_size", pipeline_parallel_size),

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.nanobatch import class_times, nano_shape, overlapped_time
 from simulator.costmodel.offload import ExtraCost, OffloadPlan
 from simulator.costmodel.ops import sampler_pass_op, step_ops
 from simulator.costmodel.roofline import OpCost, evaluate, total_launches, total_time
@@ -25,11 +26,15 @@ from simulator.specs.model import ModelSpec
 @dataclass(frozen=True, slots=True)
 class StepCost:
     """Time of one step through every pipeline stage (`time_s`, including `extras`: offload
-    costs that are not kernels) and its per-op breakdown."""
+    costs that are not kernels) and its per-op breakdown. `overlapped`: the engine's
+    nano-batches overlap its kernels (`costmodel.nanobatch`); the ops are the whole batch's,
+    and the breakdown's `nano_batch_overlap` row (negative when it saves time) makes its lines
+    add up to `time_s`."""
 
     costs: list[OpCost]
     time_s: np.ndarray
     extras: tuple[ExtraCost, ...] = ()
+    overlapped: bool = False
 
     @property
     def seconds(self) -> float:
@@ -64,6 +69,22 @@ class StepCost:
                     "flops": at(c.op.flops) * c.op.count,
                     "bytes": (at(c.op.bytes) + at(c.op.msg_bytes)) * c.op.count,
                     "bound": str(element(c.bound)),
+                }
+            )
+        hidden = at(self.time_s) - sum(at(c.time_s) * c.op.count for c in self.costs)
+        hidden -= sum(at(e.time_s) * e.count for e in self.extras)
+        if self.overlapped and hidden != 0.0:  # nano-batching: what the overlap saves
+            rows.append(
+                {
+                    "op": "nano_batch_overlap",
+                    "kind": "overlap",
+                    "count": 1,
+                    "time_s": hidden,
+                    "total_s": hidden,
+                    "share": hidden / total,
+                    "flops": 0.0,
+                    "bytes": 0.0,
+                    "bound": "overlap",
                 }
             )
         for e in self.extras:
@@ -105,11 +126,45 @@ def step_cost(
         for name, work in (sampler or {}).items()
     ]
     costs = evaluate(ops, hw, engine)
+    gpu = total_time(costs)
+    if engine is not None and engine.overlap.nano_batches > 1:  # NanoFlow's overlap
+        gpu = nano_batched_time(model, hw, layout, prec, batch, engine=engine, sampler=sampler)
+    nano = engine is not None and engine.overlap.nano_batches > 1
     if offload is None:
-        return StepCost(costs, total_time(costs))
+        return StepCost(costs, gpu, overlapped=nano)
     extras = tuple(offload.extras(model, costs, batch.num_tokens))
-    time = total_time(costs) + sum((e.time_s * e.count for e in extras), start=np.zeros(1))
-    return StepCost(costs, time, extras)
+    time = gpu + sum((e.time_s * e.count for e in extras), start=np.zeros(1))
+    return StepCost(costs, time, extras, overlapped=nano)
+
+
+def nano_batched_time(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    layout: Parallelism,
+    prec: Precision,
+    batch: BatchShape,
+    *,
+    engine: EngineSpec,
+    sampler: Mapping[str, LogitsPass] | None = None,
+) -> np.ndarray:
+    """GPU seconds of a step of `batch` split into the engine's nano-batches, its compute,
+    memory and network kernels overlapped (`costmodel.nanobatch`): each op priced at the
+    nano-batch's shape, so a GEMM's efficiency is that of m / n rows."""
+    n = engine.overlap.nano_batches
+    nano = nano_shape(batch, n)
+    ops = step_ops(model, layout, prec, nano, gpus_per_node=hw.interconnect.gpus_per_node)
+    ops += [
+        sampler_pass_op(name, work, nano.sampled, model.vocab_size)
+        for name, work in (sampler or {}).items()
+    ]
+    parts = class_times(evaluate(ops, hw, engine))
+    return overlapped_time(
+        n * parts["compute"],
+        n * parts["memory"],
+        n * parts["network"],
+        engine.overlap,
+        layers=model.num_layers // layout.pp,
+    )
 
 
 def kernel_launches(step: StepCost) -> np.ndarray:

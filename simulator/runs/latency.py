@@ -456,6 +456,7 @@ def estimate(
     async_scheduling: bool = False,
     host_cpu: str | None = None,
     overlap_tp_comm: bool = False,
+    nano_batches: int | None = None,
     gpu_memory_utilization: float | None = None,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
@@ -473,6 +474,7 @@ def estimate(
     or `offload` allows it (see `deployment`). `async_scheduling`: vLLM's --async-scheduling.
     `host_cpu`: the node's CPU where it is not the hardware's (`deployment`).
     `overlap_tp_comm`: tensor-parallel all-reduces fused with their producer GEMMs.
+    `nano_batches`: NanoFlow's nano-batched overlap (`deployment`; None: the profile's).
     `max_model_len`: vLLM's --max-model-len (default and upper bound: the model's context).
     The requests sample as vLLM's benchmark's do (temperature 1.0: OFFLINE_BENCH_SAMPLING), the
     engine's draw priced every step."""
@@ -493,6 +495,7 @@ def estimate(
         async_scheduling=async_scheduling,
         host_cpu=host_cpu,
         overlap_tp_comm=overlap_tp_comm,
+        nano_batches=nano_batches,
     )
     return bench_latency(
         dep,

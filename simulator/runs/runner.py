@@ -154,6 +154,7 @@ def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
         async_scheduling=spec.async_scheduling,
         host_cpu=spec.host_cpu,
         overlap_tp_comm=spec.overlap_tp_comm,
+        nano_batches=spec.nano_batches,
     )
 
 

@@ -40,6 +40,13 @@ import numpy as np
 
 from simulator.costmodel.batch import BatchShape, Num, attended_pairs
 from simulator.costmodel.deployment import Deployment
+from simulator.costmodel.nanobatch import (
+    ResourceClass,
+    class_times,
+    nano_shape,
+    overlapped_s,
+    overlapped_time,
+)
 from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.ops import Op, batch_ops, sampler_pass_op, step_ops
 from simulator.costmodel.roofline import OpCost, evaluate, total_launches, total_time
@@ -171,7 +178,12 @@ class StepTimer:
     """Step times of one replica. `verify_tokens` (1 + k with speculative decoding) is what each
     decoding sequence computes per step, with logits at all of them (`verify_logits`, the target)
     or at the last only (a drafter's catch-up pass); `ops` is the forward pass's op list and
-    `draft` adds a drafter's passes to every step (`mixed`)."""
+    `draft` adds a drafter's passes to every step (`mixed`).
+
+    An engine with nano-batches (`EngineSpec.overlap`, NanoFlow) keeps one timer per resource
+    class (`resource`: that class's kernels alone, priced at the nano-batch's shape times the
+    nano-batches, `costmodel.nanobatch`); a step's GPU time is the three classes' times
+    overlapped (`overlapped_s`). Offloaded weights' streaming is not overlapped."""
 
     def __init__(
         self,
@@ -187,8 +199,32 @@ class StepTimer:
         draft: DraftCost | None = None,
         offload: OffloadPlan | None = None,
         sampling: SamplingSpec | None = None,
+        resource: ResourceClass | None = None,
     ) -> None:
         self._dep = dep
+        overlap = dep.engine.overlap
+        self._only = resource
+        self._nano = overlap.nano_batches if resource is not None else 1
+        self._layers = dep.model.num_layers // dep.layout.pp
+        self._classes: list[StepTimer] = []
+        if resource is None and overlap.nano_batches > 1:
+            self._classes = [
+                StepTimer(
+                    dep,
+                    max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens,
+                    max_context=max_context,
+                    enforce_eager=enforce_eager,
+                    verify_tokens=verify_tokens,
+                    verify_logits=verify_logits,
+                    ops=ops,
+                    sampling=sampling,
+                    resource=cls,
+                )
+                for cls in ("compute", "memory", "network")
+            ]
+        if resource is not None:
+            offload = None
         self._ops = ops
         self._engine = dep.engine
         self._eager = enforce_eager
@@ -236,15 +272,17 @@ class StepTimer:
         rows = np.arange(len(smp_gpu), dtype=float)
         passes = sampler_passes(dep.engine, sampling)
         for name, work in passes.items():
+            if resource not in (None, "memory"):  # the sampler's kernels are memory-bound
+                break
             gpu_s, launches = logits_pass(
                 name,
                 work,
-                rows=rows,
+                rows=rows / self._nano,
                 vocab=dep.model.vocab_size,
                 hw=dep.hardware,
                 engine=dep.engine,
             )
-            smp_gpu, smp_k = smp_gpu + gpu_s, smp_k + launches
+            smp_gpu, smp_k = smp_gpu + self._nano * gpu_s, smp_k + launches
         pen = dep.engine.penalties if "penalties" in passes else None
         # host seconds per output token and per padded element (None: no penalties priced)
         self._pen = None if pen is None else (pen.host_s_per_token, pen.host_s_per_padded)
@@ -279,6 +317,10 @@ class StepTimer:
             gpu = gpu + np.interp(gpu + tok_gpu[rows][:, None], *self._stream)
         dec_gpu = gpu + (tok_gpu[rows] + smp_gpu[rows])[:, None]
         dec_k = kernels + (tok_k[rows] + smp_k[rows])[:, None]
+        self._dec_whole = dec_gpu
+        if self._classes:  # nano-batched: the classes' decode steps, overlapped
+            c, m, k = (t._dec_whole for t in self._classes)
+            dec_gpu = overlapped_time(c, m, k, overlap, layers=self._layers)
         self._decode = np.asarray(
             engine_time(
                 dec_gpu,
@@ -305,7 +347,7 @@ class StepTimer:
         # decodes, once; the chunks' ops are costed per step (with `step_ops` only: a drafter's
         # op list is filtered whole, as in `_table`).
         self._no_decode: list[OpCost] | None = None
-        if ops is step_ops:
+        if ops is step_ops and resource is None:
             no_decode = batch_ops(
                 dep.model,
                 dep.layout,
@@ -325,6 +367,8 @@ class StepTimer:
         """(GPU seconds, kernel launches) of the ops that scale with `scales_with`, per element
         of the vectorised `batch`."""
         dep = self._dep
+        size = np.broadcast_shapes(*(np.shape(getattr(batch, f)) for f in BatchShape.__slots__))
+        batch = nano_shape(batch, self._nano)
         if scales_with == "batch" and self._ops is step_ops:  # those alone: the same ops
             ops = batch_ops(
                 dep.model,
@@ -343,7 +387,9 @@ class StepTimer:
                 if op.scales_with == scales_with
             ]
         costs = evaluate(ops, dep.hardware, self._engine)
-        size = np.broadcast_shapes(*(np.shape(getattr(batch, f)) for f in BatchShape.__slots__))
+        if self._only is not None:  # one class of a nano-batched step, over its nano-batches
+            gpu = np.zeros(size) + self._nano * class_times(costs)[self._only]
+            return gpu, np.zeros(size) + total_launches(costs)
         gpu, kernels = np.zeros(size) + total_time(costs), np.zeros(size) + total_launches(costs)
         if self._offload is not None and scales_with == "tokens":
             gpu = gpu + self._offload.expert_extra_s(dep.model, costs, batch.num_tokens)
@@ -496,10 +542,17 @@ class StepTimer:
         (a drafter's second and later passes), whatever `verify_tokens` is."""
         if num_seqs == 0:
             return 0.0
-        gpu_s = self._tok_gpu[num_seqs] + self._smp_gpu[num_seqs]
-        gpu_s += _interp(self._ctx_list, self._one_gpu[num_seqs], mean_context)
+        gpu_s = self._pass_gpu(num_seqs, mean_context)
+        if self._classes:
+            c, m, k = (t._pass_gpu(num_seqs, mean_context) for t in self._classes)
+            gpu_s = overlapped_s(c, m, k, self._engine.overlap, layers=self._layers)
         launches = self._tok_k[num_seqs] + self._smp_k[num_seqs] + self._one_k[num_seqs]
         return max(gpu_s, self._launch_s(launches, num_seqs))
+
+    def _pass_gpu(self, num_seqs: int, mean_context: float) -> float:
+        """GPU seconds of `pass_s`'s pass, this timer's ops alone."""
+        gpu_s = self._tok_gpu[num_seqs] + self._smp_gpu[num_seqs]
+        return gpu_s + _interp(self._ctx_list, self._one_gpu[num_seqs], mean_context)
 
     def _parts(self, chunks: Chunks, decode_contexts: Sequence[int]) -> tuple[float, float, int]:
         """(GPU seconds, kernel launches, tokens) of one step."""
@@ -523,6 +576,9 @@ class StepTimer:
             chunks_gpu, chunks_k = self._chunks_part(chunks)
             gpu_s += chunks_gpu
             launches += chunks_k
+        if self._classes:  # nano-batched: the classes' times overlapped
+            c, m, k = (t._parts(chunks, decode_contexts)[0] for t in self._classes)
+            gpu_s = overlapped_s(c, m, k, self._engine.overlap, layers=self._layers)
         if self._stream is not None:  # the sampled ops run outside the decoder layers
             gpu_s += _interp(*self._stream, gpu_s - self._smp_gpu[sampled])
         return gpu_s, launches, tokens

@@ -247,6 +247,30 @@ class SchedulerDefaults(Frozen):
     )
 
 
+class OverlapSpec(Frozen):
+    """Intra-device overlap (NanoFlow, arXiv 2408.12757): each step's batch runs as
+    `nano_batches` nano-batches whose compute-bound (GEMM, prefill attention), memory-bound
+    (decode attention, elementwise) and network-bound (collectives) kernels run concurrently
+    on partitioned SMs (`costmodel.nanobatch`). 1: off, today's sequential step."""
+
+    nano_batches: int = Field(
+        default=1, ge=1, le=16, description="nano-batches a step's batch is split into"
+    )
+    compute_memory: bool = Field(
+        default=True, description="compute-bound and memory-bound kernels overlap"
+    )
+    compute_network: bool = Field(
+        default=True, description="collectives overlap the compute and memory kernels"
+    )
+    interference: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="slowdown of kernels that share the device's SMs while overlapped (0.1: "
+        "each runs 10% longer than alone); a profile sets it with its source",
+    )
+
+
 class EngineSpec(Frozen):
     id: str = Field(default="", description="set from the file name by the loader")
     name: str
@@ -351,6 +375,11 @@ class EngineSpec(Frozen):
         description="share of each tensor-parallel all-reduce's producer GEMM (o_proj, "
         "down_proj) the all-reduce runs under when the engine fuses them (T3-style fused GEMM "
         "+ all-reduce); 0: off (every bundled profile); set by `with_tp_comm_overlap`",
+    )
+    overlap: OverlapSpec = Field(
+        default_factory=OverlapSpec,
+        description="nano-batched overlap of compute, memory and network kernels (NanoFlow); "
+        "default: none (1 nano-batch), set by a profile or `with_nano_batches`",
     )
     frontend: FrontEnd = Field(
         default_factory=FrontEnd,
@@ -464,6 +493,20 @@ class EngineSpec(Frozen):
         if self.tp_comm_overlap > 0:
             return self
         return self.model_copy(update={"tp_comm_overlap": fraction})
+
+    def with_nano_batches(self, nano_batches: int, interference: float) -> EngineSpec:
+        """The profile with each step split into `nano_batches` nano-batches whose kernels
+        overlap as its `overlap` says (`costmodel.nanobatch`); a profile without interference
+        of its own takes `interference` (the sourced `costmodel/nanobatch.yaml`). SpecError
+        outside 1..16."""
+        if not 1 <= nano_batches <= 16:
+            raise SpecError(
+                f"nano_batches must be between 1 and 16, got {nano_batches}", field="nano_batches"
+            )
+        update: dict[str, object] = {"nano_batches": nano_batches}
+        if self.overlap.interference == 0.0 and nano_batches > 1:
+            update["interference"] = interference
+        return self.model_copy(update={"overlap": self.overlap.model_copy(update=update)})
 
     def chunked_by_default(self, max_model_len: int | None) -> bool:
         """Whether the engine runs chunked prefill when not told: the profile's

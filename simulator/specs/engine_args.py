@@ -34,6 +34,8 @@ class EngineArgs:
     None: the engine profile's default (prefix caching: on in vLLM V1, SGLang, TensorRT-LLM).
     `async_scheduling`: vLLM's --async-scheduling (the next step's CPU work overlaps the GPU).
     `overlap_tp_comm`: tensor-parallel all-reduces fused with their producer GEMMs.
+    `nano_batches`: each step split into that many overlapped nano-batches (NanoFlow; None:
+    the engine profile's).
     `max_model_len`: vLLM's --max-model-len (None: the model's context length).
     `host_cpu`: the node's CPU where it is not the hardware's (`--host-cpu`; an id of
     simulator/specs/host_cpus.yaml): the engine's CPU costs scale to it.
@@ -56,6 +58,7 @@ class EngineArgs:
     max_model_len: int | None = None
     async_scheduling: bool = False
     overlap_tp_comm: bool = False
+    nano_batches: int | None = None
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -106,6 +109,7 @@ class EngineArgs:
             "async_scheduling": self.async_scheduling,
             "host_cpu": self.host_cpu,
             "overlap_tp_comm": self.overlap_tp_comm,
+            "nano_batches": self.nano_batches,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "swap_space_gib": self.swap_space,
             "enable_prefix_caching": self.enable_prefix_caching,

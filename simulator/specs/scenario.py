@@ -138,6 +138,14 @@ class ReplicaGroupSpec(Frozen):
         description="tensor-parallel all-reduces fused with the GEMM producing their input "
         "(T3-style): each hides under that GEMM (costmodel/tp_overlap.yaml)",
     )
+    nano_batches: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="each step split into this many nano-batches whose compute, memory and "
+        "network kernels overlap (NanoFlow, costmodel/nanobatch.py); None: the engine "
+        "profile's (nanoflow: 2, every other profile: 1)",
+    )
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     swap_space_gib: float = Field(
         default=4.0, ge=0, le=MAX_HOST_GIB, description="host swap space per GPU"

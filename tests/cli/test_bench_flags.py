@@ -74,8 +74,10 @@ MULTI_STEP_FLAGS = ["--engine", "vllm-0.6", "--num-scheduler-steps", "4"]  # V0 
 MULTI_STEP_FLAGS += ["--host-cpu", "epyc-9654"]
 MULTI_STEP_EXPECTED = EngineArgs(engine="vllm-0.6", num_scheduler_steps=4, host_cpu="epyc-9654")
 BUDGET_FLAGS = ["--kv-budget", "512", "--kv-eviction", "h2o"]  # turns prefix caching off
-BUDGET_FLAGS += ["-cp", "2"]
-BUDGET_EXPECTED = EngineArgs(kv_budget=512, kv_eviction="h2o", context_parallel_size=2)
+BUDGET_FLAGS += ["-cp", "2", "--nano-batches", "2"]
+BUDGET_EXPECTED = EngineArgs(
+    kv_budget=512, kv_eviction="h2o", context_parallel_size=2, nano_batches=2
+)
 CASES = [
     (FLAGS, EXPECTED),
     (KV_FLAGS, KV_EXPECTED),
