@@ -114,6 +114,58 @@ OverlapTpOpt = Annotated[
         "(T3-style): it runs under that GEMM",
     ),
 ]
+EnableLoraOpt = Annotated[
+    bool,
+    typer.Option("--enable-lora", help="serve LoRA adapters on the base model (docs/lora.md)"),
+]
+MaxLorasOpt = Annotated[
+    int | None,
+    typer.Option("--max-loras", help="most distinct adapters in one batch (vLLM's default: 1)"),
+]
+MaxLoraRankOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-lora-rank", help="rank of the adapter slots (8, 16, 32, ... 512; default 16)"
+    ),
+]
+MaxCpuLorasOpt = Annotated[
+    int | None,
+    typer.Option("--max-cpu-loras", help="adapters cached in host memory (default: --max-loras)"),
+]
+NumLoraAdaptersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--num-lora-adapters",
+        min=1,
+        help="each request names one of this many adapters (needs --enable-lora)",
+    ),
+]
+
+
+class LoraPopularity(str, Enum):
+    uniform = "uniform"
+    zipf = "zipf"
+
+
+LoraPopularityOpt = Annotated[
+    LoraPopularity,
+    typer.Option("--lora-popularity", help="how requests pick adapters: uniform or zipf"),
+]
+LoraZipfAlphaOpt = Annotated[
+    float, typer.Option("--lora-zipf-alpha", help="zipf: adapter i weighs 1 / (i + 1) ** alpha")
+]
+
+
+def adapter_mix(
+    num: int | None, popularity: LoraPopularity, alpha: float
+) -> dict[str, object] | None:
+    """The workload's `adapters` from the --num-lora-adapters, --lora-popularity and
+    --lora-zipf-alpha flags (None without a number of adapters)."""
+    if num is None:
+        return None
+    return {"num_adapters": num, "distribution": popularity.value, "alpha": alpha}
+
+
 GmuOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
 SeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs")]
 TokensOpt = Annotated[int | None, typer.Option("--max-num-batched-tokens")]
