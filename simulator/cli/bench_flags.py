@@ -410,6 +410,13 @@ def flag_error(exc: SpecError, flags: set[str]) -> SpecError:
     return exc
 
 
+_ADAPTER_FLAGS = {
+    "num_adapters": "--num-lora-adapters",
+    "distribution": "--lora-popularity",
+    "alpha": "--lora-zipf-alpha",
+}
+
+
 def _flag_candidates(field: str) -> list[str]:
     """The flags that may have set scenario `field`, most likely first."""
     keys = field.split(".")
@@ -417,7 +424,11 @@ def _flag_candidates(field: str) -> list[str]:
         return ["--data-parallel-size"]
     if keys == ["replicas", "0", "swap_space_gib"]:
         return ["--swap-space"]
-    if keys[:3] == ["replicas", "0", "scheduler"]:
+    if keys[:1] == ["workload"]:
+        keys = keys[1:]
+    if keys[:1] == ["adapters"] and len(keys) == 2:  # the workload's LoRA adapter mix
+        return [_ADAPTER_FLAGS[keys[1]]]
+    if keys[:3] in (["replicas", "0", "scheduler"], ["replicas", "0", "lora"]):
         keys = keys[3:]
     elif keys[:2] == ["replicas", "0"]:
         keys = keys[2:]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from simulator.specs._base import Frozen
 
@@ -42,20 +42,29 @@ class LoraSpec(Frozen):
     max_cpu_loras: int | None = Field(None, ge=1)
     target_modules: tuple[TargetModule, ...] = TARGET_MODULES
 
-    @model_validator(mode="after")
-    def _check(self) -> LoraSpec:
-        if self.max_lora_rank not in LORA_RANKS:
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _known_rank(cls, rank: int) -> int:
+        if rank not in LORA_RANKS:
             raise ValueError(
-                f"max_lora_rank: must be one of {', '.join(map(str, LORA_RANKS))} (vLLM's), "
-                f"got {self.max_lora_rank}"
+                f"must be one of {', '.join(map(str, LORA_RANKS))} (vLLM's), got {rank}"
             )
-        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
-            raise ValueError(
-                f"max_cpu_loras: must be >= max_loras ({self.max_loras}), got {self.max_cpu_loras}"
-            )
-        if not self.target_modules or len(set(self.target_modules)) != len(self.target_modules):
-            raise ValueError("target_modules: must name each module once, at least one")
-        return self
+        return rank
+
+    @field_validator("max_cpu_loras")
+    @classmethod
+    def _holds_the_slots(cls, value: int | None, info: ValidationInfo) -> int | None:
+        slots = info.data.get("max_loras")
+        if value is not None and slots is not None and value < slots:
+            raise ValueError(f"must be >= max_loras ({slots}), got {value}")
+        return value
+
+    @field_validator("target_modules")
+    @classmethod
+    def _each_once(cls, modules: tuple[str, ...]) -> tuple[str, ...]:
+        if not modules or len(set(modules)) != len(modules):
+            raise ValueError("must name each module once, at least one")
+        return modules
 
     @property
     def cpu_slots(self) -> int:

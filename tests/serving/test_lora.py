@@ -209,11 +209,15 @@ def test_bench_throughput_reports_the_lora_section(capsys: pytest.CaptureFixture
     ("flags", "says"),
     [
         (("--max-loras", "4"), "max_loras: needs --enable-lora"),
-        (("--enable-lora", "--max-lora-rank", "12"), "max_lora_rank: must be one of"),
-        (("--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"), "must be >= max_loras"),
-        (("--enable-lora", "--max-loras", "0"), "max_loras"),
+        (("--enable-lora", "--max-lora-rank", "12"), "--max-lora-rank: must be one of"),
+        (("--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"), "--max-cpu-loras: must"),
+        (("--enable-lora", "--max-loras", "0"), "--max-loras:"),
         (("--num-lora-adapters", "5"), "do not enable LoRA"),
         (("--enable-lora", "--num-lora-adapters", "0"), "--num-lora-adapters"),
+        (
+            ("--enable-lora", "--num-lora-adapters", "3", "--lora-zipf-alpha", "-1"),
+            "--lora-zipf-alpha:",
+        ),
     ],
 )
 def test_bad_lora_flags_exit_2_with_one_line(
