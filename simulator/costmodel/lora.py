@@ -12,15 +12,19 @@ blocks in one pool, so idle slots cost nothing; llmsim models vLLM's preallocati
 
 Kernels: Punica (arXiv 2310.18547) runs the LoRA product of a batch that mixes adapters as
 two kernels per layer and target module: shrink, x @ A (rank r), and expand, (x A) @ B, added
-to the base layer's output; BGMV for decode, SGMV for prefill segments (S-LoRA's MBGMV and
-MBGMM; vLLM's punica/triton kernels, `lora_shrink` and `lora_expand`). Every distinct adapter
-in the batch has its A and B read once per step; the tokens' activations are read, the
-shrink result written and read, and the output read and written back. The papers report
-these kernels as memory-bound at decode batch sizes (Punica, section 4 and its Figure 6,
-the SGMV latency is flat in batch size and grows with the number of distinct adapters) but
-give no table of times to fit, so llmsim derives them from the roofline: each kernel is a
-grouped skinny GEMM priced by `roofline.evaluate` with the device's own efficiency factors
-and launch latency, `groups` = distinct adapters.
+to the base layer's output (vLLM launches one of each for a packed qkv or gate_up layer);
+BGMV for decode, SGMV for prefill segments (S-LoRA's MBGMV and MBGMM; vLLM's punica/triton
+kernels, `lora_shrink` and `lora_expand`). Every distinct adapter in the batch has its A and
+B read once per step; the tokens' activations are read, the shrink result written and read,
+and the output read and written back. Both papers describe these kernels as memory-bound
+(their cost grows with the distinct adapters whose weights a batch reads: Punica's
+Distinct / Uniform / Skewed / Identical mixes) but neither gives a table of kernel times to
+fit, so llmsim derives them from the roofline: each kernel is a grouped skinny GEMM priced
+by `roofline.evaluate` with the device's own efficiency factors and launch latency,
+`groups` = distinct adapters. A check on magnitude, not a fit: Punica's abstract reports
+"only adding 2ms latency per token" for Llama-7B on A100; llmsim adds 1.2 to 1.4 ms to a
+decode step of 1 to 32 sequences of Llama-2-7B on an A100-80GB with one adapter (rank 16,
+all seven modules).
 
 Not modelled: LoRA on MoE experts or on the LM head and embeddings (vLLM's extra vocabulary
 is deprecated), the small TP collectives of the shrink output, adapters of smaller rank
@@ -93,35 +97,52 @@ def slot_bytes(dep: Deployment, spec: LoraSpec) -> float:
     return spec.max_loras * adapter_bytes(dep, spec)
 
 
+# vLLM's packed LoRA layers (vllm/lora/layers: MergedQKVParallelLinearWithLoRA,
+# MergedColumnParallelLinearWithLoRA): one shrink and one expand launch covers every slice.
+_PACKED = {
+    "q_proj": "qkv",
+    "k_proj": "qkv",
+    "v_proj": "qkv",
+    "gate_proj": "gate_up",
+    "up_proj": "gate_up",
+}
+
+
 def lora_ops(dep: Deployment, spec: LoraSpec, *, tokens: int, adapters: int) -> list[Op]:
     """The shrink and expand kernels of one step whose `tokens` tokens use `adapters` distinct
-    adapters: per layer and target module, x[tokens, in] @ A[in, r] and [tokens, r] @ B[r, out]
-    as grouped GEMMs over the adapters, each adapter's weights read once."""
+    adapters: per layer and (packed) target module, x[tokens, in] @ A[in, r] and
+    [tokens, r] @ B[r, out] as grouped GEMMs over the adapters, each adapter's weights read
+    once; a packed layer's slices (q, k, v; gate, up) share one launch of each and one read
+    of x."""
     if tokens <= 0 or adapters <= 0:
         return []
     r = float(spec.max_lora_rank)
     a = DTYPE_BYTES[dep.precision.activations]
-    dtype = dep.precision.activations
-    layers = _layers(dep)
     g = float(adapters)
-    m = tokens / g  # tokens per adapter, on average
-    ops = []
+    layers: dict[str, list[tuple[float, float]]] = {}
     for name, n_in, n_out in _device_shapes(dep, spec):
-        shrink_bytes = g * r * n_in * a + tokens * (n_in + r) * a
-        expand_bytes = g * r * n_out * a + tokens * (r + 2 * n_out) * a
-        for kind, k, n, flops, nbytes in (
-            ("shrink", n_in, r, 2.0 * tokens * r * n_in, shrink_bytes),
-            ("expand", r, n_out, 2.0 * tokens * r * n_out, expand_bytes),
+        layers.setdefault(_PACKED.get(name, name), []).append((n_in, n_out))
+    ops = []
+    for name, slices in layers.items():
+        n_in = slices[0][0]  # the slices of a packed layer share its input
+        ranks = r * len(slices)
+        n_out = sum(out for _, out in slices)
+        shrink = (2.0 * tokens * ranks * n_in, g * ranks * n_in * a + tokens * (n_in + ranks) * a)
+        # each slice's B is r x its out: r x n_out in all, and so are the FLOPs per token
+        expand = (2.0 * tokens * r * n_out, g * r * n_out * a + tokens * (ranks + 2 * n_out) * a)
+        for kind, (k, n), (flops, nbytes) in (
+            ("shrink", (n_in, ranks), shrink),
+            ("expand", (r, n_out), expand),
         ):
             ops.append(
                 Op(
                     f"lora_{kind}_{name}",
                     "gemm",
-                    layers,
+                    _layers(dep),
                     np.asarray([flops]),
                     np.asarray([nbytes]),
-                    dtype=dtype,
-                    m=m,
+                    dtype=dep.precision.activations,
+                    m=tokens / g,  # tokens per adapter, on average
                     n=n,
                     k=k,
                     groups=g,
