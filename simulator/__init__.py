@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdapterMix",
     "BatchShape",
     "Deployment",
     "EngineArgs",
@@ -24,6 +25,7 @@ __all__ = [
     "HardwareSpec",
     "KVTransferSpec",
     "LatencyResult",
+    "LoraSpec",
     "MemoryPlan",
     "ModelSpec",
     "Parallelism",

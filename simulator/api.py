@@ -52,6 +52,7 @@ from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine_args import EngineArgs
 from simulator.specs.hardware import with_power_cap
 from simulator.specs.host_cpu import list_host_cpus, with_host_cpu
+from simulator.specs.lora import AdapterMix, LoraSpec
 from simulator.specs.scenario import Scenario, load_scenario
 from simulator.specs.serving import KVTransferSpec, SpeculativeSpec
 from simulator.specs.sweep import SweepSpec
@@ -60,6 +61,7 @@ from simulator.validate.summary import run_validation
 from simulator.workload.requests import RequestTable, generate_requests
 
 __all__ = [
+    "AdapterMix",
     "BatchShape",
     "Deployment",
     "EngineArgs",
@@ -69,6 +71,7 @@ __all__ = [
     "HardwareSpec",
     "KVTransferSpec",
     "LatencyResult",
+    "LoraSpec",
     "MemoryPlan",
     "ModelSpec",
     "Parallelism",

@@ -65,7 +65,10 @@ def parse_quantity(value: str | float | int, *, dimension: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise UnitError(f"expected a number or a quantity string, got {value!r}")
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond any float
+            raise UnitError(f"{value!r} is too large a quantity") from None
     match = _QUANTITY.match(value.replace(",", "").replace("_", ""))
     if not match:
         raise UnitError(f"cannot read {value!r} as a quantity (e.g. '80 GiB', '3.35 TB/s')")

@@ -124,6 +124,58 @@ NanoOpt = Annotated[
         "overlap (NanoFlow); default: the engine profile's (nanoflow: 2, others: 1)",
     ),
 ]
+EnableLoraOpt = Annotated[
+    bool,
+    typer.Option("--enable-lora", help="serve LoRA adapters on the base model (docs/lora.md)"),
+]
+MaxLorasOpt = Annotated[
+    int | None,
+    typer.Option("--max-loras", help="most distinct adapters in one batch (vLLM's default: 1)"),
+]
+MaxLoraRankOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-lora-rank", help="rank of the adapter slots (8, 16, 32, ... 512; default 16)"
+    ),
+]
+MaxCpuLorasOpt = Annotated[
+    int | None,
+    typer.Option("--max-cpu-loras", help="adapters cached in host memory (default: --max-loras)"),
+]
+NumLoraAdaptersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--num-lora-adapters",
+        min=1,
+        help="each request names one of this many adapters (needs --enable-lora)",
+    ),
+]
+
+
+class LoraPopularity(str, Enum):
+    uniform = "uniform"
+    zipf = "zipf"
+
+
+LoraPopularityOpt = Annotated[
+    LoraPopularity,
+    typer.Option("--lora-popularity", help="how requests pick adapters: uniform or zipf"),
+]
+LoraZipfAlphaOpt = Annotated[
+    float, typer.Option("--lora-zipf-alpha", help="zipf: adapter i weighs 1 / (i + 1) ** alpha")
+]
+
+
+def adapter_mix(
+    num: int | None, popularity: LoraPopularity, alpha: float
+) -> dict[str, object] | None:
+    """The workload's `adapters` from the --num-lora-adapters, --lora-popularity and
+    --lora-zipf-alpha flags (None without a number of adapters)."""
+    if num is None:
+        return None
+    return {"num_adapters": num, "distribution": popularity.value, "alpha": alpha}
+
+
 GmuOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization")]
 SeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs")]
 TokensOpt = Annotated[int | None, typer.Option("--max-num-batched-tokens")]
@@ -368,6 +420,13 @@ def flag_error(exc: SpecError, flags: set[str]) -> SpecError:
     return exc
 
 
+_ADAPTER_FLAGS = {
+    "num_adapters": "--num-lora-adapters",
+    "distribution": "--lora-popularity",
+    "alpha": "--lora-zipf-alpha",
+}
+
+
 def _flag_candidates(field: str) -> list[str]:
     """The flags that may have set scenario `field`, most likely first."""
     keys = field.split(".")
@@ -375,7 +434,11 @@ def _flag_candidates(field: str) -> list[str]:
         return ["--data-parallel-size"]
     if keys == ["replicas", "0", "swap_space_gib"]:
         return ["--swap-space"]
-    if keys[:3] == ["replicas", "0", "scheduler"]:
+    if keys[:1] == ["workload"]:
+        keys = keys[1:]
+    if keys[:1] == ["adapters"] and len(keys) == 2:  # the workload's LoRA adapter mix
+        return [_ADAPTER_FLAGS[keys[1]]]
+    if keys[:3] in (["replicas", "0", "scheduler"], ["replicas", "0", "lora"]):
         keys = keys[3:]
     elif keys[:2] == ["replicas", "0"]:
         keys = keys[2:]

@@ -12,7 +12,8 @@ With an offload spec (`costmodel.offload`), the weights it moves to host memory 
 the device and its staging buffers join it. A plan that does not fit names the smallest
 `--cpu-offload-gb` that would make it fit.
 
-Not modelled: allocator fragmentation, LoRA adapters, multimodal encoders' memory.
+Not modelled: allocator fragmentation, multimodal encoders' memory. LoRA adapter slots are
+`MemoryPlan.lora_bytes` (`costmodel.lora`).
 """
 
 from __future__ import annotations
@@ -170,11 +171,12 @@ class MemoryPlan:
     kv_budget: KvBudget = "total"  # what usable_bytes' fraction of capacity applies to
     residual_bytes: float = 0.0  # per sequence slot: KIVI's 16-bit windows, CCA's conv state
     hold: KvHold | None = None  # what a sequence keeps under sliding windows or a budget
+    lora_bytes: float = 0.0  # multi-LoRA: the adapter slots vLLM preallocates (costmodel.lora)
 
     @property
     def kv_cache_bytes(self) -> float:
         resident = self.weights_bytes + self.staging_bytes + self.reserve_bytes
-        resident += self.residual_bytes
+        resident += self.residual_bytes + self.lora_bytes
         if self.kv_budget == "static":  # activations live outside the static pool
             return self.usable_bytes - resident
         if self.kv_budget == "free":  # the fraction applies to what is left

@@ -257,6 +257,10 @@ def format_serve_summary(
         lines.append(_row("Prefix cache hit rate (%):", hit_pct, ".2f"))
         lines.append(_row("Prefill tokens saved by the cache:", s["prefix_cache_saved_tokens"]))
     lines += _tier_section(s)
+    lora = lora_lines(s)
+    if lora:
+        lines.append("{s:{c}^{n}}".format(s="LoRA adapters", n=WIDTH, c="-"))
+        lines += lora
     lines += bound_lines(s)
     lines.append("=" * WIDTH)
     return "\n".join(lines + band_lines(s))
@@ -284,7 +288,22 @@ def format_throughput_summary(summary: Mapping[str, float | int | None]) -> str:
     if spans:
         coverage = float(_num(summary["interval_coverage"]))
         lines.append(f"Error bands at {coverage:.0%}: {', '.join(spans)}")
-    return "\n".join(lines + bound_lines(summary) + band_lines(summary))
+    return "\n".join(lines + lora_lines(summary) + bound_lines(summary) + band_lines(summary))
+
+
+def lora_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The multi-LoRA section's lines (`serving.lora.lora_summary`) where the summary has one:
+    adapter loads and their bytes and time, distinct adapters per step."""
+    lora = summary.get("lora")
+    if not isinstance(lora, Mapping):
+        return []
+    return [
+        f"LoRA adapter loads: {lora['adapter_loads']} ({lora['adapter_loads_from_cpu']} from "
+        f"the CPU cache, {lora['adapter_loads_from_disk']} from disk), "
+        f"{_num(lora['adapter_load_bytes']) / 2**30:.2f} GiB, {_num(lora['adapter_load_s']):.3f} s",
+        f"LoRA adapters per step: {_num(lora['mean_adapters_per_step']):.2f} mean, "
+        f"{lora['max_adapters_per_step']} most (max_loras {lora['max_loras']})",
+    ]
 
 
 def bound_lines(summary: Mapping[str, Any]) -> list[str]:

@@ -184,6 +184,7 @@ def build_group(
         kv_offload=spec.kv_offload,
         sampling=sampling,
         max_model_len=spec.max_model_len,
+        lora=spec.lora,
     )
     return engine_loop(group, spec=spec, dep=dep), plan, dep
 
@@ -252,7 +253,7 @@ def _simulate(
     speculating = any(g.speculative is not None for g in scenario.replicas)
     steps = sim.steps
     later = None if speculating else (steps["end_s"], steps["decode_tokens"])
-    summary = serve_summary(
+    summary: dict[str, Any] = serve_summary(
         sim.requests,
         itl_s=sim.itl_s,
         itl_weight=sim.itl_weight,
@@ -266,6 +267,8 @@ def _simulate(
         summary.update(pool_summary(scenario, sim))
     if sim.kv_tiers is not None:
         summary.update(kv_tier_summary(sim.kv_tiers))
+    if sim.lora is not None:
+        summary["lora"] = sim.lora
     summary.update(
         bound_summary(
             scenario,
@@ -439,6 +442,7 @@ def bench_throughput(
     engine_args: EngineArgs | None = None,
     seed: int = 0,
     dataset: dict[str, Any] | None = None,
+    adapters: dict[str, Any] | None = None,
 ) -> tuple[RunResult, dict[str, Any]]:
     """`vllm bench throughput`: every request at t=0, sampled at temperature 1.0 as vLLM's
     benchmark does (OFFLINE_BENCH_SAMPLING); returns the run and its summary. The prompts are
@@ -447,7 +451,8 @@ def bench_throughput(
     vLLM's --dataset-name picks. Every request generates its full output length (vLLM's
     benchmark sets ignore_eos).
     `prefix_len`: vLLM's --prefix-len, a prefix shared by every prompt, before its input_len
-    tokens. `engine_args`: as in `bench_scenario`."""
+    tokens. `engine_args`: as in `bench_scenario`. `adapters`: the workload's LoRA adapter
+    mix (`specs.lora.AdapterMix` fields; needs `engine_args.enable_lora`)."""
     random = {"name": "random", "input_len": input_len, "output_len": output_len}
     data = {
         "dataset": dataset or {k: v for k, v in random.items() if v is not None},
@@ -457,6 +462,7 @@ def bench_throughput(
         "sampling": OFFLINE_BENCH_SAMPLING,  # as vLLM's benchmark samples
         # vllm/benchmarks/throughput.py: SamplingParams(..., ignore_eos=True), every dataset
         "ignore_eos": True,
+        "adapters": adapters,
     }
     workload = validate(WorkloadSpec, data, source="bench")
     scenario = bench_scenario(
@@ -468,7 +474,9 @@ def bench_throughput(
         entrypoint="offline",  # vllm bench throughput runs the LLM class
     )
     result = run(scenario)
-    summary = throughput_summary(result.sim.requests)
+    summary: dict[str, Any] = throughput_summary(result.sim.requests)
+    if result.sim.lora is not None:
+        summary["lora"] = result.sim.lora
     summary.update(
         bound_summary(
             scenario,

@@ -44,11 +44,13 @@ from simulator.serving.group import ReplicaGroup, default_scheduler, replica_gro
 from simulator.serving.kv_tiers import (
     TieredBlockManager,
 )
+from simulator.serving.lora import AdapterCache, lora_summary
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 from simulator.serving.router import Router
 from simulator.serving.speculative import Acceptance
 from simulator.specs.engine import FrontEndCost
+from simulator.specs.lora import LoraSpec
 from simulator.specs.serving import RouterSpec, SchedulerSpec, SpeculativeSpec
 from simulator.workload.requests import RequestTable
 
@@ -68,6 +70,7 @@ class SimResult:
     num_replicas: int
     wall_s: float
     kv_tiers: pd.DataFrame | None = None
+    lora: dict[str, float] | None = None  # multi-LoRA: adapter loads (serving.lora_summary)
 
 
 def simulate(
@@ -81,10 +84,12 @@ def simulate(
     max_concurrency: int | None = None,
     seed: int = 0,
     speculative: SpeculativeSpec | None = None,
+    lora: LoraSpec | None = None,
 ) -> SimResult:
     """Serve `requests` on `layout.dp` replicas of `layout.tp x layout.pp` devices each
-    (`speculative`: with speculative decoding); with wide EP (ep = tp x dp > tp), on one
-    replica of `layout.dp` DP-attention ranks (`serving.dp_group`)."""
+    (`speculative`: with speculative decoding; `lora`: vLLM's --enable-lora slots for requests
+    naming adapters, `serving.lora`); with wide EP (ep = tp x dp > tp), on one replica of
+    `layout.dp` DP-attention ranks (`serving.dp_group`)."""
     wall = time.perf_counter()
     group, plan = replica_group(
         dep,
@@ -93,8 +98,11 @@ def simulate(
         enforce_eager=enforce_eager,
         gpu_memory_utilization=gpu_memory_utilization,
         speculative=speculative,
+        lora=lora,
     )
     if dep.layout.ep > dep.layout.tp:
+        if lora is not None:
+            raise SpecError("LoRA with DP attention is not modelled", field="lora")
         group = with_dp_attention(
             group,
             dep,
@@ -184,6 +192,7 @@ def sim_result(
         num_replicas=len(replicas),
         wall_s=time.perf_counter() - wall,
         kv_tiers=recorder.kv_tier_frame(),
+        lora=lora_summary([r.lora for r in replicas if r.lora is not None]) or None,
     )
     # The recorder is held in reference cycles (replicas, simpy processes) that only the
     # garbage collector frees: let its buffers go now, not whenever that runs.
@@ -218,6 +227,7 @@ def build_replica(
         speculator=None
         if group.speculative is None
         else Acceptance(rates=group.speculative.rates, rng=np.random.default_rng((seed, index))),
+        lora=None if group.lora is None else AdapterCache(group.lora),
     )
 
 
@@ -339,6 +349,7 @@ class _Clients:
         prompts = table.prompt_len.tolist()
         outputs = table.output_len.tolist()
         priorities = table.priority.tolist()
+        adapters = table.adapter.tolist()
         first_turns: Sequence[int] = range(len(arrivals))
         if table.has_turns:
             follows = table.follows.tolist()
@@ -359,6 +370,7 @@ class _Clients:
                 prompt_len=int(prompts[i]),
                 output_len=int(outputs[i]),
                 priority=int(priorities[i]),
+                adapter=int(adapters[i]),
             )
             self.outstanding += 1
             self._deliver(router.choose(), req)
@@ -380,6 +392,7 @@ class _Clients:
             prefix_id=int(t.prefix_id[i]),
             prefix_len=int(t.prefix_len[i]),
             session_id=int(t.session_id[i]),
+            adapter=int(t.adapter[i]),
         )
         self.outstanding += 1
         self._deliver(self._router.choose(), req)

@@ -14,6 +14,7 @@ import numpy as np
 import simpy
 
 from simulator.costmodel.deployment import Deployment, fitting_layouts
+from simulator.costmodel.lora import LoraCost, slot_bytes
 from simulator.costmodel.memory import KvHold, MemoryPlan, require_fit
 from simulator.errors import SpecError
 from simulator.metrics.recorder import Recorder
@@ -24,6 +25,7 @@ from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 from simulator.serving.steptime import StepTimer
 from simulator.specs.engine import EngineSpec, FrontEndCost
+from simulator.specs.lora import LoraSpec
 from simulator.specs.model import ModelSpec
 from simulator.specs.serving import KVOffloadSpec, SchedulerSpec, SpeculativeSpec
 from simulator.specs.workload import SamplingSpec
@@ -68,6 +70,8 @@ class ReplicaGroup:
     # What a request costs outside the engine's steps: the API server in front of each
     # replica (its engine profile's at the deployment's entrypoint; None: nothing added).
     frontend: FrontEndCost | None = None
+    # Multi-LoRA: the adapters' step costs and load times (serving.lora; None: off)
+    lora: LoraCost | None = None
 
     def new_kv(self) -> BlockManager:
         """An empty KV cache for one replica (or attention rank) of the group."""
@@ -167,6 +171,7 @@ def replica_group(
     kv_offload: KVOffloadSpec | None = None,
     sampling: SamplingSpec | None = None,
     max_model_len: int | None = None,
+    lora: LoraSpec | None = None,
 ) -> tuple[ReplicaGroup, MemoryPlan]:
     """`layout.dp` replicas of a deployment, sized for `requests`: the memory plan (must fit),
     the KV cache in blocks, and the step timer. Requests the replicas could never serve are a
@@ -176,7 +181,8 @@ def replica_group(
     `sampling`: how the requests sample (greedy by default): the engine's top-p / top-k sort,
     min-p pass and penalties are priced (not with speculative decoding); `max_model_len`:
     vLLM's --max-model-len, the longest request served (default: the model's context
-    length)."""
+    length); `lora`: vLLM's --enable-lora slots, preallocated out of the KV cache
+    (`costmodel.lora`), and requests naming adapters served within them (`serving.lora`)."""
     dep.layout.check(dep.model, dep.hardware)
     spec = scheduler or default_scheduler(
         dep.engine, max_model_len=max_model_len or dep.model.max_position_embeddings
@@ -203,6 +209,8 @@ def replica_group(
         )
     if drafter is not None:
         plan = drafter.memory(plan)
+    if lora is not None:
+        plan = dataclasses.replace(plan, lora_bytes=slot_bytes(dep, lora))
     if enable_prefix_caching or kv_offload is not None or drafter is not None:
         if dep.precision.kv_eviction is not None:
             what = (
@@ -225,6 +233,12 @@ def replica_group(
         require_fit(plan, what=dep.label, alternatives=fits)
     if len(requests):
         _check_requests(requests, dep.model, plan, spec, max_model_len)
+        if lora is None and bool(np.any(requests.adapter >= 0)):
+            raise SpecError(
+                "requests name LoRA adapters but the replicas do not enable LoRA "
+                "(--enable-lora, a replica group's lora)",
+                field="workload.adapters",
+            )
     longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 1
     if drafter is not None:  # decodes verify 1 + k tokens; the drafter's passes are added
         timer = drafter.step_timer(
@@ -268,5 +282,6 @@ def replica_group(
         ),
         frontend=dep.engine.front_end(),
         kv_hold=plan.hold,
+        lora=None if lora is None else LoraCost(dep, lora),
     )
     return group, plan

@@ -18,6 +18,11 @@ block's first step only. A request that finishes mid-block leaves the batch at o
 block runs on with the rest. Tokens are timed per step, as vLLM streams them with
 --multi-step-stream-outputs (on by default from 0.6.2); 0.6.0 returned a block's tokens at its
 end, which is not modelled.
+
+Multi-LoRA (an `AdapterCache`, serving/lora.py): the scheduler keeps the running requests
+within max_loras distinct adapters; a step first waits for the adapters it lacks to load into
+their GPU slots, and its batched LoRA kernels (`costmodel.lora`) add to its time, in decode
+segments too (their adapters do not change).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import simpy
 from simulator.metrics.recorder import Recorder
 from simulator.serving.kv_cache import BlockManager
 from simulator.serving.kv_tiers import TieredBlockManager
+from simulator.serving.lora import AdapterCache
 from simulator.serving.request import Request
 from simulator.serving.scheduler import AdmissionState, StepPlan, enqueue, schedule
 from simulator.serving.speculative import Acceptance
@@ -59,8 +65,11 @@ class Replica:
         on_prefilled: Callable[[Request], None] | None = None,
         between_steps: Callable[[Replica], None] | None = None,
         speculator: Acceptance | None = None,
+        lora: AdapterCache | None = None,
     ) -> None:
         self.env = env
+        self.lora = lora  # multi-LoRA: the adapters' GPU slots and CPU cache (None: off)
+        self._max_loras = 0 if lora is None else lora.max_loras
         self.index = index
         self.spec = scheduler
         self.kv = kv
@@ -139,6 +148,7 @@ class Replica:
                 waiting=self.waiting,
                 kv=self.kv,
                 state=self.admission,
+                max_loras=self._max_loras,
             )
             if plan.loads:
                 self._start_loads(plan.loads)
@@ -188,6 +198,12 @@ class Replica:
         # the sampler's host work for penalties grows with the output tokens
         outputs = _outputs(r for r, _ in plan.entries) if self.timer.penalises else (0, 0)
         step_s = self.timer.mixed(chunks=chunks, decode_contexts=decodes, outputs=outputs)
+        if self.lora is not None:
+            swaps += self.lora.activate([r.adapter for r in self.running])
+            tokens = sum([n for r, n in plan.entries if r.adapter >= 0])
+            distinct = len({r.adapter for r, _ in plan.entries if r.adapter >= 0})
+            step_s += self.lora.step_s(tokens, distinct)
+            self.lora.count(distinct)
         yield self.env.timeout(swaps + step_s)
         self.apply(plan, chunks=chunks, decodes=decodes, start=start, end=self.env.now)
 
@@ -324,6 +340,10 @@ class Replica:
         durations = self.timer.decode_run(
             num_seqs=n, total_context=float(total), steps=steps, outputs=outputs
         )
+        if self.lora is not None:  # the same adapters every step (resident: no loads)
+            lora = [r.adapter for r in reqs if r.adapter >= 0]
+            durations = durations + self.lora.step_s(len(lora), len(set(lora)))
+            durations[0] += self.lora.activate(lora)
         if block > 1:  # the scheduler's CPU time only where a block starts
             starts = np.zeros(steps, dtype=bool)
             starts[left % block :: block] = True  # index 0 when a block starts with it
@@ -344,6 +364,8 @@ class Replica:
                 if self.env.now < ends[done - 1]:
                     yield self.env.timeout(ends[done - 1] - self.env.now)
         self._block_left = (left - done) % block
+        if self.lora is not None:
+            self.lora.count(len({r.adapter for r in reqs if r.adapter >= 0}), done)
         if self.admission is not None and self.spec.admission is not None:
             self.admission.decayed(self.spec.admission, done)
         self._apply_segment(reqs, done, ends[:done], start)

@@ -21,6 +21,7 @@ BlockKey = tuple[int, int, int, int]
 
 class Request:
     __slots__ = (
+        "adapter",
         "arrival_s",
         "blocks",
         "cache_keys",
@@ -55,8 +56,10 @@ class Request:
         prefix_id: int = -1,
         prefix_len: int = 0,
         session_id: int = -1,
+        adapter: int = -1,
     ) -> None:
         self.id = id
+        self.adapter = adapter  # LoRA adapter id (-1: the base model alone)
         self.prefix_id = prefix_id  # shared prefix (-1: none) of prefix_len tokens
         self.prefix_len = prefix_len
         self.stream = session_id if session_id >= 0 else -2 - id  # -2 - id: its own

@@ -62,6 +62,12 @@ Multi-step scheduling (`num_scheduler_steps` N > 1, vLLM V0): the scheduler deci
 decode steps, so a request that arrives during a block of decodes waits for its end; the
 replica loop keeps the blocks (serving/replica.py), the policies above are unchanged.
 
+Multi-LoRA (`max_loras` > 0, vLLM's --max-loras): a step holds at most max_loras distinct
+adapters. A waiting request whose adapter would be one too many is skipped, and the requests
+behind it are considered, as vLLM V1's scheduler does (vllm/v1/core/sched/scheduler.py: it
+sets such requests aside in `skipped_waiting_requests` and puts them back at the queue's
+front); running requests already hold their adapters' slots.
+
 Not modelled: the V1 scheduler's per-step encoder budget, running requests preempted in
 favour of more urgent waiting ones.
 """
@@ -201,13 +207,19 @@ def _admit(
     *,
     chunked: bool,
     room: float | None = None,
+    max_loras: int = 0,
 ) -> int:
     """Admit waiting requests in queue order while the budget, max_num_seqs and the KV cache
     allow and, with `room` (new_token_ratio admission), while their prompt and clipped output
-    stay below it."""
+    stay below it; with `max_loras`, skipping those whose adapter would exceed it."""
     clip = spec.admission.clip_max_new_tokens if spec.admission is not None else 0
+    adapters = {r.adapter for r in running if r.adapter >= 0} if max_loras else set()
+    skipped: list[Request] = []
     while waiting and budget > 0 and len(running) < spec.max_num_seqs:
         req = waiting[0]
+        if max_loras and req.adapter >= 0 and _one_too_many(req.adapter, adapters, max_loras):
+            skipped.append(waiting.popleft())  # vLLM V1 skips it, and looks at the next
+            continue
         hit = kv.prefix_hit(req) if kv.prefix_caching else 0  # cached tokens to start from
         remaining = req.remaining - hit
         if not chunked and remaining > budget:
@@ -236,7 +248,15 @@ def _admit(
         budget -= n
         if room is not None:
             room -= n + (max_new if n == remaining else 0)
+        if req.adapter >= 0:
+            adapters.add(req.adapter)
+    waiting.extendleft(reversed(skipped))  # back at the front, in their order
     return budget
+
+
+def _one_too_many(adapter: int, adapters: set[int], max_loras: int) -> bool:
+    """Would a request of `adapter` take the step past `max_loras` distinct adapters?"""
+    return adapter not in adapters and len(adapters) >= max_loras
 
 
 def _room(spec: SchedulerSpec, running: list[Request], kv: BlockManager, ratio: float) -> float:
@@ -322,17 +342,28 @@ def schedule(
     waiting: deque[Request],
     kv: BlockManager,
     state: AdmissionState | None = None,
+    max_loras: int = 0,
 ) -> StepPlan:
     """Decide the next step (mutating the queues and KV blocks; token counters only to start a
     request from its cached prefix). `state`: the replica's new_token_ratio where the spec
-    admits by it (None: a fresh one at its initial ratio)."""
+    admits by it (None: a fresh one at its initial ratio). `max_loras`: the most distinct LoRA
+    adapters a step may hold (0: no adapters, no bound)."""
     plan = StepPlan()
     budget = spec.max_num_batched_tokens
     match spec.kind:
         case "continuous":
             budget = _schedule_running(spec, running, kv, waiting, budget, plan)
             if not plan.preempted:
-                _admit(spec, running, waiting, kv, budget, plan, chunked=spec.chunked_prefill)
+                _admit(
+                    spec,
+                    running,
+                    waiting,
+                    kv,
+                    budget,
+                    plan,
+                    chunked=spec.chunked_prefill,
+                    max_loras=max_loras,
+                )
         case "prefill_first":
             if spec.admission is not None and state is None:
                 state = AdmissionState(spec.admission.init_ratio)
@@ -345,7 +376,15 @@ def schedule(
             if room is not None:
                 room -= sum([n for _, n in plan.entries])  # the chunks continuing
             _admit(
-                spec, running, waiting, kv, budget, plan, chunked=spec.chunked_prefill, room=room
+                spec,
+                running,
+                waiting,
+                kv,
+                budget,
+                plan,
+                chunked=spec.chunked_prefill,
+                room=room,
+                max_loras=max_loras,
             )
             if not plan.entries:
                 if state is not None and running:
@@ -353,11 +392,17 @@ def schedule(
                 _schedule_running(spec, running, kv, waiting, budget, plan)
         case "static":
             if not running:  # the next batch joins together, then runs to completion
+                adapters: set[int] = set()
                 while (
                     waiting
                     and len(running) < spec.max_num_seqs
                     and kv.can_admit(waiting[0], waiting[0].remaining)
                 ):
+                    a = waiting[0].adapter
+                    if max_loras and a >= 0 and a not in adapters:
+                        if len(adapters) >= max_loras:
+                            break  # the batch is full of adapters: the rest wait for the next
+                        adapters.add(a)
                     running.append(waiting.popleft())
             _schedule_running(spec, running, kv, waiting, budget, plan)
     return plan

@@ -41,6 +41,9 @@ class EngineArgs:
     simulator/specs/host_cpus.yaml): the engine's CPU costs scale to it.
     `kv_budget`: tokens of KV each sequence keeps after its prompt, chosen by `kv_eviction`
     (snapkv, h2o, streaming; `specs.deployment.KvEviction`); no vLLM flag.
+    `enable_lora`, `max_loras`, `max_lora_rank`, `max_cpu_loras`: vLLM's multi-LoRA flags
+    (`specs.lora.LoraSpec`; None: vLLM's defaults, 1, 16 and max_loras); the three sizes
+    need `enable_lora`.
     Values are checked when the scenario is validated.
     """
 
@@ -76,6 +79,10 @@ class EngineArgs:
     enable_expert_parallel: bool = False
     pipeline_micro_batching: bool = False
     host_cpu: str | None = None
+    enable_lora: bool = False
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    max_cpu_loras: int | None = None
 
     def replica_group(self, *, hardware: str, entrypoint: Entrypoint = "server") -> dict[str, Any]:
         """The fields of the scenario's one replica group (`scenario.ReplicaGroupSpec`) on
@@ -125,7 +132,22 @@ class EngineArgs:
             "cpu_offload_gb": self.cpu_offload_gb,
             "offload": offload.model_dump(exclude_defaults=True) or None,
             "kv_offload": kv_offload,
+            "lora": self._lora(),
         }
+
+    def _lora(self) -> dict[str, Any] | None:
+        """The replica group's `lora` field from vLLM's LoRA flags."""
+        sizes = {
+            "max_loras": self.max_loras,
+            "max_lora_rank": self.max_lora_rank,
+            "max_cpu_loras": self.max_cpu_loras,
+        }
+        if not self.enable_lora:
+            for name, value in sizes.items():
+                if value is not None:
+                    raise SpecError("needs --enable-lora", field=name)
+            return None
+        return {name: value for name, value in sizes.items() if value is not None}
 
     def _kv_offload(self) -> dict[str, Any] | None:
         """The replica group's `kv_offload` field from vLLM's two KV offloading flags."""

@@ -35,6 +35,7 @@ from simulator.specs.loader import (
     read_yaml,
     validate,
 )
+from simulator.specs.lora import LoraSpec
 from simulator.specs.offload import ExpertOffloadSpec, OffloadSpec
 from simulator.specs.serving import (
     KVOffloadSpec,
@@ -179,6 +180,11 @@ class ReplicaGroupSpec(Frozen):
     expert_offload: ExpertOffloadSpec | None = Field(
         default=None, description="MoE experts in host memory behind a GPU expert cache"
     )
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="multi-LoRA serving (vLLM's --enable-lora): max_loras, max_lora_rank, "
+        "max_cpu_loras, target_modules; slots preallocated out of the KV cache",
+    )
     scheduler: SchedulerOverrides = Field(default_factory=SchedulerOverrides)
     power_cap_w: Watts | None = Field(
         default=None,
@@ -219,6 +225,18 @@ class ReplicaGroupSpec(Frozen):
             )
             if problem:
                 raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _lora_applies(self) -> ReplicaGroupSpec:
+        if self.lora is None:
+            return self
+        if self.role != "both":
+            raise ValueError("lora: LoRA on a disaggregated pool is not modelled")
+        if self.data_parallel_size > 1 or self.pipeline_micro_batching:
+            raise ValueError(
+                "lora: LoRA with DP attention or pipeline micro-batching is not modelled"
+            )
         return self
 
     @property

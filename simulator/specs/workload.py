@@ -12,6 +12,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from simulator.specs._base import MAX_REQUESTS, MAX_TIME_SCALE, MAX_TOKENS, Frozen
+from simulator.specs.lora import AdapterMix
 
 # vLLM's ShareGPT filter: is_valid_sequence() defaults in vllm/benchmarks/dataset_utils.py, applied
 # by ShareGPTDataset.sample (inherited from sample_sharegpt_requests in benchmark_serving.py).
@@ -250,6 +251,8 @@ class WorkloadSpec(Frozen):
     sessions: Sessions | None = None  # multi-turn conversations
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)  # greedy unless set
     ramp_up: RampUp | None = None  # the rate grows over the run (instead of request_rate)
+    # multi-LoRA: each request names an adapter drawn from this mix (specs/lora.py)
+    adapters: AdapterMix | None = None
     # vLLM's --ignore-eos. True: every request generates its dataset's output length. False:
     # a dataset with reference answers (sharegpt) stops where the model emits EOS
     # (simulator/workload/eos.py). None: as `vllm bench serve` does, True for random, False

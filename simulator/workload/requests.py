@@ -41,6 +41,7 @@ import pandas as pd
 from typing_extensions import assert_never
 
 from simulator.errors import SpecError
+from simulator.specs.lora import AdapterMix
 from simulator.specs.workload import (
     AzureCodeDataset,
     AzureConvDataset,
@@ -74,6 +75,7 @@ _OPTIONAL = (
     ("prefix_len", np.int64, 0),  # tokens of it at the start of the prompt
     ("follows", np.int64, -1),  # row sent after this one finishes (-1: sent at arrival_s)
     ("think_s", np.float64, 0.0),  # seconds after `follows` finished
+    ("adapter", np.int64, -1),  # LoRA adapter id (-1: the base model); see draw_adapters
 )
 
 
@@ -92,6 +94,7 @@ class RequestTable:
     prefix_len: np.ndarray = dataclasses.field(default_factory=_none)
     follows: np.ndarray = dataclasses.field(default_factory=_none)
     think_s: np.ndarray = dataclasses.field(default_factory=_none)
+    adapter: np.ndarray = dataclasses.field(default_factory=_none)
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -177,6 +180,8 @@ def generate_requests(spec: WorkloadSpec, *, rng: np.random.Generator) -> Reques
     if spec.max_input_len is not None:
         prompt = np.minimum(prompt, spec.max_input_len)
     table = RequestTable(arrival_s=arrival, prompt_len=prompt, output_len=output, priority=priority)
+    if spec.adapters is not None:  # drawn last: the other draws are those without adapters
+        table = dataclasses.replace(table, adapter=draw_adapters(spec.adapters, len(prompt), rng))
     if not spec.shares_content:
         return table
     return dataclasses.replace(
@@ -187,6 +192,16 @@ def generate_requests(spec: WorkloadSpec, *, rng: np.random.Generator) -> Reques
         follows=content.follows,
         think_s=content.think_s,
     )
+
+
+def draw_adapters(mix: AdapterMix, n: int, rng: np.random.Generator) -> np.ndarray:
+    """The adapter id (0 .. num_adapters - 1) of each of `n` requests: uniform, or Zipf with
+    adapter i weighted 1 / (i + 1) ** alpha (S-LoRA's power law, Punica's "Skewed" mix)."""
+    k = mix.num_adapters
+    if mix.distribution == "uniform":
+        return rng.integers(0, k, size=n)
+    weights = 1.0 / np.arange(1, k + 1, dtype=float) ** mix.alpha
+    return rng.choice(k, size=n, p=weights / weights.sum())
 
 
 def _dataset_rows(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[np.ndarray | None, Trace]:

@@ -78,8 +78,11 @@ BUDGET_FLAGS += ["-cp", "2", "--nano-batches", "2"]
 BUDGET_EXPECTED = EngineArgs(
     kv_budget=512, kv_eviction="h2o", context_parallel_size=2, nano_batches=2
 )
+LORA_FLAGS = ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "32", "--max-cpu-loras", "8"]
+LORA_EXPECTED = EngineArgs(enable_lora=True, max_loras=4, max_lora_rank=32, max_cpu_loras=8)
 CASES = [
     (FLAGS, EXPECTED),
+    (LORA_FLAGS, LORA_EXPECTED),
     (KV_FLAGS, KV_EXPECTED),
     (MULTI_STEP_FLAGS, MULTI_STEP_EXPECTED),
     (BUDGET_FLAGS, BUDGET_EXPECTED),

@@ -72,6 +72,7 @@ def test_table_shape_dtypes_and_frame() -> None:
         "prefix_len",
         "follows",
         "think_s",
+        "adapter",
     ]
     assert not table.shares_content and (frame["follows"] == -1).all()
     assert len(frame) == 1000
