@@ -395,6 +395,14 @@ def per_second_peaks(
     return float(tokens.max()), concurrent
 
 
+def slo_attainment(requests: pd.DataFrame, slos: Mapping[str, float]) -> float:
+    """The share of all requests (failed ones count as missing) that completed meeting every
+    SLO (ms, keyed as `goodput`); 0 without a request."""
+    if not len(requests):
+        return 0.0
+    return _good_count(completed_requests(requests), _check_slos(slos)) / len(requests)
+
+
 def _good_count(done: pd.DataFrame, slos: Mapping[str, float]) -> int:
     """Completed requests meeting every SLO (ms); TPOT is 0 for one-token outputs, as vLLM."""
     decode_tokens = done["output_tokens"] - 1

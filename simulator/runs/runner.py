@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,7 @@ from simulator.metrics.summary import (
     completed_requests,
     kv_tier_summary,
     serve_summary,
+    slo_attainment,
     throughput_summary,
 )
 from simulator.outputs import atomic_folder
@@ -38,6 +39,7 @@ from simulator.serving.cluster import (
     serve,
 )
 from simulator.serving.disagg import pool_summary, prefill_view, serve_scenario
+from simulator.serving.fleet import FleetScaling
 from simulator.serving.loops import engine_loop, expert_layout
 from simulator.specs import ModelSpec, load_hardware, load_model
 from simulator.specs.engine import Entrypoint
@@ -48,10 +50,11 @@ from simulator.specs.scenario import ReplicaGroupSpec, Scenario, load_scenario
 from simulator.specs.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec, WorkloadSpec
 from simulator.workload.requests import RequestTable, generate_requests
 
-# What `save_run` writes (kv_tiers.csv only with KV tiers), beside its manifest.json.
+# What `save_run` writes (kv_tiers.csv only with KV tiers, fleet.csv only with autoscale),
+# beside its manifest.json.
 RUN_FILES = (
-    "summary.json", "requests.csv", "steps.csv", "itl.csv", "kv_tiers.csv", "scenario.json",
-    "memory.json",
+    "summary.json", "requests.csv", "steps.csv", "itl.csv", "kv_tiers.csv", "fleet.csv",
+    "scenario.json", "memory.json",
 )  # fmt: skip
 
 
@@ -229,6 +232,7 @@ def _simulate(
             router=scenario.router,
             max_concurrency=scenario.max_concurrency,
             seed=scenario.seed,
+            autoscale=fleet_scaling(scenario, [p for _, p, _ in built], [d for _, _, d in built]),
         )
     goodput = scenario.slo.goodput() if scenario.slo else None
     # tokens after the first: one per decode at its step's end (a speculative step's decodes
@@ -250,6 +254,12 @@ def _simulate(
         summary.update(pool_summary(scenario, sim))
     if sim.kv_tiers is not None:
         summary.update(kv_tier_summary(sim.kv_tiers))
+    if scenario.autoscale is not None:
+        summary.update(
+            fleet_summary(
+                scenario, sim, [p for _, p, _ in built], [d for _, _, d in built], goodput or {}
+            )
+        )
     summary.update(
         bound_summary(
             scenario,
@@ -263,6 +273,80 @@ def _simulate(
         scenario, sim, summary, [plan for _, plan, _ in built], [dep for _, _, dep in built]
     )
     return dataclasses.replace(result, energy=energy_summary(result))
+
+
+def built_replicas(scenario: Scenario, group: int) -> int:
+    """Replica indices group `group` takes in the run: its num_replicas, or max_replicas when
+    autoscaled (the replicas that are off count in energy and cost as parked)."""
+    scale = scenario.autoscale
+    if scale is not None and scale.group == group:
+        return scale.max_replicas
+    return scenario.replicas[group].num_replicas
+
+
+def load_seconds(dep: Deployment, plan: MemoryPlan, source: str) -> float:
+    """Seconds a new replica takes to load its weights: the busiest GPU's weight bytes over
+    the bandwidth one GPU reads them at: the node's NVMe (`storage`, the hardware spec's
+    host.nvme_bw_bytes_per_s), or host memory over the host link (`host`: min(host DRAM
+    bandwidth, PCIe x host_link_fraction), as weight offload streams them)."""
+    host = dep.hardware.host
+    if source == "storage":
+        bw = host.nvme_bw_bytes_per_s
+    else:
+        pcie = host.pcie_bw_bytes_per_s * dep.hardware.efficiency.host_link_fraction
+        bw = min(host.memory_bw_bytes_per_s, pcie)
+    return float(plan.weights_bytes + plan.offloaded_bytes) / bw
+
+
+def fleet_scaling(
+    scenario: Scenario, plans: Sequence[MemoryPlan], deps: Sequence[Deployment]
+) -> FleetScaling | None:
+    """The scenario's autoscaled group as the serving loop takes it (None: no autoscale)."""
+    scale = scenario.autoscale
+    if scale is None:
+        return None
+    dep = deps[scale.group]
+    return FleetScaling(
+        spec=scale,
+        initial=scenario.replicas[scale.group].count,
+        load_s=load_seconds(dep, plans[scale.group], scale.weights_from),
+        gpus_per_replica=dep.layout.devices_per_replica,
+    )
+
+
+def fleet_summary(
+    scenario: Scenario,
+    sim: SimResult,
+    plans: Sequence[MemoryPlan],
+    deps: Sequence[Deployment],
+    slos: Mapping[str, float],
+) -> dict[str, float | None]:
+    """An autoscaled run's fleet figures: GPU-hours (the autoscaled group's replicas while
+    loading, serving or draining, the other groups' for the whole run, both until the last
+    request ends), the autoscaled group's replicas serving (time-weighted mean and peak), the
+    scale-ups, the load time of one, and the share of requests meeting every SLO."""
+    assert scenario.autoscale is not None and sim.fleet is not None
+    group = scenario.autoscale.group
+    end = float(sim.requests["finish_s"].max()) if len(sim.requests) else 0.0
+    gpu_s = float(sim.fleet_gpu_seconds or 0.0)
+    for i, (spec, dep) in enumerate(zip(scenario.replicas, deps, strict=True)):
+        if i != group:
+            gpu_s += spec.num_replicas * dep.layout.devices_per_replica * end
+    frame = sim.fleet
+    times = frame["time_s"].to_numpy(float)
+    serving = frame["serving"].to_numpy(float)
+    spans = np.diff(times)
+    mean = float(np.sum(serving[:-1] * spans) / times[-1]) if times[-1] > 0 else serving[0]
+    ups = np.diff(frame["serving"].to_numpy() + frame["loading"].to_numpy())
+    scaling = load_seconds(deps[group], plans[group], scenario.autoscale.weights_from)
+    return {
+        "fleet_gpu_hours": gpu_s / 3600.0,
+        "fleet_replicas_mean": mean,
+        "fleet_replicas_peak": float(serving.max()),
+        "fleet_scale_ups": float(np.sum(ups[ups > 0])),
+        "fleet_load_s": scaling,
+        "slo_attainment": slo_attainment(sim.requests, slos) if slos else None,
+    }
 
 
 def fleet_bound(
@@ -342,6 +426,8 @@ def save_run(
         pd.DataFrame(itl).to_csv(folder / "itl.csv", index=False)
         if result.sim.kv_tiers is not None:
             result.sim.kv_tiers.to_csv(folder / "kv_tiers.csv", index=False)
+        if result.sim.fleet is not None:
+            result.sim.fleet.to_csv(folder / "fleet.csv", index=False)
         scenario = result.scenario.model_dump(mode="json")
         (folder / "scenario.json").write_text(json.dumps(scenario, indent=2) + "\n")
         memory = [plan.as_dict() for plan in result.memory]
@@ -456,13 +542,13 @@ def energy_summary(result: RunResult) -> dict[str, float]:
     groups = [
         GroupAccount(
             deployment=dep,
-            count=spec.num_replicas,
+            count=built_replicas(result.scenario, i),
             block_size=plan.block_size,
             usd_per_gpu_hour=spec.usd_per_gpu_hour or dep.hardware.price.usd_per_hour,
             sampling=result.scenario.workload.sampling,
         )
-        for spec, dep, plan in zip(
-            result.scenario.replicas, result.deployments, result.memory, strict=True
+        for i, (spec, dep, plan) in enumerate(
+            zip(result.scenario.replicas, result.deployments, result.memory, strict=True)
         )
     ]
     return fleet_energy(steps=result.sim.steps, requests=result.sim.requests, groups=groups)
