@@ -23,7 +23,11 @@ from simulator.errors import SpecError
 def run_cmd(
     scenario: Annotated[str | None, typer.Argument(metavar="SCENARIO.yaml")] = None,
     out: Annotated[
-        str | None, typer.Option("--out", help="write summary.json, requests.csv, steps.csv")
+        str | None,
+        typer.Option(
+            "--out",
+            help="write summary.json, requests.csv, steps.csv (and fleet.csv when autoscaled)",
+        ),
     ] = None,
     as_json: JsonOpt = False,
     schema: Annotated[

@@ -257,9 +257,28 @@ def format_serve_summary(
         lines.append(_row("Prefix cache hit rate (%):", hit_pct, ".2f"))
         lines.append(_row("Prefill tokens saved by the cache:", s["prefix_cache_saved_tokens"]))
     lines += _tier_section(s)
+    lines += _fleet_section(s)
     lines += bound_lines(s)
     lines.append("=" * WIDTH)
     return "\n".join(lines + band_lines(s))
+
+
+def _fleet_section(s: Mapping[str, Any]) -> list[str]:
+    """An autoscaled run's fleet figures (runs.runner.fleet_summary), where the summary has
+    them."""
+    if "fleet_gpu_hours" not in s:
+        return []
+    lines = [
+        "{s:{c}^{n}}".format(s="Fleet (autoscaled)", n=WIDTH, c="-"),
+        _row("GPU-hours:", s["fleet_gpu_hours"], ".4f"),
+        _row("Replicas serving (mean):", s["fleet_replicas_mean"], ".2f"),
+        _row("Replicas serving (peak):", s["fleet_replicas_peak"], ".0f"),
+        _row("Replicas added:", s["fleet_scale_ups"], ".0f"),
+        _row("Weight load per replica (s):", s["fleet_load_s"], ".2f"),
+    ]
+    if s.get("slo_attainment") is not None:
+        lines.append(_row("SLO attainment (%):", 100 * _num(s["slo_attainment"]), ".2f"))
+    return lines
 
 
 def format_throughput_summary(summary: Mapping[str, float | int | None]) -> str:

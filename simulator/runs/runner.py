@@ -284,6 +284,14 @@ def built_replicas(scenario: Scenario, group: int) -> int:
     return scenario.replicas[group].num_replicas
 
 
+def scaled_on_s(result: RunResult, group: int) -> float | None:
+    """Replica-seconds group `group` was on, when it was autoscaled (else None)."""
+    scale, sim = result.scenario.autoscale, result.sim
+    if scale is None or scale.group != group or sim.fleet_gpu_seconds is None:
+        return None
+    return sim.fleet_gpu_seconds / result.deployments[group].layout.devices_per_replica
+
+
 def load_seconds(dep: Deployment, plan: MemoryPlan, source: str) -> float:
     """Seconds a new replica takes to load its weights: the busiest GPU's weight bytes over
     the bandwidth one GPU reads them at: the node's NVMe (`storage`, the hardware spec's
@@ -546,6 +554,7 @@ def energy_summary(result: RunResult) -> dict[str, float]:
             block_size=plan.block_size,
             usd_per_gpu_hour=spec.usd_per_gpu_hour or dep.hardware.price.usd_per_hour,
             sampling=result.scenario.workload.sampling,
+            on_s=scaled_on_s(result, i),
         )
         for i, (spec, dep, plan) in enumerate(
             zip(result.scenario.replicas, result.deployments, result.memory, strict=True)
