@@ -118,6 +118,40 @@ def test_autoscaling_scales_up_within_max_and_pays_the_load_time(tmp_path: Path)
         mine = rows[rows["replica"] == replica]
         assert len(mine) and mine["arrival_s"].min() >= first_load + load
     assert 0 <= s["slo_attainment"] <= 1
+    assert fleet["draining"].max() >= 1  # after the peak it scales down again
+    assert int(fleet["serving"].iloc[-1]) == 1
+
+
+def test_weights_load_faster_from_host_memory_than_from_nvme() -> None:
+    result = runner.run(scenario())
+    dep, plan = result.deployments[0], result.memory[0]
+    host = dep.hardware.host
+    nvme = runner.load_seconds(dep, plan, "storage")
+    assert nvme == pytest.approx(plan.weights_bytes / host.nvme_bw_bytes_per_s)
+    link = host.pcie_bw_bytes_per_s * dep.hardware.efficiency.host_link_fraction
+    assert runner.load_seconds(dep, plan, "host") == pytest.approx(plan.weights_bytes / link)
+    assert runner.load_seconds(dep, plan, "host") < nvme
+
+
+def test_kv_usage_autoscaling_scales_with_the_kv_held(tmp_path: Path) -> None:
+    result = runner.run(
+        scenario(
+            autoscale={
+                "min_replicas": 1,
+                "max_replicas": 3,
+                "metric": "kv_usage",
+                "target": 0.02,
+                "interval_s": 2,
+            },
+            workload={
+                "dataset": {"name": "trace", "path": str(diurnal_trace(tmp_path))},
+                "arrival": "trace",
+            },
+        )
+    )
+    fleet = result.sim.fleet
+    assert fleet is not None and fleet["serving"].max() > 1
+    assert (fleet["serving"] + fleet["loading"] + fleet["draining"]).max() <= 3
 
 
 def test_a_fixed_fleet_uses_more_gpu_hours_than_an_autoscaled_one(tmp_path: Path) -> None:
