@@ -464,7 +464,14 @@ def bench_serve_cmd(
             help="percentiles to report besides 50, 90 and 99, e.g. 95,99.9",
         ),
     ] = None,
-    router: Annotated[str, typer.Option("--router")] = "round_robin",
+    router: Annotated[
+        str,
+        typer.Option(
+            "--router",
+            help="round_robin, least_outstanding, least_kv, power_of_two or prefix_affinity "
+            "(SGLang's cache-aware policy) over the --data-parallel-size replicas",
+        ),
+    ] = "round_robin",
     temperature: Annotated[
         float, typer.Option("--temperature", min=0.0, help="sampling temperature (0: greedy)")
     ] = 0.0,

@@ -37,7 +37,11 @@ def run_cmd(
     scenario: Annotated[str | None, typer.Argument(metavar="SCENARIO.yaml")] = None,
     out: Annotated[
         str | None,
-        typer.Option("--out", help="write summary.json and the tables --outputs names to DIR"),
+        typer.Option(
+            "--out",
+            help="write summary.json and the tables --outputs names to DIR (and fleet.csv when "
+            "autoscaled)",
+        ),
     ] = None,
     outputs: Annotated[
         Outputs | None,

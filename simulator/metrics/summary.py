@@ -261,9 +261,28 @@ def format_serve_summary(
     if lora:
         lines.append("{s:{c}^{n}}".format(s="LoRA adapters", n=WIDTH, c="-"))
         lines += lora
+    lines += _fleet_section(s)
     lines += bound_lines(s)
     lines.append("=" * WIDTH)
     return "\n".join(lines + band_lines(s))
+
+
+def _fleet_section(s: Mapping[str, Any]) -> list[str]:
+    """An autoscaled run's fleet figures (runs.runner.fleet_summary), where the summary has
+    them."""
+    if "fleet_gpu_hours" not in s:
+        return []
+    lines = [
+        "{s:{c}^{n}}".format(s="Fleet (autoscaled)", n=WIDTH, c="-"),
+        _row("GPU-hours:", s["fleet_gpu_hours"], ".4f"),
+        _row("Replicas serving (mean):", s["fleet_replicas_mean"], ".2f"),
+        _row("Replicas serving (peak):", s["fleet_replicas_peak"], ".0f"),
+        _row("Replicas added:", s["fleet_scale_ups"], ".0f"),
+        _row("Weight load per replica (s):", s["fleet_load_s"], ".2f"),
+    ]
+    if s.get("slo_attainment") is not None:
+        lines.append(_row("SLO attainment (%):", 100 * _num(s["slo_attainment"]), ".2f"))
+    return lines
 
 
 def format_throughput_summary(summary: Mapping[str, float | int | None]) -> str:
@@ -412,6 +431,14 @@ def per_second_peaks(
     concurrent = int(np.cumsum(active)[:span].max())
     tokens = np.bincount(bucket[inside], weights=weight[inside], minlength=span)
     return float(tokens.max()), concurrent
+
+
+def slo_attainment(requests: pd.DataFrame, slos: Mapping[str, float]) -> float:
+    """The share of all requests (failed ones count as missing) that completed meeting every
+    SLO (ms, keyed as `goodput`); 0 without a request."""
+    if not len(requests):
+        return 0.0
+    return _good_count(completed_requests(requests), _check_slos(slos)) / len(requests)
 
 
 def _good_count(done: pd.DataFrame, slos: Mapping[str, float]) -> int:

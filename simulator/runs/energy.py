@@ -168,6 +168,9 @@ class GroupAccount:
     block_size: int
     usd_per_gpu_hour: float
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    # replica-seconds its replicas were on (an autoscaled group, serving.fleet); None: all
+    # `count` for the whole run
+    on_s: float | None = None
 
     @property
     def gpus_per_replica(self) -> int:
@@ -229,8 +232,9 @@ def fleet_energy(
     start = 0.0
     stop = max((float(t) for t in ends if np.isfinite(t)), default=start)
     span = max(stop - start, 0.0)
-    energy = parked = cost = 0.0
+    energy = parked = cost = gpu_s = 0.0
     first = gpus = 0
+    scaled = False  # a group's replicas on for less than the run (autoscaled)
     for group in groups:
         pp = group.deployment.layout.pp
         replica = steps["replica"].to_numpy()
@@ -247,20 +251,41 @@ def fleet_energy(
             busy_s += float(duration.sum())
         # each GPU runs its stage of every batch (1/pp of the step) and waits parked the rest
         # of the span: with micro-batching, steps overlap and their durations outrun the span
-        waiting_j = parked_w * max(group.count * span - busy_s / pp, 0.0)
+        on_s = group.count * span if group.on_s is None else group.on_s
+        waiting_j = parked_w * max(on_s - busy_s / pp, 0.0)
         energy += group.gpus_per_replica * (step_j + waiting_j)
         parked += group.gpus_per_replica * waiting_j
         n = group.gpus_per_replica * group.count
         gpus += n
-        cost += n * span / 3600.0 * group.usd_per_gpu_hour
+        if group.on_s is None:
+            cost += n * span / 3600.0 * group.usd_per_gpu_hour
+        else:
+            scaled = True
+            cost += group.gpus_per_replica * on_s / 3600.0 * group.usd_per_gpu_hour
+        gpu_s += group.gpus_per_replica * on_s
     return _energy_figures(
-        energy=energy, parked=parked, cost=cost, gpus=gpus, span=span, requests=requests
+        energy=energy,
+        parked=parked,
+        cost=cost,
+        gpus=gpus,
+        span=span,
+        gpu_s=gpu_s if scaled else gpus * span,
+        requests=requests,
     )
 
 
 def _energy_figures(
-    *, energy: float, parked: float, cost: float, gpus: int, span: float, requests: pd.DataFrame
+    *,
+    energy: float,
+    parked: float,
+    cost: float,
+    gpus: int,
+    span: float,
+    gpu_s: float,
+    requests: pd.DataFrame,
 ) -> dict[str, float]:
+    """The figures of `energy` over `gpu_s` GPU-seconds (`gpus` x `span` unless a group was
+    autoscaled)."""
     done = requests[requests["finish_s"].notna()]
     output = float(done["output_tokens"].sum())
     tokens = output + float(done["prompt_tokens"].sum())
@@ -272,10 +297,10 @@ def _energy_figures(
         "num_gpus": gpus,
         "energy_j": energy,
         "parked_energy_j": parked,
-        "avg_power_w_per_gpu": per(energy, gpus * span),
+        "avg_power_w_per_gpu": per(energy, gpu_s),
         "energy_per_output_token_j": per(energy, output),
         "energy_per_request_j": per(energy, float(len(done))),
-        "gpu_hours": gpus * span / 3600.0,
+        "gpu_hours": gpu_s / 3600.0,
         "cost_usd": cost,
         "usd_per_million_output_tokens": per(cost, output, 1e6),
         "usd_per_million_tokens": per(cost, tokens, 1e6),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,7 @@ from simulator.metrics.summary import (
     completed_requests,
     kv_tier_summary,
     serve_summary,
+    slo_attainment,
     throughput_summary,
 )
 from simulator.outputs import atomic_folder
@@ -38,6 +39,7 @@ from simulator.serving.cluster import (
     serve,
 )
 from simulator.serving.disagg import pool_summary, prefill_view, serve_scenario
+from simulator.serving.fleet import FleetScaling
 from simulator.serving.loops import engine_loop, expert_layout
 from simulator.specs import ModelSpec, load_hardware, load_model
 from simulator.specs.engine import Entrypoint
@@ -55,10 +57,12 @@ from simulator.specs.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec, Workl
 from simulator.workload.requests import RequestTable, generate_requests
 
 # The tables `save_run` may write and the least `outputs` level that writes each (levels in
-# order: each writes what the one before it does, and more); kv_tiers only with KV tiers.
+# order: each writes what the one before it does, and more); kv_tiers only with KV tiers,
+# fleet (the replica counts over time) only with an autoscaled group.
 OUTPUT_LEVELS: tuple[RunOutputs, ...] = ("summary", "requests", "steps", "all")
 TABLE_LEVEL: dict[str, RunOutputs] = {
     "requests": "requests", "steps": "steps", "kv_tiers": "steps", "itl": "all",
+    "fleet": "requests",
 }  # fmt: skip
 TABLE_SUFFIX: dict[OutputFormat, str] = {"csv": ".csv", "parquet": ".parquet"}
 # What `save_run` writes, beside its manifest.json.
@@ -246,6 +250,7 @@ def _simulate(
             router=scenario.router,
             max_concurrency=scenario.max_concurrency,
             seed=scenario.seed,
+            autoscale=fleet_scaling(scenario, [p for _, p, _ in built], [d for _, _, d in built]),
         )
     goodput = scenario.slo.goodput() if scenario.slo else None
     # tokens after the first: one per decode at its step's end (a speculative step's decodes
@@ -269,6 +274,12 @@ def _simulate(
         summary.update(kv_tier_summary(sim.kv_tiers))
     if sim.lora is not None:
         summary["lora"] = sim.lora
+    if scenario.autoscale is not None:
+        summary.update(
+            fleet_summary(
+                scenario, sim, [p for _, p, _ in built], [d for _, _, d in built], goodput or {}
+            )
+        )
     summary.update(
         bound_summary(
             scenario,
@@ -282,6 +293,88 @@ def _simulate(
         scenario, sim, summary, [plan for _, plan, _ in built], [dep for _, _, dep in built]
     )
     return dataclasses.replace(result, energy=energy_summary(result))
+
+
+def built_replicas(scenario: Scenario, group: int) -> int:
+    """Replica indices group `group` takes in the run: its num_replicas, or max_replicas when
+    autoscaled (the replicas that are off count in energy and cost as parked)."""
+    scale = scenario.autoscale
+    if scale is not None and scale.group == group:
+        return scale.max_replicas
+    return scenario.replicas[group].num_replicas
+
+
+def scaled_on_s(result: RunResult, group: int) -> float | None:
+    """Replica-seconds group `group` was on, when it was autoscaled (else None)."""
+    scale, sim = result.scenario.autoscale, result.sim
+    if scale is None or scale.group != group or sim.fleet_gpu_seconds is None:
+        return None
+    return sim.fleet_gpu_seconds / result.deployments[group].layout.devices_per_replica
+
+
+def load_seconds(dep: Deployment, plan: MemoryPlan, source: str) -> float:
+    """Seconds a new replica takes to load its weights: the busiest GPU's weight bytes over
+    the bandwidth one GPU reads them at: the node's NVMe (`storage`, the hardware spec's
+    host.nvme_bw_bytes_per_s), or host memory over the host link (`host`: min(host DRAM
+    bandwidth, PCIe x host_link_fraction), as weight offload streams them)."""
+    host = dep.hardware.host
+    if source == "storage":
+        bw = host.nvme_bw_bytes_per_s
+    else:
+        pcie = host.pcie_bw_bytes_per_s * dep.hardware.efficiency.host_link_fraction
+        bw = min(host.memory_bw_bytes_per_s, pcie)
+    return float(plan.weights_bytes + plan.offloaded_bytes) / bw
+
+
+def fleet_scaling(
+    scenario: Scenario, plans: Sequence[MemoryPlan], deps: Sequence[Deployment]
+) -> FleetScaling | None:
+    """The scenario's autoscaled group as the serving loop takes it (None: no autoscale)."""
+    scale = scenario.autoscale
+    if scale is None:
+        return None
+    dep = deps[scale.group]
+    return FleetScaling(
+        spec=scale,
+        initial=scenario.replicas[scale.group].count,
+        load_s=load_seconds(dep, plans[scale.group], scale.weights_from),
+        gpus_per_replica=dep.layout.devices_per_replica,
+    )
+
+
+def fleet_summary(
+    scenario: Scenario,
+    sim: SimResult,
+    plans: Sequence[MemoryPlan],
+    deps: Sequence[Deployment],
+    slos: Mapping[str, float],
+) -> dict[str, float | None]:
+    """An autoscaled run's fleet figures: GPU-hours (the autoscaled group's replicas while
+    loading, serving or draining, the other groups' for the whole run, both until the last
+    request ends), the autoscaled group's replicas serving (time-weighted mean and peak), the
+    scale-ups, the load time of one, and the share of requests meeting every SLO."""
+    assert scenario.autoscale is not None and sim.fleet is not None
+    group = scenario.autoscale.group
+    end = float(sim.requests["finish_s"].max()) if len(sim.requests) else 0.0
+    gpu_s = float(sim.fleet_gpu_seconds or 0.0)
+    for i, (spec, dep) in enumerate(zip(scenario.replicas, deps, strict=True)):
+        if i != group:
+            gpu_s += spec.num_replicas * dep.layout.devices_per_replica * end
+    frame = sim.fleet
+    times = frame["time_s"].to_numpy(float)
+    serving = frame["serving"].to_numpy(float)
+    spans = np.diff(times)
+    mean = float(np.sum(serving[:-1] * spans) / times[-1]) if times[-1] > 0 else serving[0]
+    ups = np.diff(frame["serving"].to_numpy() + frame["loading"].to_numpy())
+    scaling = load_seconds(deps[group], plans[group], scenario.autoscale.weights_from)
+    return {
+        "fleet_gpu_hours": gpu_s / 3600.0,
+        "fleet_replicas_mean": mean,
+        "fleet_replicas_peak": float(serving.max()),
+        "fleet_scale_ups": float(np.sum(ups[ups > 0])),
+        "fleet_load_s": scaling,
+        "slo_attainment": slo_attainment(sim.requests, slos) if slos else None,
+    }
 
 
 def fleet_bound(
@@ -366,6 +459,7 @@ def save_run(
         "requests": lambda: sim.requests,
         "steps": lambda: sim.steps,
         "kv_tiers": lambda: sim.kv_tiers,
+        "fleet": lambda: sim.fleet,
         "itl": lambda: pd.DataFrame({"itl_s": sim.itl_s, "weight": sim.itl_weight}, copy=False),
     }
     with atomic_folder(out, "run", RUN_FILES) as folder:
@@ -513,13 +607,14 @@ def energy_summary(result: RunResult) -> dict[str, float]:
     groups = [
         GroupAccount(
             deployment=dep,
-            count=spec.num_replicas,
+            count=built_replicas(result.scenario, i),
             block_size=plan.block_size,
             usd_per_gpu_hour=spec.usd_per_gpu_hour or dep.hardware.price.usd_per_hour,
             sampling=result.scenario.workload.sampling,
+            on_s=scaled_on_s(result, i),
         )
-        for spec, dep, plan in zip(
-            result.scenario.replicas, result.deployments, result.memory, strict=True
+        for i, (spec, dep, plan) in enumerate(
+            zip(result.scenario.replicas, result.deployments, result.memory, strict=True)
         )
     ]
     return fleet_energy(steps=result.sim.steps, requests=result.sim.requests, groups=groups)

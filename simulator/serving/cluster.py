@@ -40,6 +40,7 @@ from simulator.errors import SpecError
 from simulator.metrics.phases import with_phases
 from simulator.metrics.recorder import Recorder
 from simulator.serving.dp_group import with_dp_attention
+from simulator.serving.fleet import Autoscaler, FleetScaling
 from simulator.serving.group import ReplicaGroup, default_scheduler, replica_group
 from simulator.serving.kv_tiers import (
     TieredBlockManager,
@@ -71,6 +72,10 @@ class SimResult:
     wall_s: float
     kv_tiers: pd.DataFrame | None = None
     lora: dict[str, float] | None = None  # multi-LoRA: adapter loads (serving.lora_summary)
+    # with an autoscaled group (serving.fleet): its replica counts over time, and its GPU
+    # seconds from the start to the last request's end
+    fleet: pd.DataFrame | None = None
+    fleet_gpu_seconds: float | None = None
 
 
 def simulate(
@@ -122,8 +127,11 @@ def serve(
     router: RouterSpec | None = None,
     max_concurrency: int | None = None,
     seed: int = 0,
+    autoscale: FleetScaling | None = None,
 ) -> SimResult:
-    """The event simulation itself: `requests` routed over the replicas of all `groups`."""
+    """The event simulation itself: `requests` routed over the replicas of all `groups`;
+    with `autoscale`, group `autoscale.spec.group` built with max_replicas replicas, scaled
+    over the run (`serving.fleet`)."""
     if max_concurrency is not None and max_concurrency < 1:
         raise SpecError(f"must be at least 1, got {max_concurrency}", field="max_concurrency")
     check_budgets(requests, groups)
@@ -132,8 +140,14 @@ def serve(
     recorder = Recorder()
     client = _Clients(env, max_concurrency, recorder)
     replicas: list[Replica] = []
-    for group in groups:
-        for _ in range(group.count):
+    group_of: dict[int, int] = {}
+    for g, group in enumerate(groups):
+        count = group.count
+        if autoscale is not None and g == autoscale.spec.group:
+            if group.loop is not None:
+                raise SpecError("an autoscaled group is of plain replicas", field="autoscale.group")
+            count = autoscale.spec.max_replicas
+        for _ in range(count):
             first = len(replicas)
             if group.loop is not None:
                 replicas += group.loop.build(
@@ -154,13 +168,32 @@ def serve(
                         seed=seed,
                     )
                 )
-            if group.frontend is not None:
-                for replica in replicas[first:]:
+            for replica in replicas[first:]:
+                group_of[replica.index] = g
+                if group.frontend is not None:
                     client.frontends[replica.index] = FrontEndQueue(group.frontend)
-    route = Router(router or RouterSpec(), replicas, np.random.default_rng(seed))
+    route = Router(router or RouterSpec(), replicas, np.random.default_rng(seed), group_of=group_of)
+    scaler = None
+    if autoscale is not None:
+        scaled = [r for r in replicas if group_of[r.index] == autoscale.spec.group]
+        scaler = Autoscaler(
+            env,
+            autoscale,
+            router=route,
+            fixed=[r for r in replicas if group_of[r.index] != autoscale.spec.group],
+            scaled=scaled,
+            finished=lambda: client.completed == len(requests),
+        )
+        env.process(scaler.run())
     env.process(client.send(requests, route))
     run_to_end(env, client, replicas)
-    return sim_result(recorder, replicas, requests=with_phases(recorder.request_frame()), wall=wall)
+    result = sim_result(
+        recorder, replicas, requests=with_phases(recorder.request_frame()), wall=wall
+    )
+    if scaler is None:
+        return result
+    scaler.close(client.last_done_s)
+    return dataclasses.replace(result, fleet=scaler.frame(), fleet_gpu_seconds=scaler.gpu_seconds)
 
 
 def run_to_end(env: simpy.Environment, client: _Clients, replicas: Sequence[Replica]) -> None:
@@ -303,6 +336,8 @@ class _Clients:
         self.recorder = recorder
         self.limit = limit
         self.outstanding = 0
+        self.completed = 0  # requests recorded
+        self.last_done_s = 0.0  # when the last was
         self._slot = env.event()
         self._next_turn: dict[int, int] = {}  # request id -> the turn sent after it finishes
         self.frontends: dict[int, FrontEndQueue] = {}
@@ -332,6 +367,8 @@ class _Clients:
     def _done(self, req: Request) -> None:
         self.recorder.request(req)
         self.outstanding -= 1
+        self.completed += 1
+        self.last_done_s = self.env.now
         if not self._slot.triggered:
             self._slot.succeed()
         if req.id in self._next_turn:
@@ -373,7 +410,7 @@ class _Clients:
                 adapter=int(adapters[i]),
             )
             self.outstanding += 1
-            self._deliver(router.choose(), req)
+            self._deliver(router.choose(req), req)
 
     def _send_next_turn(self, i: int) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(float(self._table.think_s[i]))
@@ -395,4 +432,4 @@ class _Clients:
             adapter=int(t.adapter[i]),
         )
         self.outstanding += 1
-        self._deliver(self._router.choose(), req)
+        self._deliver(self._router.choose(req), req)

@@ -136,7 +136,7 @@ class _Handoff:
         assert self.decode_router is not None  # bound before the run starts
         self.prefill_replica[req.id] = req.replica
         self.prefill_end_s[req.id] = req.first_token_s
-        target = self.decode_router.choose()
+        target = self.decode_router.choose(req)
         target.incoming += 1
         self.pending[target.index].append((req, _decode_copy(req)))
         target.wake()  # it takes the blocks at its next step boundary

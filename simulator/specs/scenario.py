@@ -276,6 +276,45 @@ RunOutputs = Literal["summary", "requests", "steps", "all"]
 OutputFormat = Literal["csv", "parquet"]
 
 
+class AutoscaleSpec(Frozen):
+    """Scale one replica group between `min_replicas` and `max_replicas` (it starts with its
+    `count`). Every `interval_s` the autoscaler wants ceil(load / target) replicas, where the
+    load is the group's outstanding requests (`metric: outstanding`) or the sum of its
+    replicas' KV usage (`kv_usage`), as Kubernetes' HPA sizes to a target per pod; it adds
+    replicas at once and removes one only after the want stayed lower for
+    `scale_down_delay_s` (the HPA's stabilization window). A new replica loads its weights
+    (bytes per GPU / the bandwidth of `weights_from`: NVMe `storage`, or `host` memory over
+    the host link) and serves nothing meanwhile; a removed one takes no new request and
+    stops once its requests finish (serving.fleet)."""
+
+    group: int = Field(default=0, ge=0, description="the replica group (index) it scales")
+    min_replicas: int = Field(ge=1, le=MAX_GPUS)
+    max_replicas: int = Field(ge=1, le=MAX_GPUS)
+    metric: Literal["outstanding", "kv_usage"] = "outstanding"
+    target: float = Field(
+        gt=0, description="outstanding requests per replica, or KV usage (0-1) per replica"
+    )
+    interval_s: float = Field(default=10.0, gt=0, description="seconds between evaluations")
+    scale_down_delay_s: float = Field(
+        default=60.0, ge=0, description="seconds the want must stay lower before scaling down"
+    )
+    weights_from: Literal["storage", "host"] = Field(
+        default="storage",
+        description="where a new replica reads its weights: the node's NVMe (storage) or host "
+        "memory over the host link (host)",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas {self.min_replicas} is above max_replicas {self.max_replicas}"
+            )
+        if self.metric == "kv_usage" and self.target > 1:
+            raise ValueError(f"a kv_usage target is a fraction (0-1], got {self.target}")
+        return self
+
+
 class Scenario(Frozen):
     name: str
     model: str = Field(description="catalogue id or path to a Hugging Face config.json")
@@ -300,6 +339,9 @@ class Scenario(Frozen):
     output_format: OutputFormat = Field(
         default="csv", description="the tables' format: csv, or parquet (needs pyarrow)"
     )
+    autoscale: AutoscaleSpec | None = Field(
+        default=None, description="scale one replica group with its load (serving.fleet)"
+    )
 
     @field_validator("replicas")
     @classmethod
@@ -317,6 +359,39 @@ class Scenario(Frozen):
                 raise ValueError(
                     f"{given[0]} applies to disaggregated scenarios only (replica groups with "
                     "role prefill and decode)"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _fleet_fields(self) -> Scenario:
+        groups = len(self.replicas)
+        if self.router.kind == "length":
+            if self.disaggregated or groups < 2:
+                raise ValueError(
+                    "the length router needs two or more colocated replica groups (long "
+                    "requests to one, the rest to the others)"
+                )
+            if self.router.long_group >= groups:
+                raise ValueError(
+                    f"long_group {self.router.long_group} is not a replica group "
+                    f"(there are {groups})"
+                )
+        scale = self.autoscale
+        if scale is not None:
+            if self.disaggregated:
+                raise ValueError("autoscale applies to colocated scenarios only")
+            if scale.group >= groups:
+                raise ValueError(f"group {scale.group} is not a replica group (there are {groups})")
+            spec = self.replicas[scale.group]
+            if not scale.min_replicas <= spec.count <= scale.max_replicas:
+                raise ValueError(
+                    f"replica group {scale.group} starts with count {spec.count}, outside "
+                    f"min_replicas {scale.min_replicas} .. max_replicas {scale.max_replicas}"
+                )
+            if spec.data_parallel_size > 1 or spec.pipeline_micro_batching:
+                raise ValueError(
+                    "an autoscaled group is of plain replicas (no data_parallel_size > 1 or "
+                    "pipeline_micro_batching)"
                 )
         return self
 

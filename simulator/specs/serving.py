@@ -12,7 +12,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from simulator.errors import SpecError
-from simulator.specs._base import BytesPerS, Frozen, Seconds
+from simulator.specs._base import MAX_TOKENS, BytesPerS, Frozen, Seconds
 from simulator.specs.engine import NewTokenRatio
 from simulator.specs.loader import validate
 
@@ -36,11 +36,58 @@ class SchedulerSpec(Frozen):
     admission: NewTokenRatio | None = None
 
 
-RouterKind = Literal["round_robin", "least_outstanding", "least_kv", "power_of_two"]
+RouterKind = Literal[
+    "round_robin", "least_outstanding", "least_kv", "power_of_two", "prefix_affinity", "length"
+]
 
 
 class RouterSpec(Frozen):
+    """The router's policy (`kind`) and the parameters of the two that take any.
+
+    prefix_affinity: SGLang router's cache-aware policy; its defaults are sgl-router's
+    (sgl-project/sglang, sgl-router/py_src/sglang_router/router_args.py: cache_threshold 0.3,
+    balance_abs_threshold 64, balance_rel_threshold 1.5). length: requests whose prompt +
+    output exceed `length_threshold` tokens go to replica group `long_group`, the others to
+    the remaining groups (Melange, arXiv 2404.14527: each request size to the GPU type that
+    serves it cheapest)."""
+
     kind: RouterKind = "round_robin"
+    cache_threshold: float = Field(
+        default=0.3,
+        ge=0,
+        le=1,
+        description="prefix_affinity: the cached share of a prompt above which it goes to the "
+        "replica holding it (below: to the replica with the most free KV)",
+    )
+    balance_abs_threshold: int = Field(
+        default=64,
+        ge=0,
+        description="prefix_affinity: outstanding requests, busiest - idlest, above which "
+        "(and above balance_rel_threshold) it routes to the least outstanding replica",
+    )
+    balance_rel_threshold: float = Field(
+        default=1.5,
+        ge=1,
+        description="prefix_affinity: busiest / idlest outstanding above which (and above "
+        "balance_abs_threshold) it routes to the least outstanding replica",
+    )
+    length_threshold: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TOKENS,
+        description="length: prompt + output tokens above which a request is long",
+    )
+    long_group: int = Field(
+        default=0, ge=0, description="length: the replica group (index) long requests go to"
+    )
+
+    @model_validator(mode="after")
+    def _length_fields(self) -> RouterSpec:
+        if self.kind == "length" and self.length_threshold is None:
+            raise ValueError("the length router needs length_threshold (tokens)")
+        if self.kind != "length" and self.length_threshold is not None:
+            raise ValueError("length_threshold applies to the length router only")
+        return self
 
 
 Method = Literal["ngram", "eagle", "eagle3", "draft_model", "mtp", "deepseek_mtp", "medusa"]

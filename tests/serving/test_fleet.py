@@ -1,0 +1,205 @@
+"""Fleet control: prefix-affinity and length routing, and autoscaling a replica group."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from simulator.runs import runner
+from simulator.specs.scenario import Scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scenario(**update: Any) -> Scenario:
+    base: dict[str, Any] = {
+        "name": "fleet-test",
+        "model": "llama-3.1-8b",
+        "replicas": [{"hardware": "h100_sxm"}],
+        "workload": {
+            "dataset": {"name": "random", "input_len": 256, "output_len": 64},
+            "num_prompts": 10,
+        },
+    }
+    return Scenario.model_validate({**base, **update})
+
+
+def chat(kind: str) -> runner.RunResult:
+    """Multi-turn chats on 4 replicas: each turn resends its conversation so far."""
+    return runner.run(
+        scenario(
+            replicas=[{"hardware": "h100_sxm", "count": 4, "enable_prefix_caching": True}],
+            router={"kind": kind},
+            workload={
+                "dataset": {"name": "sharegpt"},
+                "num_prompts": 240,
+                "request_rate": 4,
+                "prefix": {"tokens": 500},
+                "sessions": {"turns": 4, "think_time_s": 2},
+            },
+        )
+    )
+
+
+def test_prefix_affinity_raises_the_cache_hit_rate_over_round_robin() -> None:
+    spread = chat("round_robin").summary["prefix_cache_hit_rate"]
+    affine = chat("prefix_affinity").summary["prefix_cache_hit_rate"]
+    assert affine > spread + 0.1
+
+
+def test_length_routing_sends_long_requests_to_the_long_group() -> None:
+    result = runner.run(
+        scenario(
+            replicas=[{"hardware": "a100_sxm_80gb", "count": 2}, {"hardware": "h100_sxm"}],
+            router={"kind": "length", "length_threshold": 1500, "long_group": 1},
+            workload={"dataset": {"name": "azure-code"}, "num_prompts": 300, "request_rate": 10},
+        )
+    )
+    rows = result.sim.requests
+    long = rows["prompt_tokens"] + rows["output_tokens"] > 1500
+    assert long.any() and (~long).any()
+    assert set(rows.loc[long, "replica"]) == {2}  # group 1's one replica comes after group 0's
+    assert set(rows.loc[~long, "replica"]) <= {0, 1}
+
+
+def diurnal_trace(folder: Path) -> Path:
+    """A day compressed to 200 s: the arrival rate follows sin^4, from 1 request/s at night
+    to 25 at noon (thinned deterministically: arrivals where the rate's integral crosses an
+    integer)."""
+    times = np.linspace(0, 200, 200_001)
+    rate = 1 + 24 * np.sin(np.pi * times / 200) ** 4
+    cumulative = np.cumsum(rate) * (times[1] - times[0])
+    arrivals = times[np.searchsorted(cumulative, np.arange(1, int(cumulative[-1])))]
+    path = folder / "diurnal.csv"
+    rows = [f"{t:.4f},1024,256" for t in arrivals]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def diurnal(folder: Path, min_replicas: int, count: int) -> runner.RunResult:
+    """The diurnal trace on H100 replicas scaled between `min_replicas` and 3."""
+    return runner.run(
+        scenario(
+            replicas=[{"hardware": "h100_sxm", "count": count}],
+            router={"kind": "least_outstanding"},
+            autoscale={
+                "min_replicas": min_replicas,
+                "max_replicas": 3,
+                "target": 8,
+                "interval_s": 2,
+                "scale_down_delay_s": 10,
+            },
+            workload={
+                "dataset": {"name": "trace", "path": str(diurnal_trace(folder))},
+                "arrival": "trace",
+            },
+            slo={"ttft_ms": 2000},
+        )
+    )
+
+
+def test_autoscaling_scales_up_within_max_and_pays_the_load_time(tmp_path: Path) -> None:
+    result = diurnal(tmp_path, 1, 1)
+    fleet, rows, s = result.sim.fleet, result.sim.requests, result.summary
+    assert fleet is not None
+    on = fleet["serving"] + fleet["loading"] + fleet["draining"]
+    assert on.max() <= 3
+    assert s["fleet_replicas_peak"] == 3 and s["fleet_scale_ups"] >= 2
+    load = s["fleet_load_s"]
+    assert load > 1.0  # 16 GB from NVMe at 7 GB/s
+    started = fleet.loc[fleet["loading"].diff() > 0, "time_s"]
+    first_load = float(started.iloc[0])
+    for replica in (1, 2):  # added replicas: nothing arrives before their load is over
+        mine = rows[rows["replica"] == replica]
+        assert len(mine) and mine["arrival_s"].min() >= first_load + load
+    assert 0 <= s["slo_attainment"] <= 1
+    assert fleet["draining"].max() >= 1  # after the peak it scales down again
+    assert int(fleet["serving"].iloc[-1]) == 1
+
+
+def test_weights_load_faster_from_host_memory_than_from_nvme() -> None:
+    result = runner.run(scenario())
+    dep, plan = result.deployments[0], result.memory[0]
+    host = dep.hardware.host
+    nvme = runner.load_seconds(dep, plan, "storage")
+    assert nvme == pytest.approx(plan.weights_bytes / host.nvme_bw_bytes_per_s)
+    link = host.pcie_bw_bytes_per_s * dep.hardware.efficiency.host_link_fraction
+    assert runner.load_seconds(dep, plan, "host") == pytest.approx(plan.weights_bytes / link)
+    assert runner.load_seconds(dep, plan, "host") < nvme
+
+
+def test_kv_usage_autoscaling_scales_with_the_kv_held(tmp_path: Path) -> None:
+    result = runner.run(
+        scenario(
+            autoscale={
+                "min_replicas": 1,
+                "max_replicas": 3,
+                "metric": "kv_usage",
+                "target": 0.02,
+                "interval_s": 2,
+            },
+            workload={
+                "dataset": {"name": "trace", "path": str(diurnal_trace(tmp_path))},
+                "arrival": "trace",
+            },
+        )
+    )
+    fleet = result.sim.fleet
+    assert fleet is not None and fleet["serving"].max() > 1
+    assert (fleet["serving"] + fleet["loading"] + fleet["draining"]).max() <= 3
+
+
+def test_a_fixed_fleet_uses_more_gpu_hours_than_an_autoscaled_one(tmp_path: Path) -> None:
+    scaled, fixed = diurnal(tmp_path, 1, 1).summary, diurnal(tmp_path, 3, 3).summary
+    assert fixed["fleet_replicas_mean"] == pytest.approx(3) and fixed["fleet_scale_ups"] == 0
+    assert scaled["fleet_gpu_hours"] < 0.8 * fixed["fleet_gpu_hours"]
+    assert scaled["fleet_replicas_mean"] < 2.5
+
+
+@pytest.mark.slow
+def test_the_bundled_trace_autoscales_with_fewer_gpu_hours() -> None:
+    scaled = runner.run(ROOT / "scenarios/fleet_autoscale.yaml").summary
+    fixed = runner.run(ROOT / "scenarios/fleet_fixed.yaml").summary
+    assert scaled["fleet_gpu_hours"] < 0.75 * fixed["fleet_gpu_hours"]
+    assert scaled["slo_attainment"] >= 0.95
+
+
+@pytest.mark.parametrize(
+    ("block", "reason"),
+    [
+        ("{min_replicas: 3, max_replicas: 2, target: 8}", "above max_replicas"),
+        ("{min_replicas: 1, max_replicas: 2, target: 0}", "target"),
+        ("{group: 4, min_replicas: 1, max_replicas: 2, target: 8}", "not a replica group"),
+        ("{min_replicas: 1, max_replicas: 2, metric: kv_usage, target: 3}", "fraction"),
+    ],
+)
+def test_bad_autoscale_config_exits_2_with_one_line(
+    tmp_path: Path, block: str, reason: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "name: bad\nmodel: llama-3.1-8b\nreplicas: [{hardware: h100_sxm}]\n"
+        f"autoscale: {block}\n"
+        "workload: {dataset: {name: random, input_len: 8, output_len: 8}, num_prompts: 4}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "simulator", "run", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.yaml" in lines[0] and reason in lines[0]
+
+
+def test_bad_router_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="length_threshold"):
+        scenario(router={"kind": "length"})
+    with pytest.raises(ValueError, match="two or more"):
+        scenario(router={"kind": "length", "length_threshold": 100})
