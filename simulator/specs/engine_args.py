@@ -39,6 +39,8 @@ class EngineArgs:
     simulator/specs/host_cpus.yaml): the engine's CPU costs scale to it.
     `kv_budget`: tokens of KV each sequence keeps after its prompt, chosen by `kv_eviction`
     (snapkv, h2o, streaming; `specs.deployment.KvEviction`); no vLLM flag.
+    `shadowkv` and `swiftkv`: the fields of `specs.deployment.ShadowKV` / `SwiftKV` (an empty
+    mapping takes the papers' settings); no vLLM flags.
     Values are checked when the scenario is validated.
     """
 
@@ -52,6 +54,8 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"
     kv_budget: int | None = None
     kv_eviction: str = "snapkv"
+    shadowkv: Mapping[str, Any] | None = None
+    swiftkv: Mapping[str, Any] | None = None
     enforce_eager: bool = False
     max_model_len: int | None = None
     async_scheduling: bool = False
@@ -101,6 +105,8 @@ class EngineArgs:
             "kv_cache_dtype": self.kv_cache_dtype,
             "kv_budget": self.kv_budget,
             "kv_eviction": self.kv_eviction,
+            "shadowkv": None if self.shadowkv is None else dict(self.shadowkv),
+            "swiftkv": None if self.swiftkv is None else dict(self.swiftkv),
             "enforce_eager": self.enforce_eager,
             "max_model_len": self.max_model_len,
             "async_scheduling": self.async_scheduling,
