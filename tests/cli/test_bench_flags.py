@@ -76,11 +76,22 @@ MULTI_STEP_EXPECTED = EngineArgs(engine="vllm-0.6", num_scheduler_steps=4, host_
 BUDGET_FLAGS = ["--kv-budget", "512", "--kv-eviction", "h2o"]  # turns prefix caching off
 BUDGET_FLAGS += ["-cp", "2"]
 BUDGET_EXPECTED = EngineArgs(kv_budget=512, kv_eviction="h2o", context_parallel_size=2)
+# ShadowKV's and SwiftKV's fields are mappings, each made of several flags
+SPARSE_FLAGS = ["--shadowkv", "--shadowkv-budget", "1024", "--shadowkv-chunk", "16"]
+SPARSE_FLAGS += ["--swiftkv-layers", "0.5", "--acrosskv", "2"]
+SPARSE_EXPECTED = EngineArgs(
+    shadowkv={"budget": 1024, "chunk": 16}, swiftkv={"skip_fraction": 0.5, "across": 2}
+)
+MAPPED = {
+    "shadowkv": ("shadowkv_on", "shadowkv_rank", "shadowkv_budget", "shadowkv_chunk"),
+    "swiftkv": ("swiftkv_layers", "acrosskv"),
+}
 CASES = [
     (FLAGS, EXPECTED),
     (KV_FLAGS, KV_EXPECTED),
     (MULTI_STEP_FLAGS, MULTI_STEP_EXPECTED),
     (BUDGET_FLAGS, BUDGET_EXPECTED),
+    (SPARSE_FLAGS, SPARSE_EXPECTED),
 ]
 
 
@@ -99,6 +110,10 @@ def bench_params(name: str) -> dict[str, Any]:
 def test_every_engine_arg_is_a_flag_with_its_default(command: str) -> None:
     params = bench_params(command)
     for field in dataclasses.fields(EngineArgs):
+        if field.name in MAPPED:  # off (None) unless their flags are given
+            assert field.default is None and set(MAPPED[field.name]) <= set(params)
+            assert all(params[name].default in (None, False) for name in MAPPED[field.name])
+            continue
         assert field.name in params, f"bench {command} has no flag for {field.name}"
         default = params[field.name].default
         assert getattr(default, "value", default) == field.default, field.name

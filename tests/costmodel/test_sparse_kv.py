@@ -4,6 +4,7 @@ costs, the serving loop, bad combinations and the papers' headline figures."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -207,3 +208,13 @@ def test_scenario_fields_reach_the_deployment() -> None:
     spec = ReplicaGroupSpec.model_validate(group)
     assert spec.shadowkv is not None and spec.shadowkv.budget == 1024
     assert not spec.prefix_caching
+
+
+def test_a_bad_scenario_field_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    scenario = Path(__file__).parents[2] / "scenarios" / "long_context_shadowkv.yaml"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(scenario.read_text().replace("rank: 160", "rank: 4096"))
+    err = one_line_error(capsys, "run", str(bad))
+    assert "bad.yaml" in err and "shadowkv" in err and "rank 4096" in err
