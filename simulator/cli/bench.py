@@ -58,6 +58,7 @@ from simulator.cli.bench_flags import (
     TpOpt,
     engine_args,
     ignored_flags,
+    kv_technique_args,
     parse_offload_flag,
     save_result,
 )
@@ -98,6 +99,12 @@ def bench_latency_cmd(
     dtype: DtypeOpt = "auto",
     quantization: QuantOpt = None,
     kv_cache_dtype: KvDtypeOpt = "auto",
+    shadowkv_on: ShadowKvOpt = False,
+    shadowkv_rank: ShadowKvRankOpt = None,
+    shadowkv_budget: ShadowKvBudgetOpt = None,
+    shadowkv_chunk: ShadowKvChunkOpt = None,
+    swiftkv_layers: SwiftKvOpt = None,
+    acrosskv: AcrossKvOpt = None,
     engine: EngineOpt = "vllm",
     enforce_eager: EagerOpt = False,
     async_scheduling: AsyncOpt = False,
@@ -150,6 +157,7 @@ def bench_latency_cmd(
         speculative_config=speculative_config,
         cpu_offload_gb=cpu_offload_gb,
         offload=parse_offload_flag(offload_config),
+        **kv_technique_args(ctx.params),
     )
     data = result.as_json(interval_coverage=interval_coverage)
     write_json(output_json, data)

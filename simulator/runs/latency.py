@@ -465,6 +465,8 @@ def estimate(
     speculative_config: SpeculativeSpec | Mapping[str, Any] | str | None = None,
     cpu_offload_gb: float = 0.0,
     offload: OffloadLike = None,
+    shadowkv: Mapping[str, Any] | None = None,
+    swiftkv: Mapping[str, Any] | None = None,
 ) -> LatencyResult:
     """Predict `vllm bench latency` analytically: TTFT, TPOT, total latency, memory plan and a
     per-operator breakdown. `speculative_config`: vLLM's --speculative-config (JSON text, a
@@ -475,8 +477,12 @@ def estimate(
     `overlap_tp_comm`: tensor-parallel all-reduces fused with their producer GEMMs.
     `max_model_len`: vLLM's --max-model-len (default and upper bound: the model's context).
     The requests sample as vLLM's benchmark's do (temperature 1.0: OFFLINE_BENCH_SAMPLING), the
-    engine's draw priced every step."""
+    engine's draw priced every step. `shadowkv`, `swiftkv`: those techniques' fields
+    (`specs.deployment.ShadowKV`, `SwiftKV`; docs/long-context.md)."""
     speculative = parse_speculative_config(speculative_config)
+    for name, on in (("shadowkv", shadowkv), ("swiftkv", swiftkv)):
+        if on is not None and speculative is not None:
+            raise SpecError("with speculative decoding is not modelled", field=name)
     dep = deployment(
         model=model,
         hardware=hardware,
@@ -493,6 +499,8 @@ def estimate(
         async_scheduling=async_scheduling,
         host_cpu=host_cpu,
         overlap_tp_comm=overlap_tp_comm,
+        shadowkv=shadowkv,
+        swiftkv=swiftkv,
     )
     return bench_latency(
         dep,

@@ -4,6 +4,7 @@ costs, the serving loop, bad combinations and the papers' headline figures."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -166,8 +167,6 @@ def test_swiftkv_paper_throughput_on_prefill_heavy_work(
     args = ["bench", "throughput", "--model", "llama-3.1-8b", "--hardware", "h100_sxm"]
     args += ["--input-len", "2000", "--output-len", "200", "--num-prompts", "300"]
     args += ["--kv-cache-dtype", "fp8", "--json"]
-    import json
-
     code, out, _ = run_cli(capsys, *args)
     assert code == 0
     base = json.loads(out)["elapsed_time"]
@@ -196,6 +195,22 @@ def test_cli_flags_run_and_bad_combinations_are_one_line(
     serve += ["--num-prompts", "8", "--random-input-len", "2048", "--random-output-len", "16"]
     code, out, _ = run_cli(capsys, *serve, "--swiftkv-layers", "0.5")
     assert code == 0
+    latency = ["bench", "latency", "--model", "llama-3.1-8b", "--hardware", "a100_sxm_80gb"]
+    latency += ["--batch-size", "4", "--input-len", "32768", "--output-len", "16", "--json"]
+    code, out, _ = run_cli(capsys, *latency)
+    assert code == 0
+    base = json.loads(out)
+    code, out, _ = run_cli(capsys, *latency, "--shadowkv", "--swiftkv-layers", "0.5")
+    assert code == 0
+    both = json.loads(out)
+    # four sequences of 32K: fetching 2048 tokens' values over PCIe outweighs reading 32K
+    # tokens from HBM (ShadowKV wins by the batch its memory allows); prompts skip half
+    assert both["tpot_s"] > base["tpot_s"]
+    assert both["ttft_s"] < 0.6 * base["ttft_s"]
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": 0.7}'
+    assert "shadowkv" in one_line_error(
+        capsys, *latency, "--shadowkv", "--speculative-config", spec
+    )
 
 
 def test_scenario_fields_reach_the_deployment() -> None:
