@@ -71,6 +71,64 @@ KvBudgetOpt = Annotated[
 ]
 
 
+ShadowKvOpt = Annotated[
+    bool,
+    typer.Option(
+        "--shadowkv",
+        help="ShadowKV: low-rank keys on the GPU, values in host memory, sparse decode over "
+        "the host link (no vLLM flag); docs/long-context.md",
+    ),
+]
+ShadowKvRankOpt = Annotated[
+    int | None, typer.Option("--shadowkv-rank", min=1, help="rank of the keys [160]")
+]
+ShadowKvBudgetOpt = Annotated[
+    int | None,
+    typer.Option("--shadowkv-budget", min=1, help="tokens a decode attends to [2048]"),
+]
+ShadowKvChunkOpt = Annotated[
+    int | None, typer.Option("--shadowkv-chunk", min=1, help="tokens per landmark chunk [8]")
+]
+SwiftKvOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--swiftkv-layers",
+        min=0.0,
+        max=0.99,
+        help="SwiftKV: fraction of the last layers prompt tokens skip (only their KV "
+        "projections run; no vLLM flag); docs/long-context.md",
+    ),
+]
+AcrossKvOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--acrosskv", min=1, help="with --swiftkv-layers: skipped layers sharing one KV [1]"
+    ),
+]
+
+
+def kv_technique_args(params: dict[str, Any]) -> dict[str, Any]:
+    """EngineArgs' `shadowkv` and `swiftkv` from the flags above (SpecError for a setting
+    without the flag that turns its technique on)."""
+    out: dict[str, Any] = {}
+    shadow = {
+        key: params.get(f"shadowkv_{key}")
+        for key in ("rank", "budget", "chunk")
+        if params.get(f"shadowkv_{key}") is not None
+    }
+    if params.get("shadowkv_on"):
+        out["shadowkv"] = shadow
+    elif shadow:
+        key = next(iter(shadow))
+        raise SpecError("needs --shadowkv", field=f"shadowkv_{key}")
+    layers, across = params.get("swiftkv_layers"), params.get("acrosskv")
+    if layers is not None:
+        out["swiftkv"] = {"skip_fraction": layers, "across": across or 1}
+    elif across is not None:
+        raise SpecError("needs --swiftkv-layers", field="acrosskv")
+    return out
+
+
 class KvEviction(str, Enum):
     snapkv = "snapkv"
     h2o = "h2o"
@@ -313,7 +371,7 @@ def engine_args(ctx: typer.Context) -> EngineArgs:
         for name, value in ctx.params.items()
         if name in names
     }
-    return EngineArgs(**values)
+    return EngineArgs(**(values | kv_technique_args(ctx.params)))
 
 
 def save_result(

@@ -5,8 +5,11 @@ resolves ids and flags into one and refuses what cannot run."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import cast, get_args
+from typing import Any, cast, get_args
+
+from pydantic import ValidationError
 
 from simulator.costmodel.memory import MemoryPlan, plan_memory
 from simulator.errors import SpecError
@@ -23,11 +26,14 @@ from simulator.specs.deployment import (
     KvEvictionPolicy,
     Parallelism,
     Precision,
+    ShadowKV,
+    SwiftKV,
     kernel_format,
     resolve_precision,
 )
 from simulator.specs.engine import Entrypoint
 from simulator.specs.host_cpu import engine_on_host, with_host_cpu
+from simulator.specs.model import CCAttention, GQAttention
 from simulator.specs.offload import ExpertOffloadSpec, OffloadLike, OffloadSpec, resolve_offload
 
 
@@ -102,6 +108,8 @@ def deployment(
     kv_eviction: str = "snapkv",
     overlap_tp_comm: bool = False,
     nano_batches: int | None = None,
+    shadowkv: ShadowKV | Mapping[str, Any] | None = None,
+    swiftkv: SwiftKV | Mapping[str, Any] | None = None,
 ) -> Deployment:
     """Resolve ids into a checked Deployment; raises SpecError for anything impossible.
     `entrypoint`: the engine runs as an API server or offline (vLLM's LLM class), which with
@@ -121,7 +129,10 @@ def deployment(
     `host_cpu`: the node's CPU where it is not the hardware spec's (`with_host_cpu`); the
     engine's CPU costs scale from the CPU they were fitted on to it (`engine_on_host`).
     `kv_budget`: tokens of KV each sequence keeps once its prompt is in, chosen by
-    `kv_eviction` (snapkv, h2o or streaming: `specs.deployment.KvEviction`)."""
+    `kv_eviction` (snapkv, h2o or streaming: `specs.deployment.KvEviction`).
+    `shadowkv` (`specs.deployment.ShadowKV` or its fields) keeps low-rank keys on the GPU and
+    values in host memory; `swiftkv` (`specs.deployment.SwiftKV`) lets prompt tokens skip the
+    last layers and AcrossKV share their KV (docs/long-context.md)."""
     m = model if isinstance(model, ModelSpec) else load_model(model)
     hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
     if host_cpu is not None:
@@ -184,7 +195,61 @@ def deployment(
     eviction = resolve_eviction(kv_budget, kv_eviction)
     if eviction is not None:
         prec = prec.model_copy(update={"kv_eviction": eviction})
+    techniques = resolve_kv_techniques(m, layout, prec, shadowkv=shadowkv, swiftkv=swiftkv)
+    if techniques:
+        prec = prec.model_copy(update=techniques)
     return Deployment(m, hw, eng, layout, prec, off)
+
+
+def resolve_kv_techniques(
+    model: ModelSpec,
+    layout: Parallelism,
+    prec: Precision,
+    *,
+    shadowkv: ShadowKV | Mapping[str, Any] | None,
+    swiftkv: SwiftKV | Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The Precision fields of ShadowKV and SwiftKV, checked against the model and layout:
+    both need GQA/MHA attention without sliding windows and no context parallelism; ShadowKV
+    keeps 16-bit KV and no token budget. SpecError naming the field otherwise."""
+    out: dict[str, Any] = {}
+    for field, value, cls in (("shadowkv", shadowkv, ShadowKV), ("swiftkv", swiftkv, SwiftKV)):
+        if value is None:
+            continue
+        try:
+            spec = value if isinstance(value, cls) else cls.model_validate(value)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise SpecError(
+                f"{where}: {err['msg']}" if where else err["msg"], field=field
+            ) from None
+        attn = model.attention
+        if not isinstance(attn, GQAttention) or isinstance(attn, CCAttention):
+            raise SpecError(f"needs GQA/MHA attention ({model.id} has another)", field=field)
+        if attn.sliding_window is not None:
+            raise SpecError("with sliding-window layers is not modelled", field=field)
+        if layout.cp > 1:
+            raise SpecError("with context parallelism is not modelled", field=field)
+        out[field] = spec
+    sk, sw = out.get("shadowkv"), out.get("swiftkv")
+    if sk is not None:
+        if prec.kv_cache not in ("bf16", "fp16", "fp32"):
+            raise SpecError(
+                f"keeps 16-bit KV; --kv-cache-dtype {prec.kv_cache} with it is not modelled",
+                field="shadowkv",
+            )
+        if prec.kv_eviction is not None:
+            raise SpecError("with a KV token budget is not modelled", field="shadowkv")
+        attn = cast(GQAttention, model.attention)
+        width = attn.num_kv_heads * attn.head_dim
+        if sk.rank >= width:
+            raise SpecError(
+                f"rank {sk.rank} is no smaller than the keys' width ({width})", field="shadowkv"
+            )
+    if sw is not None and sw.across > 1 and sw.skipped_layers(model.num_layers) < 2:
+        raise SpecError("AcrossKV shares KV among skipped layers: needs two", field="swiftkv")
+    return out
 
 
 def resolve_eviction(budget: int | None, policy: str) -> KvEviction | None:

@@ -172,6 +172,10 @@ class MemoryPlan:
     residual_bytes: float = 0.0  # per sequence slot: KIVI's 16-bit windows, CCA's conv state
     hold: KvHold | None = None  # what a sequence keeps under sliding windows or a budget
     lora_bytes: float = 0.0  # multi-LoRA: the adapter slots vLLM preallocates (costmodel.lora)
+    # ShadowKV: each token's values live in host memory (this device's share), which holds
+    # `host_kv_bytes` of them; 0: the KV is all on the device
+    host_kv_bytes_per_token: float = 0.0
+    host_kv_bytes: float = 0.0
 
     @property
     def kv_cache_bytes(self) -> float:
@@ -194,7 +198,11 @@ class MemoryPlan:
 
     @property
     def kv_capacity_blocks(self) -> int:
-        return max(0, int(self.kv_cache_bytes // (self.kv_bytes_per_token * self.block_size)))
+        blocks = max(0, int(self.kv_cache_bytes // (self.kv_bytes_per_token * self.block_size)))
+        if self.host_kv_bytes_per_token > 0:  # the values' host memory bounds it too
+            host = self.host_kv_bytes // (self.host_kv_bytes_per_token * self.block_size)
+            blocks = min(blocks, max(0, int(host)))
+        return blocks
 
     def max_batch(self, *, seq_len: int, prompt_len: int | None = None) -> int:
         """Largest number of sequences of `seq_len` tokens whose KV fits at once; with a KV
@@ -249,6 +257,7 @@ class MemoryPlan:
             "block_size": self.block_size,
             "kv_budget": self.kv_budget,
             "residual_bytes": self.residual_bytes,
+            "host_kv_bytes_per_token": self.host_kv_bytes_per_token,
             "fits": self.fits,
         }
 
@@ -271,6 +280,34 @@ def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: P
     KV (as vLLM's decode context parallelism interleaves it), so a replica holds cp times the
     tokens."""
     elems = _kv_elems_per_token_per_device(model, layout)
+    full = float(elems * kv_bytes_per_elem(prec.kv_cache)) / layout.cp
+    return full * gpu_kv_share(model, prec)
+
+
+def gpu_kv_share(model: ModelSpec, prec: Precision) -> float:
+    """The share of a token's KV bytes the device holds: SwiftKV's AcrossKV shares one KV
+    among adjacent skipped layers (`SwiftKV.kv_share`); ShadowKV keeps, per layer, the token's
+    row of the rank-r key factor and 1/chunk of a post-RoPE key (its chunk's landmark) in
+    place of its K and V (arXiv 2410.21465, sec. 4): (r / K width + 1 / chunk) / 2 of them,
+    plus its outlier chunks' share kept whole (Llama-3.1-8B, r = 160 of 1024, chunk 8, 0.3%
+    outliers: 14.4%). Each sequence's rank x K-width key basis per layer is not counted
+    (at 122K tokens 0.5% of what the sequence holds). 1 without either."""
+    share = 1.0
+    if prec.swiftkv is not None:
+        share *= prec.swiftkv.kv_share(model.num_layers)
+    sk = prec.shadowkv
+    if sk is not None and isinstance(model.attention, GQAttention):
+        width = model.attention.num_kv_heads * model.attention.head_dim
+        low_rank = (sk.rank / width + 1.0 / sk.chunk) / 2.0
+        share *= min(1.0, low_rank + sk.outlier_share)
+    return share
+
+
+def shadowkv_host_bytes_per_token(model: ModelSpec, layout: Parallelism, prec: Precision) -> float:
+    """Host bytes of one token's values under ShadowKV on one device (0 without it)."""
+    if prec.shadowkv is None:
+        return 0.0
+    elems = _kv_elems_per_token_per_device(model, layout) / 2.0
     return float(elems * kv_bytes_per_elem(prec.kv_cache)) / layout.cp
 
 
@@ -415,6 +452,8 @@ def plan_memory(
         kv_budget=sched.kv_budget,
         residual_bytes=kv_residual_bytes(model, layout, prec, max_seqs=max_seqs),
         hold=kv_hold(model, prec.kv_eviction),
+        host_kv_bytes_per_token=shadowkv_host_bytes_per_token(model, layout, prec),
+        host_kv_bytes=hw.host.memory_bytes if prec.shadowkv is not None else 0.0,
     )
     offloaded = partial(with_offload, base, model, hw, layout, prec, max_tokens=max_tokens)
     plan = base

@@ -23,7 +23,8 @@ from simulator.specs.weights import (
 )
 
 OpKind = Literal["gemm", "attention_prefill", "attention_decode", "memory", "collective"]
-Collective = Literal["", "all_reduce", "all_gather", "all_to_all", "send_recv"]
+# host_copy: bytes between this device and host memory over the host link (ShadowKV's values)
+Collective = Literal["", "all_reduce", "all_gather", "all_to_all", "send_recv", "host_copy"]
 # What an op's cost depends on: the step's token count alone, the number of sequences sampled
 # alone, or the batch's full shape (attention). The serving simulator tabulates the first two.
 # `ep_group`: the tokens of the whole expert-parallel group under DP attention (the expert FFNs

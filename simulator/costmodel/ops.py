@@ -17,7 +17,10 @@ indirection.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
+
+import numpy as np
 
 from simulator.costmodel.batch import BatchShape, Num, windowed
 from simulator.costmodel.elementwise_kernels import rms_norm, rotary
@@ -76,8 +79,10 @@ __all__ = [
     "expert_imbalance_from_skew",
     "experts_hit",
     "gemm",
+    "shadowkv_ops",
     "stage_boundaries",
     "step_ops",
+    "swiftkv_ops",
     "weight_bytes_per_param",
 ]
 
@@ -281,6 +286,176 @@ def _gqa_ops(
     ]
 
 
+def _sparse_decode(b: BatchShape, prec: Precision) -> BatchShape:
+    """`b` with each decode attending to at most ShadowKV's sparse budget (from the batch's
+    aggregates: exact when every sequence is past the budget or every one within it, an upper
+    bound between); `b` itself without ShadowKV."""
+    sk = prec.shadowkv
+    if sk is None:
+        return b
+    return dataclasses.replace(
+        b, decode_kv_tokens=np.minimum(b.decode_kv_tokens, np.asarray(b.decode_seqs) * sk.budget)
+    )
+
+
+def shadowkv_ops(
+    attn: GQAttention, model: ModelSpec, tp: int, prec: Precision, b: BatchShape, part: BatchPart
+) -> list[Op]:
+    """The kernels ShadowKV (arXiv 2410.21465, sec. 4) adds, per device, of one part, per layer:
+
+    - prefill: the new keys projected onto the rank-r basis (`shadowkv_key_factor`, a GEMM per
+      token of K width x r; the basis's SVD itself, once per prompt, is not priced), their
+      chunk means written (`shadowkv_landmarks_write`), and the new values copied to host
+      memory over the host link (`shadowkv_value_offload`).
+    - decode: the query against every landmark (`shadowkv_landmark_scores`: each landmark
+      read, scores written in fp32 and read back for the top-k), the selected keys rebuilt
+      from the factors (`shadowkv_key_rebuild`: budget x r by r x K width per sequence, with
+      RoPE applied on write) and the selected values not kept on the GPU fetched over the
+      host link (`shadowkv_value_fetch`; the budget less the outliers, which stay on the GPU).
+      The paper runs the rebuild and the fetch on separate
+      CUDA streams; `roofline.evaluate` hides the fetch under the rebuild
+      (`overlap_shadowkv`). The sparse attention over the budget is `attention_decode`."""
+    sk = prec.shadowkv
+    if sk is None:
+        return []
+    heads, kv_heads = _gqa_heads(attn, tp)
+    width = kv_heads * attn.head_dim
+    rank = sk.rank * kv_heads / attn.num_kv_heads
+    a, kvb = DTYPE_BYTES[prec.activations], kv_bytes_per_elem(prec.kv_cache)
+    n = float(model.num_layers)
+    if part == "prefill":
+        t = b.prefill_tokens
+        return [
+            gemm(
+                "shadowkv_key_factor",
+                m=t,
+                n=rank,
+                k=width,
+                count=n,
+                prec=prec,
+                weight_dtype=prec.activations,
+                scales_with="batch",
+            ),
+            elementwise(
+                "shadowkv_landmarks_write",
+                bytes_=t * width * a * (1.0 + 1.0 / sk.chunk),
+                count=n,
+                scales_with="batch",
+            ),
+            collective(
+                "shadowkv_value_offload",
+                "host_copy",
+                msg_bytes=t * width * kvb,
+                group=1,
+                count=n,
+                scales_with="batch",
+            ),
+        ]
+    seqs = np.asarray(b.decode_seqs, dtype=float)
+    landmarks = np.asarray(b.decode_kv_tokens, dtype=float) / sk.chunk
+    selected = np.minimum(np.asarray(b.decode_kv_tokens, dtype=float), seqs * sk.budget)
+    outliers = sk.outlier_share * np.asarray(b.decode_kv_tokens, dtype=float)
+    fetched = np.maximum(selected - outliers, 0.0)
+    return [
+        Op(
+            "shadowkv_landmark_scores",
+            "memory",
+            n,
+            flops=2.0 * heads * attn.head_dim * landmarks,
+            bytes=landmarks * (width * a + heads * 4.0 * 2),
+            dtype=prec.activations,
+            scales_with="batch",
+        ),
+        gemm(
+            "shadowkv_key_rebuild",
+            m=sk.budget,
+            n=width,
+            k=rank,
+            groups=seqs,
+            count=n,
+            prec=prec,
+            weight_dtype=prec.activations,
+            scales_with="batch",
+        ),
+        collective(
+            "shadowkv_value_fetch",
+            "host_copy",
+            msg_bytes=fetched * width * kvb,
+            group=1,
+            count=n,
+            scales_with="batch",
+        ),
+    ]
+
+
+def swiftkv_ops(
+    model: ModelSpec,
+    layout: Parallelism,
+    prec: Precision,
+    b: BatchShape,
+    part: BatchPart,
+    *,
+    gpus_per_node: int,
+) -> list[Op]:
+    """What SwiftKV (arXiv 2410.03960, sec. 3.1) runs in the layers prompt tokens skip, per
+    device, of one part. Prefill: each prompt token's K and V projections in every skipped
+    layer from the output of the last kept one (`swiftkv_kv_proj`) and their cache write
+    (`swiftkv_kv_write`); the last prompt token of each prefilling sequence runs the skipped
+    layers whole, for its logits (every sequence with a chunk counted: an upper bound).
+    Decode: the decoding tokens run the skipped layers whole. Those layers' token-scaled ops
+    (projections, norms, MLP, all-reduces) at those tokens, their share of the layers."""
+    sw = prec.swiftkv
+    attn = model.attention
+    if sw is None or not isinstance(attn, GQAttention):
+        return []
+    n_layers = model.num_layers
+    skipped = sw.skipped_layers(n_layers)
+    if skipped == 0:
+        return []
+    ops: list[Op] = []
+    if part == "prefill":
+        _, kv_heads = _gqa_heads(attn, layout.tp)
+        kv_elems = 2 * kv_heads * attn.head_dim
+        ops += [
+            gemm(
+                "swiftkv_kv_proj",
+                m=b.prefill_tokens,
+                n=kv_elems,
+                k=model.hidden_size,
+                count=skipped,
+                prec=prec,
+                linears={"k": 0.5, "v": 0.5},
+                layers=(n_layers - skipped, n_layers),
+                scales_with="batch",
+            ),
+            elementwise(
+                "swiftkv_kv_write",
+                bytes_=b.prefill_tokens * kv_elems * kv_bytes_per_elem(prec.kv_cache),
+                count=skipped,
+                scales_with="batch",
+            ),
+        ]
+        tokens = b.prefill_seqs
+    else:
+        tokens = b.decode_seqs
+    plain = prec.model_copy(update={"swiftkv": None})
+    share = skipped / n_layers
+    for op in step_ops(
+        model, layout, plain, BatchShape(prefill_tokens=tokens), gpus_per_node=gpus_per_node
+    ):
+        if op.scales_with == "tokens" and op.name not in NOT_LAYERS:
+            ops.append(
+                dataclasses.replace(
+                    op, name=f"swiftkv_{op.name}", count=op.count * share, scales_with="batch"
+                )
+            )
+    return ops
+
+
+# token-scaled ops of a step that are not in its layers
+NOT_LAYERS = ("embedding", "final_norm", "pp_send_recv", "pp_send_recv_internode")
+
+
 def _gqa_attention(
     attn: GQAttention,
     model: ModelSpec,
@@ -300,6 +475,8 @@ def _gqa_attention(
         ops += context_parallel_ops(
             attn, model, layout, prec, b, gpus_per_node=gpus_per_node, parts=(part,)
         )
+        ops += shadowkv_ops(attn, model, layout.tp, prec, b, part)
+        ops += swiftkv_ops(model, layout, prec, b, part, gpus_per_node=gpus_per_node)
     return ops
 
 
@@ -350,6 +527,7 @@ def _gqa_batch_ops(
     heads, kv_heads = _gqa_heads(attn, tp)
     local = model.num_window_layers if attn.batch_window is None else 0
     window = attn.sliding_window
+    skipped = 0 if prec.swiftkv is None else prec.swiftkv.skipped_layers(model.num_layers)
     ops: list[Op] = []
     for part in parts:  # all prefill ops first, then all decode ops, as `batch_ops` promises
         ops += attention_ops(
@@ -357,8 +535,9 @@ def _gqa_batch_ops(
             kv_heads=kv_heads,
             head_dim=attn.head_dim,
             prec=prec,
-            batch=b,
-            count=model.num_layers - local,
+            batch=_sparse_decode(b, prec) if part == "decode" else b,
+            # SwiftKV: prompt tokens attend only in the layers they run
+            count=model.num_layers - local - (skipped if part == "prefill" else 0),
             parts=(part,),
         )
         if local and window is not None:
@@ -717,4 +896,13 @@ def step_ops(
             ops.append(
                 collective(name, "send_recv", msg_bytes=t * h * a, group=2, count=n, scale_out=out)
             )
+    if prec.swiftkv is not None and isinstance(attn, GQAttention):
+        # SwiftKV: every token runs the kept layers; the skipped ones are `swiftkv_ops`
+        kept = 1.0 - prec.swiftkv.skipped_layers(model.num_layers) / n_layers
+        ops = [
+            dataclasses.replace(op, count=op.count * kept)
+            if op.scales_with == "tokens" and op.name not in NOT_LAYERS
+            else op
+            for op in ops
+        ]
     return [op for op in ops if op.count > 0]

@@ -253,6 +253,10 @@ def _all_to_all_across_nodes(hw: HardwareSpec, op: Op, eff: np.ndarray) -> np.nd
 
 def _collective_cost(hw: HardwareSpec, op: Op) -> tuple[np.ndarray, np.ndarray]:
     msg = np.asarray(op.msg_bytes, dtype=float)
+    if op.collective == "host_copy":  # over the host link at its measured share of PCIe
+        link = hw.host.pcie_bw_bytes_per_s * hw.efficiency.host_link_fraction
+        launch = hw.efficiency.kernel_latency_s  # one asynchronous copy's launch
+        return np.where(msg > 0, msg / link, 0.0), np.where(msg > 0, launch, 0.0)
     coll = hw.efficiency.collective
     bw = collective_bandwidth(hw, op.group_size, scale_out=op.scale_out)
     eff = coll.busbw_fraction * coll.size_curve(np.maximum(msg, 1.0))
@@ -297,6 +301,7 @@ def evaluate(ops: list[Op], hw: HardwareSpec, engine: EngineSpec | None = None) 
             )
         )
     costs = _overlap_ring(costs)
+    costs = overlap_shadowkv(costs)
     if engine is not None and engine.tp_comm_overlap > 0:
         costs = _overlap_tp(costs, engine.tp_comm_overlap)
     return costs
@@ -349,6 +354,19 @@ def _overlap_ring(costs: list[OpCost]) -> list[OpCost]:
     cp = ring.op.count / attn.op.count + 1.0
     exposed = np.maximum(ring.time_s - attn.time_s / cp, 0.0)
     costs[at["cp_ring_kv"]] = dataclasses.replace(ring, time_s=exposed)
+    return costs
+
+
+def overlap_shadowkv(costs: list[OpCost]) -> list[OpCost]:
+    """ShadowKV fetches the selected values over the host link on one CUDA stream while it
+    rebuilds the selected keys on another (arXiv 2410.21465, sec. 4.2): a layer takes the
+    longer of the two, so the fetch's time becomes what it outlasts the rebuild by."""
+    at = {c.op.name: i for i, c in enumerate(costs)}
+    if "shadowkv_value_fetch" not in at or "shadowkv_key_rebuild" not in at:
+        return costs
+    fetch, rebuild = costs[at["shadowkv_value_fetch"]], costs[at["shadowkv_key_rebuild"]]
+    exposed = np.maximum(fetch.time_s - rebuild.time_s, 0.0)
+    costs[at["shadowkv_value_fetch"]] = dataclasses.replace(fetch, time_s=exposed)
     return costs
 
 

@@ -466,6 +466,8 @@ def estimate(
     speculative_config: SpeculativeSpec | Mapping[str, Any] | str | None = None,
     cpu_offload_gb: float = 0.0,
     offload: OffloadLike = None,
+    shadowkv: Mapping[str, Any] | None = None,
+    swiftkv: Mapping[str, Any] | None = None,
 ) -> LatencyResult:
     """Predict `vllm bench latency` analytically: TTFT, TPOT, total latency, memory plan and a
     per-operator breakdown. `speculative_config`: vLLM's --speculative-config (JSON text, a
@@ -477,8 +479,12 @@ def estimate(
     `nano_batches`: NanoFlow's nano-batched overlap (`deployment`; None: the profile's).
     `max_model_len`: vLLM's --max-model-len (default and upper bound: the model's context).
     The requests sample as vLLM's benchmark's do (temperature 1.0: OFFLINE_BENCH_SAMPLING), the
-    engine's draw priced every step."""
+    engine's draw priced every step. `shadowkv`, `swiftkv`: those techniques' fields
+    (`specs.deployment.ShadowKV`, `SwiftKV`; docs/long-context.md)."""
     speculative = parse_speculative_config(speculative_config)
+    for name, on in (("shadowkv", shadowkv), ("swiftkv", swiftkv)):
+        if on is not None and speculative is not None:
+            raise SpecError("with speculative decoding is not modelled", field=name)
     dep = deployment(
         model=model,
         hardware=hardware,
@@ -496,6 +502,8 @@ def estimate(
         host_cpu=host_cpu,
         overlap_tp_comm=overlap_tp_comm,
         nano_batches=nano_batches,
+        shadowkv=shadowkv,
+        swiftkv=swiftkv,
     )
     return bench_latency(
         dep,

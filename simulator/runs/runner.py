@@ -151,6 +151,8 @@ def group_deployment(model: ModelSpec, spec: ReplicaGroupSpec) -> Deployment:
         kv_cache_dtype=spec.kv_cache_dtype,
         kv_budget=spec.kv_budget,
         kv_eviction=spec.kv_eviction,
+        shadowkv=spec.shadowkv,
+        swiftkv=spec.swiftkv,
         cpu_offload_gb=spec.cpu_offload_gb,
         offload=spec.offload,
         expert_offload=spec.expert_offload,

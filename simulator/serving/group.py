@@ -212,6 +212,19 @@ def replica_group(
     if lora is not None:
         plan = dataclasses.replace(plan, lora_bytes=slot_bytes(dep, lora))
     if enable_prefix_caching or kv_offload is not None or drafter is not None:
+        for field, on, technique in (
+            ("shadowkv", dep.precision.shadowkv is not None, "ShadowKV"),
+            ("swiftkv", dep.precision.swiftkv is not None, "SwiftKV"),
+        ):
+            if on:
+                what = (
+                    "prefix caching (--no-enable-prefix-caching turns it off)"
+                    if enable_prefix_caching
+                    else "KV offload"
+                    if kv_offload is not None
+                    else "speculative decoding"
+                )
+                raise SpecError(f"{technique} with {what} is not modelled", field=field)
         if dep.precision.kv_eviction is not None:
             what = (
                 "prefix caching (--no-enable-prefix-caching turns it off)"

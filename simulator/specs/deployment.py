@@ -191,6 +191,42 @@ class KvEviction(Frozen):
         return math.inf if self.policy == "snapkv" else float(self.budget_tokens)
 
 
+class ShadowKV(Frozen):
+    """ShadowKV (Sun et al., arXiv 2410.21465): each sequence's pre-RoPE keys kept on the GPU
+    as a rank-`rank` factorisation, its values in host memory; post-RoPE chunk means of `chunk`
+    tokens (landmarks) stay on the GPU, with an `outlier_share` of the chunks kept whole (K and
+    V) as a static cache. Each decode step scores the landmarks, picks the chunks of a
+    `budget`-token sparse set (outliers included), rebuilds their keys from the factors (a
+    GEMM) while their values come over the host link (the paper's CUDA multi-streams overlap
+    the two), and attends to them. Defaults: the paper's settings (sec. 5: rank 160, chunk 8,
+    a 1.56% sparse budget, 2048 of a 128K context, and 0.3% of the chunks outliers)."""
+
+    rank: int = Field(default=160, gt=0, le=65536)
+    budget: int = Field(default=2048, gt=0, le=MAX_TOKENS)
+    chunk: int = Field(default=8, gt=0, le=4096)
+    outlier_share: float = Field(default=0.003, ge=0.0, lt=1.0)
+
+
+class SwiftKV(Frozen):
+    """SwiftKV (Qiao et al., arXiv 2410.03960): SingleInputKV computes the KV of the last
+    `skip_fraction` of the layers from the output of the layer before them, so prompt tokens
+    skip those layers (only their K/V projections run); AcrossKV (`across` > 1) shares one KV
+    among `across` adjacent layers of the skipped ones, so they hold 1/`across` of their KV."""
+
+    skip_fraction: float = Field(default=0.5, ge=0.0, lt=1.0)
+    across: int = Field(default=1, ge=1, le=64)
+
+    def skipped_layers(self, num_layers: int) -> int:
+        """Layers prompt tokens skip (rounded down, at least one layer kept)."""
+        return min(int(self.skip_fraction * num_layers), num_layers - 1)
+
+    def kv_share(self, num_layers: int) -> float:
+        """The share of the model's KV bytes a token holds (AcrossKV over the skipped layers)."""
+        s = self.skipped_layers(num_layers)
+        kept = num_layers - s + -(-s // self.across)
+        return kept / num_layers
+
+
 class Precision(Frozen):
     """Resolved precisions: what the weights are stored in, what the matrix units compute in,
     what the KV cache holds, and what activations are kept in between kernels. `weights` is
@@ -206,6 +242,8 @@ class Precision(Frozen):
     formats: WeightFormats | None = None
     matrix_formats: tuple[str, ...] = ()
     kv_eviction: KvEviction | None = None  # a KV token budget (None: every token kept)
+    shadowkv: ShadowKV | None = None  # low-rank keys on the GPU, values in host memory
+    swiftkv: SwiftKV | None = None  # prompt tokens skip the last layers; AcrossKV sharing
 
     @property
     def weight_only(self) -> bool:

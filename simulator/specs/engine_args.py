@@ -44,6 +44,8 @@ class EngineArgs:
     `enable_lora`, `max_loras`, `max_lora_rank`, `max_cpu_loras`: vLLM's multi-LoRA flags
     (`specs.lora.LoraSpec`; None: vLLM's defaults, 1, 16 and max_loras); the three sizes
     need `enable_lora`.
+    `shadowkv` and `swiftkv`: the fields of `specs.deployment.ShadowKV` / `SwiftKV` (an empty
+    mapping takes the papers' settings); no vLLM flags.
     Values are checked when the scenario is validated.
     """
 
@@ -57,6 +59,8 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"
     kv_budget: int | None = None
     kv_eviction: str = "snapkv"
+    shadowkv: Mapping[str, Any] | None = None
+    swiftkv: Mapping[str, Any] | None = None
     enforce_eager: bool = False
     max_model_len: int | None = None
     async_scheduling: bool = False
@@ -111,6 +115,8 @@ class EngineArgs:
             "kv_cache_dtype": self.kv_cache_dtype,
             "kv_budget": self.kv_budget,
             "kv_eviction": self.kv_eviction,
+            "shadowkv": None if self.shadowkv is None else dict(self.shadowkv),
+            "swiftkv": None if self.swiftkv is None else dict(self.swiftkv),
             "enforce_eager": self.enforce_eager,
             "max_model_len": self.max_model_len,
             "async_scheduling": self.async_scheduling,

@@ -23,7 +23,7 @@ from simulator.specs._base import (
     Frozen,
     Watts,
 )
-from simulator.specs.deployment import KvEvictionPolicy, check_quantization
+from simulator.specs.deployment import KvEvictionPolicy, ShadowKV, SwiftKV, check_quantization
 from simulator.specs.engine import Entrypoint
 from simulator.specs.loader import (
     beside,
@@ -120,6 +120,16 @@ class ReplicaGroupSpec(Frozen):
     )
     kv_eviction: KvEvictionPolicy = Field(
         default="snapkv", description="what a kv_budget keeps: snapkv, h2o or streaming"
+    )
+    shadowkv: ShadowKV | None = Field(
+        default=None,
+        description="ShadowKV: low-rank keys on the GPU, values in host memory, sparse decode "
+        "({rank, budget, chunk, outlier_share}); turns prefix caching off unless it is set",
+    )
+    swiftkv: SwiftKV | None = Field(
+        default=None,
+        description="SwiftKV: prompt tokens skip the last skip_fraction of the layers, "
+        "AcrossKV shares KV among `across` of them; turns prefix caching off unless it is set",
     )
     enforce_eager: bool = False
     max_model_len: int | None = Field(
@@ -246,6 +256,8 @@ class ReplicaGroupSpec(Frozen):
         if self.enable_prefix_caching is not None:
             return self.enable_prefix_caching
         if self.kv_budget is not None:  # a cache of evicted prompts is not modelled
+            return False
+        if self.shadowkv is not None or self.swiftkv is not None:  # nor one of their caches
             return False
         try:
             return load_engine(self.engine).scheduler.prefix_caching

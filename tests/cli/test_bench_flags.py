@@ -80,12 +80,23 @@ BUDGET_EXPECTED = EngineArgs(
 )
 LORA_FLAGS = ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "32", "--max-cpu-loras", "8"]
 LORA_EXPECTED = EngineArgs(enable_lora=True, max_loras=4, max_lora_rank=32, max_cpu_loras=8)
+# ShadowKV's and SwiftKV's fields are mappings, each made of several flags
+SPARSE_FLAGS = ["--shadowkv", "--shadowkv-budget", "1024", "--shadowkv-chunk", "16"]
+SPARSE_FLAGS += ["--swiftkv-layers", "0.5", "--acrosskv", "2"]
+SPARSE_EXPECTED = EngineArgs(
+    shadowkv={"budget": 1024, "chunk": 16}, swiftkv={"skip_fraction": 0.5, "across": 2}
+)
+MAPPED = {
+    "shadowkv": ("shadowkv_on", "shadowkv_rank", "shadowkv_budget", "shadowkv_chunk"),
+    "swiftkv": ("swiftkv_layers", "acrosskv"),
+}
 CASES = [
     (FLAGS, EXPECTED),
     (LORA_FLAGS, LORA_EXPECTED),
     (KV_FLAGS, KV_EXPECTED),
     (MULTI_STEP_FLAGS, MULTI_STEP_EXPECTED),
     (BUDGET_FLAGS, BUDGET_EXPECTED),
+    (SPARSE_FLAGS, SPARSE_EXPECTED),
 ]
 
 
@@ -104,6 +115,10 @@ def bench_params(name: str) -> dict[str, Any]:
 def test_every_engine_arg_is_a_flag_with_its_default(command: str) -> None:
     params = bench_params(command)
     for field in dataclasses.fields(EngineArgs):
+        if field.name in MAPPED:  # off (None) unless their flags are given
+            assert field.default is None and set(MAPPED[field.name]) <= set(params)
+            assert all(params[name].default in (None, False) for name in MAPPED[field.name])
+            continue
         assert field.name in params, f"bench {command} has no flag for {field.name}"
         default = params[field.name].default
         assert getattr(default, "value", default) == field.default, field.name
