@@ -286,7 +286,7 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
     ),
     "tp-beyond-a-node": (
         lambda: simulator.deployment(
-            model="llama-3.1-8b", hardware="h100_sxm", tensor_parallel_size=16
+            model="llama-3.1-8b", hardware="l40s", tensor_parallel_size=16
         ),
         "tensor_parallel_size",
     ),
