@@ -11,6 +11,7 @@ from clitools import one_line_error, run_cli
 from factories import plan_data, scenario_data, write_yaml
 
 from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.bound import hardware_bound
 from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.op import collective
 from simulator.costmodel.roofline import evaluate
@@ -194,3 +195,30 @@ def test_a_plan_prices_tp16_only_when_listed() -> None:
     assert not isinstance(got, str), got
     default = PlanSpec.model_validate(plan_data(candidates={"hardware": ["h100_sxm"]}))
     assert [layout.tp for layout in enumerate_layouts(default)] == [1]
+
+
+def test_llmsim_op_allreduce_prices_whole_nodes_hierarchically(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ("op", "allreduce", "--hardware", "h100_sxm", "--size-bytes", "1048576", "--json")
+    code, out, err = run_cli(capsys, *args, "--num-devices", "16")
+    assert code == 0, err
+    hw = load_hardware("h100_sxm")
+    op = collective("x", "all_reduce", msg_bytes=2.0**20, group=16, count=1)
+    assert json.loads(out)["latency_s"] == pytest.approx(float(evaluate([op], hw)[0].time_s[0]))
+    err = one_line_error(capsys, *args, "--num-devices", "12")
+    assert "num_devices" in err
+
+
+def test_the_hardware_bound_counts_the_hierarchical_all_reduce() -> None:
+    """The bound's network time of TP16: per token and layer two all-reduces of the hidden
+    state, 2 x 7/8 of it over NVLink and 2 x 1/2 of its 1/8 share over the NIC, at datasheet
+    speeds."""
+    d = dep("llama-3.1-405b", 16)
+    ic = d.hardware.interconnect
+    bound = hardware_bound(d, prompt_len=512, output_len=128)
+    msg = d.model.hidden_size * 2.0
+    per_token = 2.0 * d.model.num_layers * (512 + 127)
+    intra = 2 * 7 / 8 * msg / ic.link_bw_bytes_per_s
+    inter = 2 * 1 / 2 * msg / 8 / ic.scale_out_bw_bytes_per_s
+    assert bound.network_s == pytest.approx((intra + inter) * per_token, rel=1e-9)
