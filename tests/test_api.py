@@ -286,7 +286,7 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
     ),
     "tp-beyond-a-node": (
         lambda: simulator.deployment(
-            model="llama-3.1-8b", hardware="h100_sxm", tensor_parallel_size=16
+            model="llama-3.1-8b", hardware="l40s", tensor_parallel_size=16
         ),
         "tensor_parallel_size",
     ),
@@ -358,7 +358,7 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         "num_devices",
     ),
     "allreduce-beyond-a-node": (
-        lambda: simulator.allreduce_cost(hardware="h100_sxm", num_devices=16, size_bytes=1),
+        lambda: simulator.allreduce_cost(hardware="h100_sxm", num_devices=12, size_bytes=1),
         "num_devices",
     ),
     "ep-on-a-dense-model": (

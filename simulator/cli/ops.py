@@ -179,7 +179,7 @@ def op_allreduce(
     enforce_eager: OpEagerOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """One all-reduce among GPUs of a node."""
+    """One all-reduce among GPUs of a node, or of whole nodes (hierarchical, over the NICs)."""
     from simulator.costmodel import single_ops
 
     cost = single_ops.allreduce_cost(

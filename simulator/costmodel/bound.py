@@ -139,8 +139,16 @@ def hardware_bound(
     if layout.tp > 1:
         tp = layout.tp
         msg = model.hidden_size * DTYPE_BYTES[prec.activations]
-        wire = 2.0 * (tp - 1) / tp * msg * 2.0 * model.num_layers / layout.pp * (p + decodes)
-        network_s = wire / collective_bandwidth(hw, tp, scale_out=False) / layout.cp
+        per_token = 2.0 * model.num_layers / layout.pp * (p + decodes)
+        g = hw.interconnect.gpus_per_node
+        if tp > g and tp % g == 0:  # hierarchical, as `roofline._hierarchical` runs it
+            k = tp // g
+            intra = 2.0 * (g - 1) / g * msg / collective_bandwidth(hw, g, scale_out=False)
+            inter = 2.0 * (k - 1) / k * msg / g / hw.interconnect.scale_out_bw_bytes_per_s
+            network_s = (intra + inter) * per_token / layout.cp
+        else:
+            wire = 2.0 * (tp - 1) / tp * msg * per_token
+            network_s = wire / collective_bandwidth(hw, tp, scale_out=False) / layout.cp
     times: dict[Resource, float] = {
         "compute": compute_s,
         "memory": memory_s,

@@ -251,12 +251,60 @@ def _all_to_all_across_nodes(hw: HardwareSpec, op: Op, eff: np.ndarray) -> np.nd
     return np.maximum(inside, outside)
 
 
+def spans_nodes(hw: HardwareSpec, op: Op) -> bool:
+    """Whether `op` is a tensor-parallel all-reduce or all-gather over whole nodes (tp a
+    multiple of gpus_per_node > 1 node), which NCCL runs hierarchically (`_hierarchical`).
+    Collectives flagged `scale_out` (context parallelism's, one device per node and rank)
+    keep the flat ring over the NIC."""
+    g = hw.interconnect.gpus_per_node
+    n = op.group_size
+    return (
+        op.collective in ("all_reduce", "all_gather") and not op.scale_out and n > g and n % g == 0
+    )
+
+
+def _hierarchical(hw: HardwareSpec, op: Op) -> tuple[np.ndarray, np.ndarray]:
+    """(network, latency) seconds of an all-reduce or all-gather of `msg_bytes` over n devices
+    in k = n / g nodes of g, as NCCL runs it across nodes (Hu et al., "Demystifying NCCL",
+    arXiv 2507.04786; NCCL's tree/ring algorithms, NVIDIA/nccl docs): all-reduce =
+    reduce-scatter inside each node over the scale-up fabric ((g - 1) / g of the message), an
+    all-reduce of each device's 1/g share among the k devices of the same local rank over
+    their own NICs (2 (k - 1) / k of msg / g, the per-GPU scale-out bandwidth; one NIC per
+    GPU as on DGX/HGX), then an all-gather inside the node. An all-gather: the inter-node
+    all-gather of the 1/g shares ((k - 1) / k of msg / g over the NIC), then the intra-node
+    one ((g - 1) / g of msg). Each phase's efficiency follows its own message size; latency:
+    the intra-node collective's fixed cost per intra phase, plus one scale-out hop latency
+    per ring step between nodes (2 (k - 1) for the all-reduce, k - 1 for the gather)."""
+    ic, coll = hw.interconnect, hw.efficiency.collective
+    g = ic.gpus_per_node
+    k = op.group_size // g
+    msg = np.asarray(op.msg_bytes, dtype=float)
+    share = msg / g
+    eff_in = coll.busbw_fraction * coll.size_curve(np.maximum(msg, 1.0))
+    eff_out = coll.busbw_fraction * coll.size_curve(np.maximum(share, 1.0))
+    bw_in = collective_bandwidth(hw, g, scale_out=False)
+    intra = (g - 1) / g * msg / (bw_in * eff_in)
+    intra_fixed = coll.latency_s * coll.latency_group_curve(float(g))
+    if op.collective == "all_reduce":
+        inter = 2.0 * (k - 1) / k * share / (ic.scale_out_bw_bytes_per_s * eff_out)
+        network = 2.0 * intra + inter
+        fixed = 2.0 * intra_fixed + 2.0 * (k - 1) * ic.scale_out_latency_s
+    else:
+        inter = (k - 1) / k * share / (ic.scale_out_bw_bytes_per_s * eff_out)
+        network = intra + inter
+        fixed = intra_fixed + (k - 1) * ic.scale_out_latency_s
+    return network, np.asarray(fixed) * np.ones_like(msg)
+
+
 def _collective_cost(hw: HardwareSpec, op: Op) -> tuple[np.ndarray, np.ndarray]:
     msg = np.asarray(op.msg_bytes, dtype=float)
     if op.collective == "host_copy":  # over the host link at its measured share of PCIe
         link = hw.host.pcie_bw_bytes_per_s * hw.efficiency.host_link_fraction
         launch = hw.efficiency.kernel_latency_s  # one asynchronous copy's launch
         return np.where(msg > 0, msg / link, 0.0), np.where(msg > 0, launch, 0.0)
+    if spans_nodes(hw, op):
+        network, latency = _hierarchical(hw, op)
+        return np.where(msg > 0, network, 0.0), np.where(msg > 0, latency, 0.0)
     coll = hw.efficiency.collective
     bw = collective_bandwidth(hw, op.group_size, scale_out=op.scale_out)
     eff = coll.busbw_fraction * coll.size_curve(np.maximum(msg, 1.0))

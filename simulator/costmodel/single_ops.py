@@ -367,15 +367,18 @@ def allreduce_cost(
     engine: str | EngineSpec | None = None,
     enforce_eager: bool = False,
 ) -> OpCost | EngineOpCost:
-    """One ring all-reduce of `size_bytes` among `num_devices` devices of one node. With an
-    engine, an EngineOpCost: graph-captured whenever the engine captures graphs (the message
-    size does not tell the step's tokens)."""
+    """One ring all-reduce of `size_bytes` among `num_devices` devices of one node, or of whole
+    nodes (a multiple of gpus_per_node on a node with a GPU fabric: hierarchical, as
+    `roofline._hierarchical` prices a TP group across nodes). With an engine, an
+    EngineOpCost: graph-captured whenever the engine captures graphs (the message size does
+    not tell the step's tokens)."""
     _positive(num_devices=num_devices, size_bytes=size_bytes)
     hw = _hw(hardware)
-    if num_devices > hw.interconnect.gpus_per_node:
+    g = hw.interconnect.gpus_per_node
+    if num_devices > g and (num_devices % g or hw.interconnect.topology == "pcie"):
         raise SpecError(
-            f"{num_devices} devices exceed the {hw.interconnect.gpus_per_node} GPUs "
-            f"of one {hw.id} node",
+            f"{num_devices} devices exceed the {g} GPUs of one {hw.id} node and are not whole "
+            "nodes joined by a NIC per GPU (a multiple of them, on a node with a GPU fabric)",
             field="num_devices",
         )
     op: Op = collective(

@@ -40,7 +40,9 @@ class Parallelism(Frozen):
     One replica spans tp * pp * cp devices. Context parallelism (`cp` > 1) splits every
     sequence's tokens and KV over cp ranks of tp devices each (ring attention for prefill, a
     sharded KV cache for decode: `costmodel.ops`); ranks are placed tp innermost, then cp, then
-    pp, so a CP group of tp * cp > gpus_per_node devices spans nodes.
+    pp, so a CP group of tp * cp > gpus_per_node devices spans nodes. A TP group may span
+    nodes too when tp is a multiple of gpus_per_node (whole nodes, joined by each GPU's NIC):
+    its all-reduces and all-gathers then run hierarchically (`costmodel.roofline`).
 
     Experts are split over `ep` groups inside the TP group and each expert's FFN over the
     remaining tp / ep devices (ep = tp: whole experts per GPU).
@@ -113,10 +115,18 @@ class Parallelism(Frozen):
                 source=source,
                 field="expert_load_imbalance",
             )
-        if self.tp > hw.interconnect.gpus_per_node:
+        g = hw.interconnect.gpus_per_node
+        if self.tp > g and self.tp % g:
             raise SpecError(
-                f"tensor parallel size {self.tp} exceeds the {hw.interconnect.gpus_per_node} "
-                f"GPUs of one {hw.id} node",
+                f"tensor parallel size {self.tp} exceeds the {g} GPUs of one {hw.id} node and "
+                f"is not a multiple of them: a TP group spanning nodes must fill whole nodes",
+                source=source,
+                field="tensor_parallel_size",
+            )
+        if self.tp > g and hw.interconnect.topology == "pcie":
+            raise SpecError(
+                f"tensor parallel size {self.tp} spans {self.tp // g} {hw.id} nodes, which have "
+                "no scale-out network (interconnect.topology pcie: no RDMA NIC per GPU)",
                 source=source,
                 field="tensor_parallel_size",
             )
@@ -141,7 +151,7 @@ class Parallelism(Frozen):
                 field=field,
             )
         g = hw.interconnect.gpus_per_node
-        if self.cp_crosses_nodes(g) and g % self.tp:
+        if self.cp_crosses_nodes(g) and g % self.tp and self.tp % g:
             raise SpecError(
                 f"context parallel size {self.cp} x tensor parallel size {self.tp} spans "
                 f"{hw.id} nodes of {g} GPUs, which {self.tp}-GPU tensor-parallel groups "
