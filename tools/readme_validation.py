@@ -90,6 +90,15 @@ def headline(summary: dict[str, Any]) -> str:
         )
     if skip:
         lines += ["", f"Not listed: {_union_note(suites, skip)}."]
+    e2e = summary.get("end_to_end")
+    if e2e:
+        lines += [
+            "",
+            f"All {e2e['n']} held-out end-to-end rows together: signed median error "
+            f"{e2e['signed_median_pct']:+.1f}% (negative: predicted faster or cheaper than "
+            f"measured), {pct(e2e['optimistic_pct'])} of rows on that side, "
+            f"{pct(e2e['within_25_pct'])} within 25%.",
+        ]
     return "\n".join(lines)
 
 

@@ -125,6 +125,14 @@ def validate_cmd(
     for name, entry in summary["suites"].items():
         if "knees" in entry:
             _render_curves(name, entry)
+    e2e = summary.get("end_to_end")
+    if e2e:
+        out.print(
+            f"Held-out end-to-end rows together ({e2e['n']}): signed median "
+            f"{e2e['signed_median_pct']:+.1f}% (negative: predicted faster or cheaper), "
+            f"{e2e['optimistic_pct']:.0f}% on that side, {e2e['within_25_pct']:.0f}% within 25%",
+            markup=False,
+        )
     skipped = df.attrs.get("skipped", [])
     if skipped:
         out.print(f"Skipped {len(skipped)} configuration(s):")

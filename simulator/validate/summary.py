@@ -102,7 +102,26 @@ def summarize(df: pd.DataFrame, names: list[str] | None = None) -> dict[str, Any
         rows = df[df["suite"].isin(members(name))]
         if not rows.empty:
             suites[name] = suite_entry(rows)
-    return {"suites": suites}
+    out: dict[str, Any] = {"suites": suites}
+    e2e = [n for n in suites if n.startswith("e2e_") and not suites[n]["fitted"]]
+    if e2e:
+        out["end_to_end"] = end_to_end_entry(df[df["suite"].isin(e2e)])
+    return out
+
+
+def end_to_end_entry(rows: pd.DataFrame) -> dict[str, Any]:
+    """The held-out end-to-end rows together: how many, their signed median error
+    (predicted / measured - 1 of the row's quantity, a time or an energy: negative means
+    llmsim predicts faster or cheaper than the hardware ran), the share predicted on that
+    optimistic side, and the share within 25%."""
+    signed = (rows["predicted_s"] / rows["measured_s"] - 1.0) * 100.0
+    return {
+        "suites": sorted(rows["suite"].unique()),
+        "n": len(rows),
+        "signed_median_pct": float(np.median(signed)),
+        "optimistic_pct": float((signed < 0).mean() * 100.0),
+        "within_25_pct": float((rows["ape_pct"] <= 25.0).mean() * 100.0),
+    }
 
 
 def resolve_suites(suites: list[str] | None) -> list[str]:
