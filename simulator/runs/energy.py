@@ -230,8 +230,15 @@ def fleet_energy(
     stage waiting for the others included). Keys: ENERGY_KEYS. Per-token and per-request
     figures are 0 when nothing completed (as the summary's rates are)."""
     account = EnergyAccumulator(groups)
-    for lo in range(0, len(steps), CHUNK_STEPS):  # bounded memory on long runs
-        account.add(steps.iloc[lo : lo + CHUNK_STEPS])
+    replica = steps["replica"].to_numpy()
+    first = 0
+    for g, group in enumerate(account.groups):  # group by group, as the sums always were
+        mine = np.flatnonzero((replica >= first) & (replica < first + group.count))
+        first += group.count
+        for lo in range(0, len(mine), CHUNK_STEPS):  # bounded memory on long runs
+            account.add_group(g, steps.iloc[mine[lo : lo + CHUNK_STEPS]])
+    if len(steps):
+        account.last_end = float(steps["end_s"].max())
     done = requests[requests["finish_s"].notna()]
     return account.figures(
         last_finish=float(requests["finish_s"].max()) if len(requests) else math.nan,
@@ -263,14 +270,16 @@ class EnergyAccumulator:
         for g, group in enumerate(self.groups):
             mine = np.flatnonzero((replica >= first) & (replica < first + group.count))
             first += group.count
-            if not len(mine):
-                continue
-            part = steps.iloc[mine]
-            duration = (part["end_s"] - part["start_s"]).to_numpy(dtype=float)
-            busy_w = step_power_w(part, group)
-            # a busy stage runs 1/pp of the step
-            self.step_j[g] += float(np.sum(duration * busy_w)) / group.deployment.layout.pp
-            self.busy_s[g] += float(duration.sum())
+            if len(mine):
+                self.add_group(g, steps.iloc[mine])
+
+    def add_group(self, g: int, part: pd.DataFrame) -> None:
+        """Steps of group `g`'s replicas only."""
+        duration = (part["end_s"] - part["start_s"]).to_numpy(dtype=float)
+        busy_w = step_power_w(part, self.groups[g])
+        # a busy stage runs 1/pp of the step
+        self.step_j[g] += float(np.sum(duration * busy_w)) / self.groups[g].deployment.layout.pp
+        self.busy_s[g] += float(duration.sum())
 
     def figures(
         self, *, last_finish: float, completed: int, output_tokens: float, prompt_tokens: float
