@@ -26,6 +26,7 @@ class Outputs(str, Enum):
     requests = "requests"
     steps = "steps"
     all = "all"
+    stream = "stream"
 
 
 class OutputFormat(str, Enum):
@@ -48,7 +49,8 @@ def run_cmd(
         typer.Option(
             "--outputs",
             help="tables --out writes: summary (none), requests, steps (requests, steps) or "
-            "all (also the ITL sample); default the scenario's outputs, else all",
+            "all (also the ITL sample); stream: run without rows (running aggregates and "
+            "quantile sketches; summary only); default the scenario's outputs, else all",
         ),
     ] = None,
     output_format: Annotated[
@@ -90,13 +92,13 @@ def run_cmd(
         elif fmt == "parquet":
             with naming(scenario):
                 runner.require_parquet("output_format")
-        if report and level in ("summary", "requests"):
+        if report and level in ("summary", "requests", "stream"):
             raise SpecError(
                 f"--report needs the steps table, which --outputs {level} leaves out "
                 "(use --outputs steps or all)",
                 field="outputs",
             )
-    result = runner.run(scenario)
+    result = runner.run(scenario, outputs="stream" if level == "stream" else None)
     if out:
         runner.save_run(
             result,
@@ -126,7 +128,7 @@ def run_cmd(
         )
     out_console.print(
         f"KV cache peak {result.sim.kv_peak_fraction:.1%}; simulated "
-        f"{len(result.sim.steps):,} steps in {result.sim.wall_s:.2f} s"
+        f"{result.simulated_steps:,} steps in {result.sim.wall_s:.2f} s"
     )
     if result.scenario.disaggregated:
         for line in pool_lines(result.scenario, result.deployments, result.summary):

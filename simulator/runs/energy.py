@@ -34,6 +34,7 @@ step less the chunks' own tokens.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -228,50 +229,98 @@ def fleet_energy(
     parked power (`PowerSpec.between_steps_w`); `parked_energy_j` is that part (a pipeline
     stage waiting for the others included). Keys: ENERGY_KEYS. Per-token and per-request
     figures are 0 when nothing completed (as the summary's rates are)."""
-    ends = [requests["finish_s"].max(), steps["end_s"].max() if len(steps) else np.nan]
-    start = 0.0
-    stop = max((float(t) for t in ends if np.isfinite(t)), default=start)
-    span = max(stop - start, 0.0)
-    energy = parked = cost = gpu_s = 0.0
-    first = gpus = 0
-    scaled = False  # a group's replicas on for less than the run (autoscaled)
-    for group in groups:
-        pp = group.deployment.layout.pp
-        replica = steps["replica"].to_numpy()
+    account = EnergyAccumulator(groups)
+    replica = steps["replica"].to_numpy()
+    first = 0
+    for g, group in enumerate(account.groups):  # group by group, as the sums always were
         mine = np.flatnonzero((replica >= first) & (replica < first + group.count))
         first += group.count
-        parked_w = group.deployment.hardware.power.between_steps_w
-        step_j = busy_s = 0.0
         for lo in range(0, len(mine), CHUNK_STEPS):  # bounded memory on long runs
-            part = steps.iloc[mine[lo : lo + CHUNK_STEPS]]
-            duration = (part["end_s"] - part["start_s"]).to_numpy(dtype=float)
-            busy_w = step_power_w(part, group)
-            # a busy stage runs 1/pp of the step
-            step_j += float(np.sum(duration * busy_w)) / pp
-            busy_s += float(duration.sum())
-        # each GPU runs its stage of every batch (1/pp of the step) and waits parked the rest
-        # of the span: with micro-batching, steps overlap and their durations outrun the span
-        on_s = group.count * span if group.on_s is None else group.on_s
-        waiting_j = parked_w * max(on_s - busy_s / pp, 0.0)
-        energy += group.gpus_per_replica * (step_j + waiting_j)
-        parked += group.gpus_per_replica * waiting_j
-        n = group.gpus_per_replica * group.count
-        gpus += n
-        if group.on_s is None:
-            cost += n * span / 3600.0 * group.usd_per_gpu_hour
-        else:
-            scaled = True
-            cost += group.gpus_per_replica * on_s / 3600.0 * group.usd_per_gpu_hour
-        gpu_s += group.gpus_per_replica * on_s
-    return _energy_figures(
-        energy=energy,
-        parked=parked,
-        cost=cost,
-        gpus=gpus,
-        span=span,
-        gpu_s=gpu_s if scaled else gpus * span,
-        requests=requests,
+            account.add_group(g, steps.iloc[mine[lo : lo + CHUNK_STEPS]])
+    if len(steps):
+        account.last_end = float(steps["end_s"].max())
+    done = requests[requests["finish_s"].notna()]
+    return account.figures(
+        last_finish=float(requests["finish_s"].max()) if len(requests) else math.nan,
+        completed=len(done),
+        output_tokens=float(done["output_tokens"].sum()),
+        prompt_tokens=float(done["prompt_tokens"].sum()),
     )
+
+
+class EnergyAccumulator:
+    """`fleet_energy` fed its steps a chunk at a time (a streaming run's recorder hands them
+    over as they fill, `metrics.stream.StreamRecorder`): each group's step energy and busy
+    seconds, and the last step's end, summed as the chunks come."""
+
+    def __init__(self, groups: Sequence[GroupAccount]) -> None:
+        self.groups = list(groups)
+        self.step_j = [0.0] * len(self.groups)
+        self.busy_s = [0.0] * len(self.groups)
+        self.last_end = math.nan
+
+    def add(self, steps: pd.DataFrame) -> None:
+        """A chunk of step rows (any replicas, any order)."""
+        if not len(steps):
+            return
+        end = float(steps["end_s"].max())
+        self.last_end = end if math.isnan(self.last_end) else max(self.last_end, end)
+        replica = steps["replica"].to_numpy()
+        first = 0
+        for g, group in enumerate(self.groups):
+            mine = np.flatnonzero((replica >= first) & (replica < first + group.count))
+            first += group.count
+            if len(mine):
+                self.add_group(g, steps.iloc[mine])
+
+    def add_group(self, g: int, part: pd.DataFrame) -> None:
+        """Steps of group `g`'s replicas only."""
+        duration = (part["end_s"] - part["start_s"]).to_numpy(dtype=float)
+        busy_w = step_power_w(part, self.groups[g])
+        # a busy stage runs 1/pp of the step
+        self.step_j[g] += float(np.sum(duration * busy_w)) / self.groups[g].deployment.layout.pp
+        self.busy_s[g] += float(duration.sum())
+
+    def figures(
+        self, *, last_finish: float, completed: int, output_tokens: float, prompt_tokens: float
+    ) -> dict[str, float]:
+        """ENERGY_KEYS from t = 0 to the later of `last_finish` and the last step's end."""
+        ends = [last_finish, self.last_end]
+        start = 0.0
+        stop = max((float(t) for t in ends if np.isfinite(t)), default=start)
+        span = max(stop - start, 0.0)
+        energy = parked = cost = gpu_s = 0.0
+        gpus = 0
+        scaled = False  # a group's replicas on for less than the run (autoscaled)
+        for g, group in enumerate(self.groups):
+            pp = group.deployment.layout.pp
+            parked_w = group.deployment.hardware.power.between_steps_w
+            # each GPU runs its stage of every batch (1/pp of the step) and waits parked the
+            # rest of the span: with micro-batching, steps overlap and their durations outrun
+            # the span
+            on_s = group.count * span if group.on_s is None else group.on_s
+            waiting_j = parked_w * max(on_s - self.busy_s[g] / pp, 0.0)
+            energy += group.gpus_per_replica * (self.step_j[g] + waiting_j)
+            parked += group.gpus_per_replica * waiting_j
+            n = group.gpus_per_replica * group.count
+            gpus += n
+            if group.on_s is None:
+                cost += n * span / 3600.0 * group.usd_per_gpu_hour
+            else:
+                scaled = True
+                cost += group.gpus_per_replica * on_s / 3600.0 * group.usd_per_gpu_hour
+            gpu_s += group.gpus_per_replica * on_s
+        return _energy_figures(
+            energy=energy,
+            parked=parked,
+            cost=cost,
+            gpus=gpus,
+            span=span,
+            gpu_s=gpu_s if scaled else gpus * span,
+            completed=completed,
+            output_tokens=output_tokens,
+            prompt_tokens=prompt_tokens,
+        )
 
 
 def _energy_figures(
@@ -282,13 +331,14 @@ def _energy_figures(
     gpus: int,
     span: float,
     gpu_s: float,
-    requests: pd.DataFrame,
+    completed: int,
+    output_tokens: float,
+    prompt_tokens: float,
 ) -> dict[str, float]:
     """The figures of `energy` over `gpu_s` GPU-seconds (`gpus` x `span` unless a group was
     autoscaled)."""
-    done = requests[requests["finish_s"].notna()]
-    output = float(done["output_tokens"].sum())
-    tokens = output + float(done["prompt_tokens"].sum())
+    output = output_tokens
+    tokens = output + prompt_tokens
 
     def per(total: float, count: float, scale: float = 1.0) -> float:
         return total / count * scale if count > 0 else 0.0
@@ -299,7 +349,7 @@ def _energy_figures(
         "parked_energy_j": parked,
         "avg_power_w_per_gpu": per(energy, gpu_s),
         "energy_per_output_token_j": per(energy, output),
-        "energy_per_request_j": per(energy, float(len(done))),
+        "energy_per_request_j": per(energy, float(completed)),
         "gpu_hours": gpu_s / 3600.0,
         "cost_usd": cost,
         "usd_per_million_output_tokens": per(cost, output, 1e6),

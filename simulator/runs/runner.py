@@ -20,6 +20,7 @@ from simulator.costmodel.deployment import Deployment, deployment
 from simulator.costmodel.memory import MemoryPlan
 from simulator.errors import SpecError, naming
 from simulator.metrics import bands
+from simulator.metrics.stream import StreamRecorder, StreamSummary
 from simulator.metrics.summary import (
     PERCENTILES,
     completed_requests,
@@ -30,7 +31,7 @@ from simulator.metrics.summary import (
 )
 from simulator.outputs import atomic_folder
 from simulator.runs import sizes
-from simulator.runs.energy import GroupAccount, fleet_energy
+from simulator.runs.energy import EnergyAccumulator, GroupAccount, fleet_energy
 from simulator.serving.cluster import (
     ReplicaGroup,
     SimResult,
@@ -60,6 +61,7 @@ from simulator.workload.requests import RequestTable, generate_requests
 # order: each writes what the one before it does, and more); kv_tiers only with KV tiers,
 # fleet (the replica counts over time) only with an autoscaled group.
 OUTPUT_LEVELS: tuple[RunOutputs, ...] = ("summary", "requests", "steps", "all")
+# "stream" runs without rows (`run`): it writes what "summary" does
 TABLE_LEVEL: dict[str, RunOutputs] = {
     "requests": "requests", "steps": "steps", "kv_tiers": "steps", "itl": "all",
     "fleet": "requests",
@@ -85,6 +87,12 @@ class RunResult:
     memory: list[MemoryPlan]
     deployments: list[Deployment] = field(default_factory=list)
     energy: dict[str, float] = field(default_factory=dict)
+    streamed_steps: int | None = None  # a streaming run's step count (it keeps no rows)
+
+    @property
+    def simulated_steps(self) -> int:
+        """Engine steps simulated (a streaming run counts them; a full one has their rows)."""
+        return len(self.sim.steps) if self.streamed_steps is None else self.streamed_steps
 
     def as_json(
         self, *, interval_coverage: float | None = bands.DEFAULT_COVERAGE
@@ -96,7 +104,7 @@ class RunResult:
             **self.summary,
             "kv_cache_peak_fraction": self.sim.kv_peak_fraction,
             "num_replicas": self.sim.num_replicas,
-            "simulated_steps": len(self.sim.steps),
+            "simulated_steps": self.simulated_steps,
             "wall_time_s": self.sim.wall_s,
             **self.energy,
         }
@@ -200,18 +208,26 @@ def run(
     *,
     percentiles: Sequence[float] = PERCENTILES,
     requests: RequestTable | None = None,
+    outputs: RunOutputs | None = None,
 ) -> RunResult:
     """Simulate a scenario (a Scenario, or a path to its YAML: bad input then names the file
     and, for a replica group's impossible layout, the group). `percentiles`: those the
     summary reports for each latency (vLLM's --metric-percentiles; p50, p90, p99 always).
     `requests`: serve these instead of the ones the scenario's workload generates (lengths
-    and arrivals from elsewhere, e.g. a published run's histogram)."""
+    and arrivals from elsewhere, e.g. a published run's histogram). `outputs`: "stream" (or
+    the scenario's `outputs: stream` when None) keeps running aggregates instead of rows
+    (`metrics.stream`): the result's tables are empty and the summary lacks
+    `metrics.stream.STREAM_ABSENT`; other levels only choose what `save_run` writes."""
     percentiles = tuple(sorted({*PERCENTILES, *percentiles}))
     if isinstance(scenario, Scenario):
-        return _simulate(scenario, percentiles=percentiles, requests=requests)
+        return _simulate(scenario, percentiles=percentiles, requests=requests, outputs=outputs)
     with naming(str(scenario)):
         return _simulate(
-            load_scenario(scenario), name_groups=True, percentiles=percentiles, requests=requests
+            load_scenario(scenario),
+            name_groups=True,
+            percentiles=percentiles,
+            requests=requests,
+            outputs=outputs,
         )
 
 
@@ -221,7 +237,12 @@ def _simulate(
     name_groups: bool = False,
     percentiles: Sequence[float] = PERCENTILES,
     requests: RequestTable | None = None,
+    outputs: RunOutputs | None = None,
 ) -> RunResult:
+    stream = (outputs or scenario.outputs) == "stream"
+    if stream and (scenario.disaggregated or scenario.autoscale is not None):
+        what = "a disaggregated" if scenario.disaggregated else "an autoscaled"
+        raise SpecError(f"stream is not built for {what} run (use summary)", field="outputs")
     model = load_model(scenario.model)
     if requests is None:
         if scenario.workload.num_prompts is not None:  # before drawing them
@@ -245,6 +266,8 @@ def _simulate(
     if scenario.disaggregated:
         groups, deps = [g for g, _, _ in built], [dep for _, _, dep in built]
         sim = serve_scenario(scenario, requests, groups=groups, deployments=deps)
+    elif stream:
+        return _stream(scenario, requests, built, percentiles)
     else:
         sim = serve(
             requests,
@@ -295,6 +318,48 @@ def _simulate(
         scenario, sim, summary, [plan for _, plan, _ in built], [dep for _, _, dep in built]
     )
     return dataclasses.replace(result, energy=energy_summary(result))
+
+
+def _stream(
+    scenario: Scenario,
+    requests: RequestTable,
+    built: Sequence[tuple[ReplicaGroup, MemoryPlan, Deployment]],
+    percentiles: Sequence[float],
+) -> RunResult:
+    """`_simulate` with a `StreamRecorder`: the summary and the energy folded as rows come,
+    none kept."""
+    plans, deps = [p for _, p, _ in built], [d for _, _, d in built]
+    goodput = scenario.slo.goodput() if scenario.slo else None
+    folded = StreamSummary(
+        goodput=goodput or None, prefix_caching=any(g.prefix_caching for g in scenario.replicas)
+    )
+    account = EnergyAccumulator(group_accounts(scenario, deps, plans))
+    recorder = StreamRecorder(folded, on_steps=account.add)
+    sim = serve(
+        requests,
+        groups=[g for g, _, _ in built],
+        router=scenario.router,
+        max_concurrency=scenario.max_concurrency,
+        seed=scenario.seed,
+        recorder=recorder,
+    )
+    summary: dict[str, Any] = folded.summary(percentiles)
+    if sim.kv_tiers is not None:
+        summary.update(kv_tier_summary(sim.kv_tiers))
+    if sim.lora is not None:
+        summary["lora"] = sim.lora
+    bound = _bound(scenario, plans, deps, folded.mean_lengths())
+    if bound is not None:
+        summary.update(_bound_keys(bound, summary.get("total_token_throughput")))
+    energy = account.figures(
+        last_finish=folded.last_finish if folded.completed else math.nan,
+        completed=folded.completed,
+        output_tokens=float(folded.output_tokens),
+        prompt_tokens=float(folded.prompt_tokens),
+    )
+    return RunResult(
+        scenario, sim, summary, list(plans), list(deps), energy, streamed_steps=recorder.steps_seen
+    )
 
 
 def built_replicas(scenario: Scenario, group: int) -> int:
@@ -391,8 +456,20 @@ def fleet_bound(
     done = completed_requests(requests)
     if not len(done):
         return None
-    prompt = float(done["prompt_tokens"].mean())
-    output = float(done["output_tokens"].mean())
+    lengths = float(done["prompt_tokens"].mean()), float(done["output_tokens"].mean())
+    return _bound(scenario, plans, deps, lengths)
+
+
+def _bound(
+    scenario: Scenario,
+    plans: Sequence[MemoryPlan],
+    deps: Sequence[Deployment],
+    lengths: tuple[float, float] | None,
+) -> HardwareBound | None:
+    """`fleet_bound` for mean prompt and output lengths (None: no completed request)."""
+    if lengths is None:
+        return None
+    prompt, output = lengths
     if prompt < 1 or output < 1:
         return None
     total: HardwareBound | None = None
@@ -425,6 +502,10 @@ def bound_summary(
     bound = fleet_bound(scenario, plans, deps, requests)
     if bound is None:
         return {}
+    return _bound_keys(bound, tokens_per_s)
+
+
+def _bound_keys(bound: HardwareBound, tokens_per_s: float | None) -> dict[str, Any]:
     share = None if tokens_per_s is None else float(tokens_per_s) / bound.tokens_per_s
     return {
         "hardware_bound_tok_s": bound.tokens_per_s,
@@ -451,7 +532,8 @@ def save_run(
     the folder `out`; returns it. The folder is written beside `out` and renamed into place
     (`simulator.outputs.atomic_folder`): a kill or a full disk leaves the previous folder or
     this one, whole. `llmsim report` reads it back (it needs the requests and steps)."""
-    level = OUTPUT_LEVELS.index(outputs or result.scenario.outputs)
+    asked = outputs or result.scenario.outputs
+    level = OUTPUT_LEVELS.index("summary" if asked == "stream" else asked)
     fmt = output_format or result.scenario.output_format
     if fmt == "parquet":
         require_parquet()
@@ -606,17 +688,27 @@ def energy_summary(result: RunResult) -> dict[str, float]:
     finish. A group's price is its `usd_per_gpu_hour` or its hardware's `price.usd_per_hour`."""
     if len(result.deployments) != len(result.scenario.replicas):
         raise ValueError("the run result carries no deployments (build it with runner.run)")
-    groups = [
+    on_s = [scaled_on_s(result, i) for i in range(len(result.scenario.replicas))]
+    groups = group_accounts(result.scenario, result.deployments, result.memory, on_s)
+    return fleet_energy(steps=result.sim.steps, requests=result.sim.requests, groups=groups)
+
+
+def group_accounts(
+    scenario: Scenario,
+    deps: Sequence[Deployment],
+    plans: Sequence[MemoryPlan],
+    on_s: Sequence[float | None] | None = None,
+) -> list[GroupAccount]:
+    """Each replica group's energy account (`on_s`: its replica-seconds on when autoscaled)."""
+    on = list(on_s) if on_s is not None else [None] * len(scenario.replicas)
+    return [
         GroupAccount(
             deployment=dep,
-            count=built_replicas(result.scenario, i),
+            count=built_replicas(scenario, i),
             block_size=plan.block_size,
             usd_per_gpu_hour=spec.usd_per_gpu_hour or dep.hardware.price.usd_per_hour,
-            sampling=result.scenario.workload.sampling,
-            on_s=scaled_on_s(result, i),
+            sampling=scenario.workload.sampling,
+            on_s=on[i],
         )
-        for i, (spec, dep, plan) in enumerate(
-            zip(result.scenario.replicas, result.deployments, result.memory, strict=True)
-        )
+        for i, (spec, dep, plan) in enumerate(zip(scenario.replicas, deps, plans, strict=True))
     ]
-    return fleet_energy(steps=result.sim.steps, requests=result.sim.requests, groups=groups)

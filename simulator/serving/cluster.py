@@ -128,16 +128,18 @@ def serve(
     max_concurrency: int | None = None,
     seed: int = 0,
     autoscale: FleetScaling | None = None,
+    recorder: Recorder | None = None,
 ) -> SimResult:
     """The event simulation itself: `requests` routed over the replicas of all `groups`;
     with `autoscale`, group `autoscale.spec.group` built with max_replicas replicas, scaled
-    over the run (`serving.fleet`)."""
+    over the run (`serving.fleet`). `recorder`: what records the rows (a fresh `Recorder`
+    when None; a `metrics.stream.StreamRecorder` folds them into aggregates instead)."""
     if max_concurrency is not None and max_concurrency < 1:
         raise SpecError(f"must be at least 1, got {max_concurrency}", field="max_concurrency")
     check_budgets(requests, groups)
     wall = time.perf_counter()
     env = simpy.Environment()
-    recorder = Recorder()
+    recorder = Recorder() if recorder is None else recorder
     client = _Clients(env, max_concurrency, recorder)
     replicas: list[Replica] = []
     group_of: dict[int, int] = {}

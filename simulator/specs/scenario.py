@@ -284,7 +284,7 @@ class SLOSpec(Frozen):
 
 
 # What `llmsim run --out` writes (`runs.runner.save_run`): each level adds to the one before.
-RunOutputs = Literal["summary", "requests", "steps", "all"]
+RunOutputs = Literal["summary", "requests", "steps", "all", "stream"]
 OutputFormat = Literal["csv", "parquet"]
 
 
@@ -346,7 +346,8 @@ class Scenario(Frozen):
         default="all",
         description="the tables `llmsim run --out` writes beside summary.json: summary (none), "
         "requests (requests), steps (requests, steps, KV tiers) or all (those and the "
-        "inter-token-latency sample, itl)",
+        "inter-token-latency sample, itl); stream runs without rows (running aggregates and "
+        "quantile sketches, memory flat in the requests) and writes summary.json only",
     )
     output_format: OutputFormat = Field(
         default="csv", description="the tables' format: csv, or parquet (needs pyarrow)"
