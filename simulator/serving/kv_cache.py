@@ -323,14 +323,22 @@ class PrefixCachingBlockManager(BlockManager):
         filled: list[tuple[Request, int]] = []
         for req in reqs:
             tokens = req.num_computed + num_new_tokens
-            more = -(-tokens // size) - req.blocks
+            full = tokens // size
+            # blocks the tokens need: ceil(tokens / size), from the floor already taken
+            more = (full if full * size == tokens else full + 1) - req.blocks
             if more > 0:
                 req.blocks += more
                 need += more
             # decode steps: each token is sampled by the step before its own, so all are known
-            full, keyed = tokens // size, len(req.cache_keys)
-            if full > keyed and (req.stream >= -1 or req.prefix_len // size > keyed):
-                filled.append((req, self._shareable(req, full)))  # (as in `allocate`)
+            keyed = len(req.cache_keys)
+            if full > keyed:
+                stream = req.stream
+                if stream >= -1:
+                    filled.append((req, full))  # (`_shareable`, inlined as in `allocate`)
+                else:
+                    limit = req.prefix_len // size
+                    if limit > keyed:
+                        filled.append((req, full if full < limit else limit))
         if need > self.free:
             raise RuntimeError("KV blocks over-allocated: the caller's fit check was wrong")
         if need:

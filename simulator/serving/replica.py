@@ -408,9 +408,9 @@ class Replica:
         finished = []
         for req in reqs:
             req.num_computed += done
-            req.num_output += done
+            num_output = req.num_output = req.num_output + done
             req.last_token_s = last
-            if req.num_output >= req.output_len:
+            if num_output >= req.output_len:
                 finished.append(req)
         self._record_gaps(gaps, first)
         self._last_end = last
