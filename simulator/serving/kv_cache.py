@@ -304,9 +304,17 @@ class PrefixCachingBlockManager(BlockManager):
         size = self.block_size
         need = -(-tokens // size) - req.blocks
         if need > 0:
-            if need > self.free:
+            free = self.free
+            if need > free:
                 return False
-            self._take(need)
+            if need <= self.empty:  # `_take`'s common case, inlined: no eviction
+                self.empty -= need
+                free -= need
+                self.free = free
+                if self.num_blocks - free > self.peak_used:
+                    self.peak_used = self.num_blocks - free
+            else:
+                self._take(need)
             req.blocks += need
         # only tokens already known (not speculative slots) are cached, as vLLM's cache_blocks
         known = req.prompt_len + req.num_output
@@ -339,9 +347,16 @@ class PrefixCachingBlockManager(BlockManager):
                     limit = req.prefix_len // size
                     if limit > keyed:
                         filled.append((req, full if full < limit else limit))
-        if need > self.free:
+        free = self.free
+        if need > free:
             raise RuntimeError("KV blocks over-allocated: the caller's fit check was wrong")
-        if need:
+        if need and need <= self.empty:  # `_take`'s common case, inlined (as in `allocate`)
+            self.empty -= need
+            free -= need
+            self.free = free
+            if self.num_blocks - free > self.peak_used:
+                self.peak_used = self.num_blocks - free
+        elif need:
             self._take(need)
         for req, full in filled:
             self._register(req, full)
