@@ -304,9 +304,17 @@ class PrefixCachingBlockManager(BlockManager):
         size = self.block_size
         need = -(-tokens // size) - req.blocks
         if need > 0:
-            if need > self.free:
+            free = self.free
+            if need > free:
                 return False
-            self._take(need)
+            if need <= self.empty:  # `_take`'s common case, inlined: no eviction
+                self.empty -= need
+                free -= need
+                self.free = free
+                if self.num_blocks - free > self.peak_used:
+                    self.peak_used = self.num_blocks - free
+            else:
+                self._take(need)
             req.blocks += need
         # only tokens already known (not speculative slots) are cached, as vLLM's cache_blocks
         known = req.prompt_len + req.num_output
@@ -323,17 +331,32 @@ class PrefixCachingBlockManager(BlockManager):
         filled: list[tuple[Request, int]] = []
         for req in reqs:
             tokens = req.num_computed + num_new_tokens
-            more = -(-tokens // size) - req.blocks
+            full = tokens // size
+            # blocks the tokens need: ceil(tokens / size), from the floor already taken
+            more = (full if full * size == tokens else full + 1) - req.blocks
             if more > 0:
                 req.blocks += more
                 need += more
             # decode steps: each token is sampled by the step before its own, so all are known
-            full, keyed = tokens // size, len(req.cache_keys)
-            if full > keyed and (req.stream >= -1 or req.prefix_len // size > keyed):
-                filled.append((req, self._shareable(req, full)))  # (as in `allocate`)
-        if need > self.free:
+            keyed = len(req.cache_keys)
+            if full > keyed:
+                stream = req.stream
+                if stream >= -1:
+                    filled.append((req, full))  # (`_shareable`, inlined as in `allocate`)
+                else:
+                    limit = req.prefix_len // size
+                    if limit > keyed:
+                        filled.append((req, full if full < limit else limit))
+        free = self.free
+        if need > free:
             raise RuntimeError("KV blocks over-allocated: the caller's fit check was wrong")
-        if need:
+        if need and need <= self.empty:  # `_take`'s common case, inlined (as in `allocate`)
+            self.empty -= need
+            free -= need
+            self.free = free
+            if self.num_blocks - free > self.peak_used:
+                self.peak_used = self.num_blocks - free
+        elif need:
             self._take(need)
         for req, full in filled:
             self._register(req, full)

@@ -243,18 +243,19 @@ class Replica:
         kv_used = self.kv.used
         gaps: list[float] = []
         speculating = self.speculator is not None  # (the loop runs for every request)
+        sampled, gap = self._sampled, gaps.append  # (locals, for the same reason)
         for req, n in plan.entries:
             if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time on the GPU
                 req.first_scheduled_s = start
-            req.num_computed += n
-            proposals = req.num_computed - req.prompt_len - req.num_output
+            computed = req.num_computed = req.num_computed + n
+            proposals = computed - req.prompt_len - req.num_output
             if proposals >= 0:  # a token to sample, after verifying `proposals` speculated
                 if req.num_output > 0:
-                    gaps.append(req.last_token_s)
+                    gap(req.last_token_s)
                 if speculating and proposals:
-                    self._sampled(req, end, tokens=1 + self._accepted(req, proposals))
+                    sampled(req, end, tokens=1 + self._accepted(req, proposals))
                 else:
-                    self._sampled(req, end)
+                    sampled(req, end)
         self._record_gaps(gaps, end)
         self.recorder.step(
             replica=self.index,
@@ -408,9 +409,9 @@ class Replica:
         finished = []
         for req in reqs:
             req.num_computed += done
-            req.num_output += done
+            num_output = req.num_output = req.num_output + done
             req.last_token_s = last
-            if req.num_output >= req.output_len:
+            if num_output >= req.output_len:
                 finished.append(req)
         self._record_gaps(gaps, first)
         self._last_end = last

@@ -173,6 +173,7 @@ def _schedule_running(
 ) -> int:
     entries = plan.entries
     speculated = spec.num_speculative_tokens
+    allocate, append = kv.allocate, entries.append  # (locals: a call per running request)
     i = 0
     while i < len(running) and budget > 0:
         req = running[i]
@@ -181,7 +182,7 @@ def _schedule_running(
             n += speculated
         if n > budget:
             n = budget
-        while not kv.allocate(req, n):
+        while not allocate(req, n):
             victim, at = _victim(running, spec)
             if at < i:  # scheduled earlier in this step: unschedule it
                 i -= 1
@@ -191,7 +192,7 @@ def _schedule_running(
             if victim is req:
                 break
         else:
-            entries.append((req, n))
+            append((req, n))
             budget -= n
             i += 1
     return budget

@@ -486,18 +486,23 @@ class StepTimer:
         grid, top = self._ctx_list, len(self._ctx_list) - 1
         cap = self._cap
         durations: list[float] = []
+        append = durations.append  # (locals: this runs for most decode segments)
         for i in range(steps):
-            mean = min((total_context + num_seqs * i) / num_seqs, cap)
+            mean = (total_context + num_seqs * i) / num_seqs
+            if cap < mean:  # min(mean, cap)
+                mean = cap
             j = bisect_right(grid, mean) - 1
             if j < 0:
-                durations.append(row[0])
+                append(row[0])
             elif j >= top:
-                durations.append(row[top])
-            elif grid[j] == mean:
-                durations.append(row[j])
+                append(row[top])
             else:
-                slope = (row[j + 1] - row[j]) / (grid[j + 1] - grid[j])
-                durations.append(slope * (mean - grid[j]) + row[j])
+                lo = grid[j]
+                if lo == mean:
+                    append(row[j])
+                else:
+                    below = row[j]
+                    append((row[j + 1] - below) / (grid[j + 1] - lo) * (mean - lo) + below)
         return durations
 
     def _prefill_part(self, tokens: int, offset: int) -> float:
