@@ -282,7 +282,10 @@ def test_cli_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
         main(["validate", "--suite", THROUGHPUT, "--json"])
     assert exit_.value.code == 0
     out = json.loads(capsys.readouterr().out)
-    assert list(out) == ["suites"] and list(out["suites"]) == [THROUGHPUT]
+    assert list(out) == ["suites", "end_to_end"] and list(out["suites"]) == [THROUGHPUT]
+    together = out["end_to_end"]
+    assert together["suites"] == [THROUGHPUT] and together["n"] == out["suites"][THROUGHPUT]["n"]
+    assert set(together) == {"suites", "n", "signed_median_pct", "optimistic_pct", "within_25_pct"}
     entry = out["suites"][THROUGHPUT]
     assert set(entry) == STATS | {"fitted", "by_device"}
     assert entry["fitted"] is False
