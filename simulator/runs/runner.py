@@ -263,19 +263,21 @@ def _simulate(
                     sampling=scenario.workload.sampling,
                 )
             )
+    groups = [g for g, _, _ in built]
+    plans = [plan for _, plan, _ in built]
+    deps = [dep for _, _, dep in built]
     if scenario.disaggregated:
-        groups, deps = [g for g, _, _ in built], [dep for _, _, dep in built]
         sim = serve_scenario(scenario, requests, groups=groups, deployments=deps)
     elif stream:
-        return _stream(scenario, requests, built, percentiles)
+        return _stream(scenario, requests, groups, plans, deps, percentiles)
     else:
         sim = serve(
             requests,
-            groups=[g for g, _, _ in built],
+            groups=groups,
             router=scenario.router,
             max_concurrency=scenario.max_concurrency,
             seed=scenario.seed,
-            autoscale=fleet_scaling(scenario, [p for _, p, _ in built], [d for _, _, d in built]),
+            autoscale=fleet_scaling(scenario, plans, deps),
         )
     goodput = scenario.slo.goodput() if scenario.slo else None
     # tokens after the first: one per decode at its step's end (a speculative step's decodes
@@ -300,35 +302,26 @@ def _simulate(
     if sim.lora is not None:
         summary["lora"] = sim.lora
     if scenario.autoscale is not None:
-        summary.update(
-            fleet_summary(
-                scenario, sim, [p for _, p, _ in built], [d for _, _, d in built], goodput or {}
-            )
-        )
+        summary.update(fleet_summary(scenario, sim, plans, deps, goodput or {}))
     summary.update(
         bound_summary(
-            scenario,
-            [plan for _, plan, _ in built],
-            [dep for _, _, dep in built],
-            sim.requests,
-            tokens_per_s=summary.get("total_token_throughput"),
+            scenario, plans, deps, sim.requests, tokens_per_s=summary.get("total_token_throughput")
         )
     )
-    result = RunResult(
-        scenario, sim, summary, [plan for _, plan, _ in built], [dep for _, _, dep in built]
-    )
+    result = RunResult(scenario, sim, summary, plans, deps)
     return dataclasses.replace(result, energy=energy_summary(result))
 
 
 def _stream(
     scenario: Scenario,
     requests: RequestTable,
-    built: Sequence[tuple[ReplicaGroup, MemoryPlan, Deployment]],
+    groups: list[ReplicaGroup],
+    plans: list[MemoryPlan],
+    deps: list[Deployment],
     percentiles: Sequence[float],
 ) -> RunResult:
     """`_simulate` with a `StreamRecorder`: the summary and the energy folded as rows come,
     none kept."""
-    plans, deps = [p for _, p, _ in built], [d for _, _, d in built]
     goodput = scenario.slo.goodput() if scenario.slo else None
     folded = StreamSummary(
         goodput=goodput or None, prefix_caching=any(g.prefix_caching for g in scenario.replicas)
@@ -337,7 +330,7 @@ def _stream(
     recorder = StreamRecorder(folded, on_steps=account.add)
     sim = serve(
         requests,
-        groups=[g for g, _, _ in built],
+        groups=groups,
         router=scenario.router,
         max_concurrency=scenario.max_concurrency,
         seed=scenario.seed,
@@ -357,9 +350,8 @@ def _stream(
         output_tokens=float(folded.output_tokens),
         prompt_tokens=float(folded.prompt_tokens),
     )
-    return RunResult(
-        scenario, sim, summary, list(plans), list(deps), energy, streamed_steps=recorder.steps_seen
-    )
+    steps = recorder.steps_seen
+    return RunResult(scenario, sim, summary, plans, deps, energy, streamed_steps=steps)
 
 
 def built_replicas(scenario: Scenario, group: int) -> int:
