@@ -212,28 +212,20 @@ def replica_group(
     if lora is not None:
         plan = dataclasses.replace(plan, lora_bytes=slot_bytes(dep, lora))
     if enable_prefix_caching or kv_offload is not None or drafter is not None:
+        what = (
+            "prefix caching (--no-enable-prefix-caching turns it off)"
+            if enable_prefix_caching
+            else "KV offload"
+            if kv_offload is not None
+            else "speculative decoding"
+        )
         for field, on, technique in (
             ("shadowkv", dep.precision.shadowkv is not None, "ShadowKV"),
             ("swiftkv", dep.precision.swiftkv is not None, "SwiftKV"),
+            ("kv_budget", dep.precision.kv_eviction is not None, "a KV token budget"),
         ):
             if on:
-                what = (
-                    "prefix caching (--no-enable-prefix-caching turns it off)"
-                    if enable_prefix_caching
-                    else "KV offload"
-                    if kv_offload is not None
-                    else "speculative decoding"
-                )
                 raise SpecError(f"{technique} with {what} is not modelled", field=field)
-        if dep.precision.kv_eviction is not None:
-            what = (
-                "prefix caching (--no-enable-prefix-caching turns it off)"
-                if enable_prefix_caching
-                else "KV offload"
-                if kv_offload is not None
-                else "speculative decoding"
-            )
-            raise SpecError(f"a KV token budget with {what} is not modelled", field="kv_budget")
         plan = dataclasses.replace(plan, hold=None)  # those caches hold every token
     if not plan.fits:
         fits = fitting_layouts(
