@@ -221,3 +221,16 @@ def test_traces(fmt: str, data: st.DataObject) -> None:
         read_trace(ds, with_timestamps=True)
 
     loads_or_spec_error(load, content, f"trace.{fmt}")
+
+
+def test_a_quantity_beyond_any_float_is_a_spec_error() -> None:
+    """An integer too large for a float (hypothesis found one) is bad input, not an
+    OverflowError from the unit parser."""
+    huge = copy.deepcopy(HARDWARE)
+    huge["compute"]["peak_flops_per_s"]["fp32"] = 10**400
+    with pytest.raises(SpecError, match="too large"):
+        forget_loaded_specs()
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "hw.yaml"
+            path.write_text(yaml.safe_dump(huge), encoding="utf-8")
+            load_hardware(path, calibrated=False)
