@@ -65,7 +65,7 @@ ENGINE = "vllm-0.2"
 # Prefill rows whose step all-reduces at least this many bytes per call at TP >= STEP_MIN_TP.
 STEP_BYTES = 64 * 2**20
 STEP_MIN_TP = 4
-STEP_KIND = "prefill, all-reduce >= 64 MiB at TP >= 4"
+STEP_KIND = "prefill, TP4+ AR >= 64 MiB"
 KEYS = ["model", "hardware", "tensor_parallel", "batch_size", "prompt_size", "token_size"]
 
 
