@@ -27,6 +27,15 @@ Excluded, with the reason in `df.attrs["skipped"]`:
   batch_size x prompt_size profiling step + reserve, and KV blocks for batch x (prompt +
   output) tokens), at the engine's gpu_memory_utilization.
 Not modelled: prompts beyond the model's max_position_embeddings are costed like any other.
+
+Prefill rows are of two kinds. The profile's prefill time steps up, on both nodes and both
+models, at TP4 and TP8 once a step's tensor-parallel all-reduce carries 64 MiB or more (tokens
+x hidden x 2 bytes; 4,096 Llama-2-70B tokens): twice the tokens take 2.3-2.8x the time, where
+TP2, and the predicted steps, stay near 2x. The operators at those shapes are priced within
+9% per layer of Vidur's timings (GEMMs, elementwise kernels) and no faster than
+aiconfigurator's NCCL all-reduce, which the step would need to run 4x slower; those rows
+(kind `STEP_KIND`) measure something of that setup the model does not have
+(docs/validation.md, "iteration, prefill").
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from simulator.specs.deployment import Parallelism, Precision, resolve_precision
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.host_cpu import engine_on_host
-from simulator.specs.model import ModelSpec
+from simulator.specs.model import DTYPE_BYTES, ModelSpec
 from simulator.validate import data
 from simulator.validate.frame import finish, median_repeats
 
@@ -53,6 +62,10 @@ ENGINE_FIT = "iteration_engine_fit"
 ENGINE_FIT_MODELS = ("llama-2-70b",)
 ENGINE_FIT_DEVICE = "a100_sxm_80gb"
 ENGINE = "vllm-0.2"
+# Prefill rows whose step all-reduces at least this many bytes per call at TP >= STEP_MIN_TP.
+STEP_BYTES = 64 * 2**20
+STEP_MIN_TP = 4
+STEP_KIND = "prefill, TP4+ AR >= 64 MiB"
 KEYS = ["model", "hardware", "tensor_parallel", "batch_size", "prompt_size", "token_size"]
 
 
@@ -135,6 +148,17 @@ def _predict_group(
     return np.broadcast_to(prefill, b.shape).astype(float), decode
 
 
+def prefill_kinds(
+    tokens: np.ndarray, hidden_size: int, tp: int, *, bytes_per_element: float = 2.0
+) -> np.ndarray:
+    """Kind of each prefill row of `tokens` tokens per step: "prefill", or `STEP_KIND` where its
+    tensor-parallel all-reduce (tokens x hidden x element bytes per call) reaches
+    `STEP_BYTES` at TP >= `STEP_MIN_TP` (see the module docstring)."""
+    message = np.asarray(tokens, dtype=float) * hidden_size * bytes_per_element
+    past = (message >= STEP_BYTES) & (tp >= STEP_MIN_TP)
+    return np.where(past, STEP_KIND, "prefill")
+
+
 def case_labels(conf: pd.DataFrame) -> pd.Series:
     """Labels "<model> tp<N> b<batch> p<prompt> o<output>" of Splitwise configurations."""
     return (
@@ -184,7 +208,12 @@ def iteration_cases(
         frames += [
             base.assign(
                 suite=PREFILL,
-                kind="prefill",
+                kind=prefill_kinds(
+                    group["batch_size"].to_numpy() * group["prompt_size"].to_numpy(),
+                    model.hidden_size,
+                    int(tp),
+                    bytes_per_element=DTYPE_BYTES[prec.activations],
+                ),
                 case="prefill " + group["case"],
                 predicted_s=prefill,
                 measured_s=group["prompt_time"].to_numpy(dtype=float) / 1e3,
