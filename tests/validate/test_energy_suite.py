@@ -21,6 +21,7 @@ from simulator.validate.energy import (
     SUITE,
     Window,
     duty_split,
+    duty_table,
     e2e_energy_suite,
     fit_power,
     output_lengths,
@@ -194,3 +195,19 @@ def test_duty_entry_point_refuses_bad_arguments_with_one_line(
     assert energy_main(["--duty", "mi300x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "energy.csv: hardware: no runs on 'mi300x'" in err[1]
+
+
+@pytest.mark.slow
+def test_b200_split_separates_host_waits_from_device_work() -> None:
+    """The bundled B200 runs as docs/validation.md reads them: the simulation never waits; the
+    dense Llamas keep the GPU busy (duty >= 0.9) with their work slower than priced at batch
+    8, while Llama 3.1 8B at batch 128 spends most of its window parked."""
+    table = duty_table("b200")
+    assert len(table) == 32
+    assert (table["sim_duty"] > 0.99).all()
+    dense = table[table["case"].str.match(r"llama-3\.1-(70|405)b")]
+    assert (dense["duty"] >= 0.9).all()
+    b8 = dense[dense["case"].str.endswith(" b8")]
+    assert len(b8) == 4 and (b8["kernel_ratio"] > 1.1).all()
+    small = table[table["case"] == "llama-3.1-8b tp1 b128"].iloc[0]
+    assert small["duty"] < 0.5 and small["wait_us"] > small["busy_us"]
