@@ -304,6 +304,98 @@ def e2e_energy_suite() -> pd.DataFrame:
     return _suite().copy()
 
 
+# -- where a run's time went: the GPU's kernels or waiting -----------------------------------
+@dataclasses.dataclass(frozen=True)
+class DutySplit:
+    """One run's seconds per output token split, by its power, into the GPU's steps and the
+    GPU's waits. Simulated: the window's busy seconds over its tokens and the rest. Measured:
+    the published power read as a mix of the model's draw over the simulated steps (`busy_w`)
+    and the parked draw, `duty` = (measured - parked) / (busy_w - parked), clipped to [0, 1];
+    `busy_s` = duty x the measured seconds per token, `wait_s` the rest."""
+
+    sim_duty: float
+    sim_busy_s: float
+    sim_wait_s: float
+    busy_w: float
+    duty: float
+    busy_s: float
+    wait_s: float
+
+    @property
+    def kernel_ratio(self) -> float:
+        """Measured over simulated GPU seconds per token: how much slower the device's own
+        work ran than the cost model priced it (1 = exact)."""
+        return self.busy_s / self.sim_busy_s
+
+    @property
+    def wait_ratio(self) -> float:
+        """Measured over simulated wait (host or idle) seconds per token; inf where the
+        simulation never waits."""
+        return self.wait_s / self.sim_wait_s if self.sim_wait_s > 0 else math.inf
+
+
+def duty_split(
+    window: Window, model: PowerModel, *, measured_w: float, measured_s_per_token: float
+) -> DutySplit:
+    """`window`'s simulated split and the split the measured average power per GPU
+    (`measured_w`) implies at the measured seconds per output token (see DutySplit). A run
+    whose steps the model draws at its parked power carries no power signal: ValueError."""
+    busy = float(window.busy.sum())
+    if busy <= 0 or window.tokens <= 0:
+        raise ValueError("the window holds no steps or no tokens")
+    watts = model.power_w(u_compute=window.u_compute, u_memory=window.u_memory)
+    busy_w = float(np.sum(window.busy * watts)) / busy
+    if not busy_w > model.parked_w:
+        raise ValueError(f"steps drawn at the parked power ({busy_w:.0f} W): no power signal")
+    duty = min(max((measured_w - model.parked_w) / (busy_w - model.parked_w), 0.0), 1.0)
+    sim_s = window.span / window.tokens
+    return DutySplit(
+        sim_duty=busy / window.span,
+        sim_busy_s=busy / window.tokens,
+        sim_wait_s=sim_s - busy / window.tokens,
+        busy_w=busy_w,
+        duty=duty,
+        busy_s=duty * measured_s_per_token,
+        wait_s=(1.0 - duty) * measured_s_per_token,
+    )
+
+
+def duty_table(hardware: str) -> pd.DataFrame:
+    """Every simulated run of `hardware`, its seconds per output token split into GPU steps
+    and waits, simulated and as the measured power implies (`duty_split`): one row per run,
+    columns case, sim_duty, duty, sim_busy_us, busy_us, sim_wait_us, wait_us, kernel_ratio,
+    busy_w. A run whose time is lost off the GPU shows a duty well under the simulated one and
+    a kernel_ratio near 1; a run whose kernels are slower than priced shows the ratio above 1
+    at the simulated duty."""
+    runs = simulated_runs()
+    picks = [i for i, h in enumerate(runs["hardware"]) if h == hardware]
+    if not picks:
+        raise ValueError(f"no ML.ENERGY runs on {hardware}")
+    rows = []
+    for i in picks:
+        row, sim = runs.iloc[i], _simulated_run(i)
+        split = duty_split(
+            sim.window,
+            sim.power,
+            measured_w=_measured_power(row, sim.power.tdp_w) * sim.power.tdp_w,
+            measured_s_per_token=1.0 / float(row["output_tokens_per_s"]),
+        )
+        rows.append(
+            {
+                "case": _case(row),
+                "sim_duty": split.sim_duty,
+                "duty": split.duty,
+                "sim_busy_us": split.sim_busy_s * 1e6,
+                "busy_us": split.busy_s * 1e6,
+                "sim_wait_us": split.sim_wait_s * 1e6,
+                "wait_us": split.wait_s * 1e6,
+                "kernel_ratio": split.kernel_ratio,
+                "busy_w": split.busy_w,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 # -- the power shape a device's rows fit ------------------------------------------------------
 def fit_power(hardware: str) -> dict[str, float]:
     """The power shape (SHAPE: active, compute and memory fractions) that best predicts the
@@ -337,11 +429,26 @@ def fit_power(hardware: str) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m simulator.validate.energy --fit [HARDWARE]`: print the fitted power shape."""
-    if not argv or argv[0] != "--fit":
-        print("usage: python -m simulator.validate.energy --fit [HARDWARE]", file=sys.stderr)
+    """`python -m simulator.validate.energy --fit [HARDWARE]`: print the fitted power shape;
+    `--duty HARDWARE`: print each run's time split into GPU steps and waits (`duty_table`)."""
+    usage = "usage: python -m simulator.validate.energy --fit [HARDWARE] | --duty HARDWARE"
+    if not argv or argv[0] not in ("--fit", "--duty") or (argv[0] == "--duty" and len(argv) < 2):
+        print(usage, file=sys.stderr)
         return 2
     hardware = argv[1] if len(argv) > 1 else "h100_sxm"
+    known = set(simulated_runs()["hardware"])
+    if hardware not in known:
+        print(
+            f"{data.MEASURED_DIR}/e2e/energy.csv: hardware: no runs on {hardware!r} "
+            f"(runs on: {', '.join(sorted(known))})",
+            file=sys.stderr,
+        )
+        return 2
+    if argv[0] == "--duty":
+        table = duty_table(hardware)
+        with pd.option_context("display.width", 200, "display.max_rows", None):
+            print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        return 0
     for name, value in fit_power(hardware).items():
         print(f"{name}: {value:.3f}")
     return 0

@@ -3,10 +3,13 @@ window and the three figures per run, and a guard on the held-out error."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
 
+from simulator.runs.energy import PowerModel
 from simulator.specs import load_hardware, load_model
 from simulator.validate import data, run_validation
 from simulator.validate.energy import (
@@ -16,6 +19,9 @@ from simulator.validate.energy import (
     PROMPT_MEAN_TOKENS,
     SIMULATED_BATCHES,
     SUITE,
+    Window,
+    duty_split,
+    duty_table,
     e2e_energy_suite,
     fit_power,
     output_lengths,
@@ -23,6 +29,7 @@ from simulator.validate.energy import (
     run_requests,
     steady_window,
 )
+from simulator.validate.energy import main as energy_main
 from simulator.validate.frame import COLUMNS as FRAME_COLUMNS
 from simulator.validate.summary import SUITE_NAMES
 
@@ -131,3 +138,76 @@ def test_fit_rows_are_their_own_suite() -> None:
     assert set(fit["checkpoint"]) == {c for _, c in POWER_FIT}
     held = df[(df["suite"] == SUITE) & (df["kind"] == "power") & (df["device"] == "h100_sxm")]
     assert len(held) and not set(held["checkpoint"]) & {c for _, c in POWER_FIT}
+
+
+# -- the time split a run's power implies ---------------------------------------------------------
+def _model() -> PowerModel:
+    return PowerModel.from_hardware(load_hardware("b200"))
+
+
+def _window(busy_s: float, span_s: float, tokens: float) -> Window:
+    """Two equal steps at full memory and no compute utilisation, `busy_s` in all."""
+    return Window(
+        busy=np.array([busy_s / 2, busy_s / 2]),
+        u_compute=np.zeros(2),
+        u_memory=np.ones(2),
+        span=span_s,
+        tokens=tokens,
+    )
+
+
+def test_duty_split_reads_the_measured_power_as_steps_and_waits() -> None:
+    model, window = _model(), _window(busy_s=0.9, span_s=1.0, tokens=1000.0)
+    busy_w = float(model.power_w(u_compute=0.0, u_memory=1.0))
+    assert busy_w > model.parked_w
+    # measured: a quarter of the time at the steps' draw, the rest parked, 4x the time a token
+    measured_w = 0.25 * busy_w + 0.75 * model.parked_w
+    split = duty_split(window, model, measured_w=measured_w, measured_s_per_token=4e-3)
+    assert split.sim_duty == pytest.approx(0.9)
+    assert split.sim_busy_s == pytest.approx(0.9e-3) and split.sim_wait_s == pytest.approx(0.1e-3)
+    assert split.busy_w == pytest.approx(busy_w)
+    assert split.duty == pytest.approx(0.25)
+    assert split.busy_s == pytest.approx(1e-3) and split.wait_s == pytest.approx(3e-3)
+    # the device's own work is 1.11x the priced; the time lost waits: 30x the simulated wait
+    assert split.kernel_ratio == pytest.approx(1e-3 / 0.9e-3)
+    assert split.wait_ratio == pytest.approx(30.0)
+
+
+def test_duty_split_clips_and_refuses_a_run_without_power_signal() -> None:
+    model, window = _model(), _window(busy_s=1.0, span_s=1.0, tokens=10.0)
+    over = duty_split(window, model, measured_w=model.tdp_w * 2, measured_s_per_token=0.1)
+    under = duty_split(window, model, measured_w=0.0, measured_s_per_token=0.1)
+    assert (over.duty, under.duty) == (1.0, 0.0)
+    assert over.wait_ratio == float("inf")  # the simulated run never waits
+    flat = dataclasses.replace(
+        model, active_fraction=0.0, memory_fraction=0.0, compute_fraction=0.0
+    )
+    with pytest.raises(ValueError, match="parked"):
+        duty_split(window, flat, measured_w=500.0, measured_s_per_token=0.1)
+    with pytest.raises(ValueError, match="no steps"):
+        duty_split(_window(0.0, 1.0, 10.0), model, measured_w=500.0, measured_s_per_token=0.1)
+
+
+def test_duty_entry_point_refuses_bad_arguments_with_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert energy_main(["--duty"]) == 2
+    assert energy_main(["--duty", "mi300x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "energy.csv: hardware: no runs on 'mi300x'" in err[1]
+
+
+@pytest.mark.slow
+def test_b200_split_separates_host_waits_from_device_work() -> None:
+    """The bundled B200 runs as docs/validation.md reads them: the simulation never waits; the
+    dense Llamas keep the GPU busy (duty >= 0.9) with their work slower than priced at batch
+    8, while Llama 3.1 8B at batch 128 spends most of its window parked."""
+    table = duty_table("b200")
+    assert len(table) == 32
+    assert (table["sim_duty"] > 0.99).all()
+    dense = table[table["case"].str.match(r"llama-3\.1-(70|405)b")]
+    assert (dense["duty"] >= 0.9).all()
+    b8 = dense[dense["case"].str.endswith(" b8")]
+    assert len(b8) == 4 and (b8["kernel_ratio"] > 1.1).all()
+    small = table[table["case"] == "llama-3.1-8b tp1 b128"].iloc[0]
+    assert small["duty"] < 0.5 and small["wait_us"] > small["busy_us"]
