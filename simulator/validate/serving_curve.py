@@ -15,14 +15,18 @@ loads. A curve whose own last step still raised its throughput by SATURATED_GAIN
 not reached its knee inside the sweep: its knee is not defined (None), and the comparison is
 skipped with that reason.
 
-What differs from the published runs, on purpose: a concurrency point simulates
-CONCURRENCY_WAVES x concurrency requests (the harness's count is not published) and takes its
-TTFT from the requests after the first wave. That wave is sent at once, a burst no steady state
-has, and the harnesses measure the steady state: perf_analyzer (under genai-perf) "measures the
-throughput and latency over a time window, and then repeats the measurements until it gets
-stable values" with N requests "always outstanding" (Triton's perf_analyzer guide, concurrency
-mode), AIPerf runs a warm-up phase first. ITL and throughput are the whole run's (the burst
-moves them by up to 3%). A rate point simulates the first RATE_WINDOW_S seconds of arrivals.
+Requests: a point simulates the count its source published (`num_prompts`). Where that is
+blank, a concurrency point simulates CONCURRENCY_WAVES x concurrency requests and a rate point
+the first RATE_WINDOW_S seconds of arrivals.
+
+TTFT follows the harness (HARNESS_STEADY_STATE). A closed loop's first wave is sent at once, a
+burst no steady state has. Harnesses that measure the steady state leave it out, and so does
+the suite: perf_analyzer (under genai-perf) "measures the throughput and latency over a time
+window, and then repeats the measurements until it gets stable values" with N requests "always
+outstanding" (Triton's perf_analyzer guide, concurrency mode), AIPerf runs a warm-up phase
+first; there the TTFT is that of the requests after the first wave. sglang.bench_serving
+averages over every request it sent, the burst included, and so does the suite. ITL and
+throughput are always the whole run's (the burst moves them by up to 3% on K1).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ COLUMNS = [
     "dataset",
     "input_len",
     "output_len",
+    "num_prompts",
     "load_kind",
     "load",
     "statistic",
@@ -73,10 +78,25 @@ STATISTICS = ("mean", "median")
 KNEE_FRACTION = 0.9
 # A sweep has reached its knee when its last step raised the throughput by less than this.
 SATURATED_GAIN = 0.05
-# Requests simulated per concurrency point, in waves of the concurrency.
+# Requests simulated per concurrency point, in waves of the concurrency, where the source does
+# not publish its count (`num_prompts` blank).
 CONCURRENCY_WAVES = 8
-# Seconds of Poisson arrivals simulated per rate point (as `e2e.SERVING_WINDOW_S`).
+# Seconds of Poisson arrivals simulated per rate point where the count is not published (as
+# `e2e.SERVING_WINDOW_S`).
 RATE_WINDOW_S = 60.0
+# Whether each harness's TTFT is its steady state's (True: the opening wave of a closed loop is
+# left out) or the mean over every request it sent, the opening burst included (False).
+# genai-perf / AIPerf: perf_analyzer "measures the throughput and latency over a time window, and
+# then repeats the measurements until it gets stable values" (Triton's perf_analyzer guide,
+# concurrency mode) and AIPerf runs a warm-up phase first (module docstring).
+# sglang.bench_serving: one test request, then every request of `--num-prompts` through an
+# asyncio semaphore of `--max-concurrency`, and the metrics over all of them
+# (sgl-project/sglang python/sglang/bench_serving.py, benchmark() and calculate_metrics(); the
+# same in the copy dstackai/benchmarks Deepseek-R1/bench_serving.py that D1 ran).
+HARNESS_STEADY_STATE = {
+    "genai-perf (NIM benchmarking)": True,
+    "sglang.bench_serving": False,
+}
 SEED = 0
 
 
@@ -117,15 +137,35 @@ def _check(measured: pd.DataFrame) -> None:
             )
     if (measured["dataset"].astype(str) != "random").any():
         raise SpecError("serving curves need fixed lengths (dataset random)", field="dataset")
+    bad = sorted(set(measured["harness"].astype(str)) - set(HARNESS_STEADY_STATE))
+    if bad:
+        known = ", ".join(HARNESS_STEADY_STATE)
+        raise SpecError(f"unknown harness {bad[0]!r} ({known})", field="harness")
+    counts = pd.to_numeric(measured["num_prompts"], errors="coerce")
+    given = measured["num_prompts"].notna()
+    if (given & ~(counts >= 1)).any() or (counts.dropna() % 1 != 0).any():
+        raise SpecError("num_prompts must be a whole number >= 1 or blank", field="num_prompts")
+
+
+def _published_prompts(row: pd.Series) -> int | None:
+    """The request count the source published for this point, or None (blank)."""
+    value = row["num_prompts"]
+    if pd.isna(value):
+        return None
+    return int(float(value))
 
 
 def _point(row: pd.Series) -> tuple[dict[str, Any], int]:
     """The simulated summary of one published point, and the requests it simulated."""
     load = float(row["load"])
     concurrency = row["load_kind"] == "concurrency"
-    prompts = (
-        CONCURRENCY_WAVES * int(load) if concurrency else max(1, math.ceil(RATE_WINDOW_S * load))
-    )
+    published = _published_prompts(row)
+    if published is not None:
+        prompts = published
+    elif concurrency:
+        prompts = CONCURRENCY_WAVES * int(load)
+    else:
+        prompts = max(1, math.ceil(RATE_WINDOW_S * load))
     workload = validate(
         WorkloadSpec,
         {
@@ -150,7 +190,7 @@ def _point(row: pd.Series) -> tuple[dict[str, Any], int]:
     )
     result = runner.run(scenario)
     summary = dict(result.summary)
-    if concurrency:
+    if concurrency and HARNESS_STEADY_STATE[str(row["harness"])]:
         summary.update(steady_ttft_ms(result.sim.requests, int(load)))
     return summary, prompts
 
