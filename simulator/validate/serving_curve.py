@@ -64,6 +64,7 @@ COLUMNS = [
     "dataset",
     "input_len",
     "output_len",
+    "length_spread",
     "num_prompts",
     "load_kind",
     "load",
@@ -73,6 +74,11 @@ COLUMNS = [
     "output_tokens_per_s",
 ]
 LOAD_KINDS = ("concurrency", "rate")
+# How a point's lengths are drawn: `fixed` (every request input_len / output_len tokens) or
+# `uniform` (each request's input and output drawn uniformly from 1 to input_len / output_len:
+# sglang.bench_serving's `--random-range-ratio 0`, whose sample_random_requests draws
+# np.random.randint(max(int(len * ratio), 1), len + 1)).
+LENGTH_SPREADS = ("fixed", "uniform")
 STATISTICS = ("mean", "median")
 # The knee: the load at which the served throughput reaches this fraction of the sweep's most.
 KNEE_FRACTION = 0.9
@@ -128,7 +134,11 @@ def knee(load: Any, throughput: Any, *, fraction: float = KNEE_FRACTION) -> floa
 
 # -- simulation -----------------------------------------------------------------------------------
 def _check(measured: pd.DataFrame) -> None:
-    for column, allowed in (("load_kind", LOAD_KINDS), ("statistic", STATISTICS)):
+    for column, allowed in (
+        ("load_kind", LOAD_KINDS),
+        ("statistic", STATISTICS),
+        ("length_spread", LENGTH_SPREADS),
+    ):
         bad = sorted(set(measured[column].astype(str)) - set(allowed))
         if bad:
             raise SpecError(
@@ -155,6 +165,26 @@ def _published_prompts(row: pd.Series) -> int | None:
     return int(float(value))
 
 
+def random_dataset(input_len: int, output_len: int, spread: str) -> dict[str, Any]:
+    """The `random` dataset of a point: fixed lengths, or for `uniform` vLLM's centred form of
+    a uniform draw from 1 to each length (centre m = len // 2 and range ratio (m - 1.5) / m give
+    the integers floor(1.5) = 1 to ceil(2m - 1.5) = 2m - 1: 1 ... 1023 for 1024, one token
+    short of sglang.bench_serving's top for an even length, its mean 0.1% low)."""
+    if spread == "fixed":
+        return {"name": "random", "input_len": input_len, "output_len": output_len}
+    mid_in, mid_out = input_len // 2, output_len // 2
+    if min(mid_in, mid_out) < 2:
+        raise SpecError("a uniform spread needs lengths of 4 tokens or more", field="input_len")
+    ratio_in, ratio_out = (mid_in - 1.5) / mid_in, (mid_out - 1.5) / mid_out
+    if not math.isclose(ratio_in, ratio_out):
+        raise SpecError(
+            "a uniform spread needs input_len and output_len of the same size (one range "
+            "ratio for both, as the harness has)",
+            field="output_len",
+        )
+    return {"name": "random", "input_len": mid_in, "output_len": mid_out, "range_ratio": ratio_in}
+
+
 def _point(row: pd.Series) -> tuple[dict[str, Any], int]:
     """The simulated summary of one published point, and the requests it simulated."""
     load = float(row["load"])
@@ -169,11 +199,9 @@ def _point(row: pd.Series) -> tuple[dict[str, Any], int]:
     workload = validate(
         WorkloadSpec,
         {
-            "dataset": {
-                "name": "random",
-                "input_len": int(row["input_len"]),
-                "output_len": int(row["output_len"]),
-            },
+            "dataset": random_dataset(
+                int(row["input_len"]), int(row["output_len"]), str(row["length_spread"])
+            ),
             "num_prompts": prompts,
             "request_rate": math.inf if concurrency else load,
             "sampling": SamplingSpec(),

@@ -21,6 +21,7 @@ from simulator.validate.serving_curve import (
     SUITE,
     e2e_serving_curve_suite,
     knee,
+    random_dataset,
     serving_curve_cases,
     signed_stats,
     steady_ttft_ms,
@@ -46,7 +47,8 @@ def test_bundled_curves_name_known_ids_a_source_and_a_setup() -> None:
         load_model(model)
     for engine in df["engine"].unique():
         load_engine(engine)
-    setup = [c for c in COLUMNS[:18] if c not in ("quantization", "num_prompts")]
+    setup = COLUMNS[: COLUMNS.index("statistic") + 1]
+    setup = [c for c in setup if c not in ("quantization", "num_prompts")]
     assert df[setup].notna().all().all()
     assert (df[["ttft_ms", "itl_ms", "output_tokens_per_s", "load"]] > 0).all().all()
     for _, points in df.groupby("curve"):
@@ -113,6 +115,7 @@ def test_bad_rows_are_spec_errors() -> None:
         ("statistic", "p50"),
         ("dataset", "sharegpt"),
         ("harness", "locust"),
+        ("length_spread", "lognormal"),
         ("num_prompts", 0),
         ("num_prompts", 2.5),
     ):
@@ -279,3 +282,44 @@ def _two_points(row: pd.DataFrame) -> pd.DataFrame:
     """A one-point curve made into the two points a sweep needs (the second at twice the load)."""
     second = row.assign(load=row["load"] * 2, num_prompts=200)
     return pd.concat([row, second], ignore_index=True)
+
+
+# -- H1: DataCrunch's SGLang sweep over Poisson rates (Llama 3.3 70B, 4 x H200) ------------------
+H1_CURVE = "datacrunch-llama-3.3-70b-h200-sglang-tp4-1024/1024-uniform"
+
+
+def test_h1_curve_loads_as_a_rate_sweep_with_uniform_lengths() -> None:
+    points = _measured().query("curve == @H1_CURVE").sort_values("load")
+    assert list(points["load"]) == [1, 2, 4, 8, 16]
+    assert set(points["load_kind"]) == {"rate"} and set(points["statistic"]) == {"median"}
+    assert set(points["length_spread"]) == {"uniform"} and set(points["engine"]) == {"sglang-0.4"}
+    # the published counts: 300 s of arrivals, 200 s at 16 req/s
+    assert list(points["num_prompts"]) == [300, 600, 1200, 2400, 3200]
+    rows = e2e_serving_curve_suite().query("curve == @H1_CURVE")
+    assert set(rows["simulated_prompts"]) == {300, 600, 1200, 2400, 3200}
+    k = next(k for k in e2e_serving_curve_suite().attrs["knees"] if k["curve"] == H1_CURVE)
+    # the measured sweep still gained 22% at its last step (3515 -> 4288 tokens/s): no knee
+    assert k["measured_knee"] is None
+    assert k["skipped"] == "the measured sweep does not reach its knee"
+
+
+def test_uniform_lengths_are_sglang_bench_servings_draw() -> None:
+    from simulator.specs.workload import RandomDataset
+    from simulator.workload.datasets import random_lengths
+
+    assert random_dataset(5000, 500, "fixed") == {
+        "name": "random",
+        "input_len": 5000,
+        "output_len": 500,
+    }
+    spec = RandomDataset(**random_dataset(1024, 1024, "uniform"))
+    prompt, output = random_lengths(spec, n=200_000, rng=np.random.default_rng(0))
+    for lengths in (prompt, output):
+        assert lengths.min() == 1 and lengths.max() == 1023
+        assert lengths.mean() == pytest.approx(512.5, rel=0.01)  # the harness's: (1 + 1024) / 2
+        assert np.mean(lengths <= 256) == pytest.approx(0.25, abs=0.01)  # flat, not peaked
+    with pytest.raises(SpecError) as exc:
+        random_dataset(1024, 128, "uniform")  # the harness has one ratio for both
+    assert exc.value.field == "output_len"
+    with pytest.raises(SpecError):
+        random_dataset(2, 2, "uniform")
