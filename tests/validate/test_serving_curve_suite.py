@@ -161,6 +161,7 @@ def test_steady_ttft_leaves_out_the_opening_wave() -> None:
 
 
 # -- the suite ------------------------------------------------------------------------------------
+@pytest.mark.slow  # the whole suite: about 30 s of simulation, once per process
 def test_suite_rows_and_knees() -> None:
     df = e2e_serving_curve_suite()
     measured = _measured()
@@ -187,6 +188,7 @@ def test_suite_rows_and_knees() -> None:
         assert row["simulated_prompts"] == want, row["case"]
 
 
+@pytest.mark.slow  # the whole suite: about 30 s of simulation, once per process
 def test_suite_is_registered_and_runs_by_default() -> None:
     assert SUITE in SUITE_NAMES and SUITE in resolve_suites(None)
     summary, df = run_validation([SUITE])
@@ -195,6 +197,7 @@ def test_suite_is_registered_and_runs_by_default() -> None:
     assert entry["knees"] == df.attrs["knees"] and entry["knee_fraction"] == KNEE_FRACTION
 
 
+@pytest.mark.slow  # the whole suite: about 30 s of simulation, once per process
 def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "validate", "--suite", SUITE, "--json")
     assert code == 0
@@ -233,6 +236,7 @@ def test_d1_curves_load_with_their_published_setup() -> None:
     assert {"h100_sxm", "h200_sxm", "mi300x"} <= set(df["hardware"])
 
 
+@pytest.mark.slow  # the whole suite: about 30 s of simulation, once per process
 def test_d1_knees_are_computed_or_skipped_with_the_reason() -> None:
     knees = {k["curve"]: k for k in e2e_serving_curve_suite().attrs["knees"]}
     measured = _measured()
@@ -295,6 +299,10 @@ def test_h1_curve_loads_as_a_rate_sweep_with_uniform_lengths() -> None:
     assert set(points["length_spread"]) == {"uniform"} and set(points["engine"]) == {"sglang-0.4"}
     # the published counts: 300 s of arrivals, 200 s at 16 req/s
     assert list(points["num_prompts"]) == [300, 600, 1200, 2400, 3200]
+
+
+@pytest.mark.slow  # the whole suite: about 30 s of simulation, once per process
+def test_h1_runs_its_published_counts_and_skips_its_knee() -> None:
     rows = e2e_serving_curve_suite().query("curve == @H1_CURVE")
     assert set(rows["simulated_prompts"]) == {300, 600, 1200, 2400, 3200}
     k = next(k for k in e2e_serving_curve_suite().attrs["knees"] if k["curve"] == H1_CURVE)
