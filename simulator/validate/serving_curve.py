@@ -15,14 +15,18 @@ loads. A curve whose own last step still raised its throughput by SATURATED_GAIN
 not reached its knee inside the sweep: its knee is not defined (None), and the comparison is
 skipped with that reason.
 
-What differs from the published runs, on purpose: a concurrency point simulates
-CONCURRENCY_WAVES x concurrency requests (the harness's count is not published) and takes its
-TTFT from the requests after the first wave. That wave is sent at once, a burst no steady state
-has, and the harnesses measure the steady state: perf_analyzer (under genai-perf) "measures the
-throughput and latency over a time window, and then repeats the measurements until it gets
-stable values" with N requests "always outstanding" (Triton's perf_analyzer guide, concurrency
-mode), AIPerf runs a warm-up phase first. ITL and throughput are the whole run's (the burst
-moves them by up to 3%). A rate point simulates the first RATE_WINDOW_S seconds of arrivals.
+Requests: a point simulates the count its source published (`num_prompts`). Where that is
+blank, a concurrency point simulates CONCURRENCY_WAVES x concurrency requests and a rate point
+the first RATE_WINDOW_S seconds of arrivals.
+
+TTFT follows the harness (HARNESS_STEADY_STATE). A closed loop's first wave is sent at once, a
+burst no steady state has. Harnesses that measure the steady state leave it out, and so does
+the suite: perf_analyzer (under genai-perf) "measures the throughput and latency over a time
+window, and then repeats the measurements until it gets stable values" with N requests "always
+outstanding" (Triton's perf_analyzer guide, concurrency mode), AIPerf runs a warm-up phase
+first; there the TTFT is that of the requests after the first wave. sglang.bench_serving
+averages over every request it sent, the burst included, and so does the suite. ITL and
+throughput are always the whole run's (the burst moves them by up to 3% on K1).
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ COLUMNS = [
     "dataset",
     "input_len",
     "output_len",
+    "length_spread",
+    "num_prompts",
     "load_kind",
     "load",
     "statistic",
@@ -68,15 +74,35 @@ COLUMNS = [
     "output_tokens_per_s",
 ]
 LOAD_KINDS = ("concurrency", "rate")
+# How a point's lengths are drawn: `fixed` (every request input_len / output_len tokens) or
+# `uniform` (each request's input and output drawn uniformly from 1 to input_len / output_len:
+# sglang.bench_serving's `--random-range-ratio 0`, whose sample_random_requests draws
+# np.random.randint(max(int(len * ratio), 1), len + 1)).
+LENGTH_SPREADS = ("fixed", "uniform")
 STATISTICS = ("mean", "median")
 # The knee: the load at which the served throughput reaches this fraction of the sweep's most.
 KNEE_FRACTION = 0.9
 # A sweep has reached its knee when its last step raised the throughput by less than this.
 SATURATED_GAIN = 0.05
-# Requests simulated per concurrency point, in waves of the concurrency.
+# Requests simulated per concurrency point, in waves of the concurrency, where the source does
+# not publish its count (`num_prompts` blank).
 CONCURRENCY_WAVES = 8
-# Seconds of Poisson arrivals simulated per rate point (as `e2e.SERVING_WINDOW_S`).
+# Seconds of Poisson arrivals simulated per rate point where the count is not published (as
+# `e2e.SERVING_WINDOW_S`).
 RATE_WINDOW_S = 60.0
+# Whether each harness's TTFT is its steady state's (True: the opening wave of a closed loop is
+# left out) or the mean over every request it sent, the opening burst included (False).
+# genai-perf / AIPerf: perf_analyzer "measures the throughput and latency over a time window, and
+# then repeats the measurements until it gets stable values" (Triton's perf_analyzer guide,
+# concurrency mode) and AIPerf runs a warm-up phase first (module docstring).
+# sglang.bench_serving: one test request, then every request of `--num-prompts` through an
+# asyncio semaphore of `--max-concurrency`, and the metrics over all of them
+# (sgl-project/sglang python/sglang/bench_serving.py, benchmark() and calculate_metrics(); the
+# same in the copy dstackai/benchmarks Deepseek-R1/bench_serving.py that D1 ran).
+HARNESS_STEADY_STATE = {
+    "genai-perf (NIM benchmarking)": True,
+    "sglang.bench_serving": False,
+}
 SEED = 0
 
 
@@ -108,7 +134,11 @@ def knee(load: Any, throughput: Any, *, fraction: float = KNEE_FRACTION) -> floa
 
 # -- simulation -----------------------------------------------------------------------------------
 def _check(measured: pd.DataFrame) -> None:
-    for column, allowed in (("load_kind", LOAD_KINDS), ("statistic", STATISTICS)):
+    for column, allowed in (
+        ("load_kind", LOAD_KINDS),
+        ("statistic", STATISTICS),
+        ("length_spread", LENGTH_SPREADS),
+    ):
         bad = sorted(set(measured[column].astype(str)) - set(allowed))
         if bad:
             raise SpecError(
@@ -117,23 +147,61 @@ def _check(measured: pd.DataFrame) -> None:
             )
     if (measured["dataset"].astype(str) != "random").any():
         raise SpecError("serving curves need fixed lengths (dataset random)", field="dataset")
+    bad = sorted(set(measured["harness"].astype(str)) - set(HARNESS_STEADY_STATE))
+    if bad:
+        known = ", ".join(HARNESS_STEADY_STATE)
+        raise SpecError(f"unknown harness {bad[0]!r} ({known})", field="harness")
+    counts = pd.to_numeric(measured["num_prompts"], errors="coerce")
+    given = measured["num_prompts"].notna()
+    if (given & ~(counts >= 1)).any() or (counts.dropna() % 1 != 0).any():
+        raise SpecError("num_prompts must be a whole number >= 1 or blank", field="num_prompts")
+
+
+def _published_prompts(row: pd.Series) -> int | None:
+    """The request count the source published for this point, or None (blank)."""
+    value = row["num_prompts"]
+    if pd.isna(value):
+        return None
+    return int(float(value))
+
+
+def random_dataset(input_len: int, output_len: int, spread: str) -> dict[str, Any]:
+    """The `random` dataset of a point: fixed lengths, or for `uniform` vLLM's centred form of
+    a uniform draw from 1 to each length (centre m = len // 2 and range ratio (m - 1.5) / m give
+    the integers floor(1.5) = 1 to ceil(2m - 1.5) = 2m - 1: 1 ... 1023 for 1024, one token
+    short of sglang.bench_serving's top for an even length, its mean 0.1% low)."""
+    if spread == "fixed":
+        return {"name": "random", "input_len": input_len, "output_len": output_len}
+    mid_in, mid_out = input_len // 2, output_len // 2
+    if min(mid_in, mid_out) < 2:
+        raise SpecError("a uniform spread needs lengths of 4 tokens or more", field="input_len")
+    ratio_in, ratio_out = (mid_in - 1.5) / mid_in, (mid_out - 1.5) / mid_out
+    if not math.isclose(ratio_in, ratio_out):
+        raise SpecError(
+            "a uniform spread needs input_len and output_len of the same size (one range "
+            "ratio for both, as the harness has)",
+            field="output_len",
+        )
+    return {"name": "random", "input_len": mid_in, "output_len": mid_out, "range_ratio": ratio_in}
 
 
 def _point(row: pd.Series) -> tuple[dict[str, Any], int]:
     """The simulated summary of one published point, and the requests it simulated."""
     load = float(row["load"])
     concurrency = row["load_kind"] == "concurrency"
-    prompts = (
-        CONCURRENCY_WAVES * int(load) if concurrency else max(1, math.ceil(RATE_WINDOW_S * load))
-    )
+    published = _published_prompts(row)
+    if published is not None:
+        prompts = published
+    elif concurrency:
+        prompts = CONCURRENCY_WAVES * int(load)
+    else:
+        prompts = max(1, math.ceil(RATE_WINDOW_S * load))
     workload = validate(
         WorkloadSpec,
         {
-            "dataset": {
-                "name": "random",
-                "input_len": int(row["input_len"]),
-                "output_len": int(row["output_len"]),
-            },
+            "dataset": random_dataset(
+                int(row["input_len"]), int(row["output_len"]), str(row["length_spread"])
+            ),
             "num_prompts": prompts,
             "request_rate": math.inf if concurrency else load,
             "sampling": SamplingSpec(),
@@ -150,7 +218,7 @@ def _point(row: pd.Series) -> tuple[dict[str, Any], int]:
     )
     result = runner.run(scenario)
     summary = dict(result.summary)
-    if concurrency:
+    if concurrency and HARNESS_STEADY_STATE[str(row["harness"])]:
         summary.update(steady_ttft_ms(result.sim.requests, int(load)))
     return summary, prompts
 

@@ -14,11 +14,14 @@ from simulator.specs import load_engine, load_hardware, load_model
 from simulator.validate import data, run_validation
 from simulator.validate.serving_curve import (
     COLUMNS,
+    CONCURRENCY_WAVES,
+    HARNESS_STEADY_STATE,
     KNEE_FRACTION,
     SATURATED_GAIN,
     SUITE,
     e2e_serving_curve_suite,
     knee,
+    random_dataset,
     serving_curve_cases,
     signed_stats,
     steady_ttft_ms,
@@ -44,7 +47,9 @@ def test_bundled_curves_name_known_ids_a_source_and_a_setup() -> None:
         load_model(model)
     for engine in df["engine"].unique():
         load_engine(engine)
-    assert df[COLUMNS[:17]].notna().drop(columns=["quantization"]).all().all()
+    setup = COLUMNS[: COLUMNS.index("statistic") + 1]
+    setup = [c for c in setup if c not in ("quantization", "num_prompts")]
+    assert df[setup].notna().all().all()
     assert (df[["ttft_ms", "itl_ms", "output_tokens_per_s", "load"]] > 0).all().all()
     for _, points in df.groupby("curve"):
         assert len(points) >= 4 and points["load"].is_unique
@@ -105,7 +110,15 @@ def test_bad_sweeps_are_spec_errors(load: list[float], tput: list[float], field:
 
 
 def test_bad_rows_are_spec_errors() -> None:
-    for column, value in (("load_kind", "qps"), ("statistic", "p50"), ("dataset", "sharegpt")):
+    for column, value in (
+        ("load_kind", "qps"),
+        ("statistic", "p50"),
+        ("dataset", "sharegpt"),
+        ("harness", "locust"),
+        ("length_spread", "lognormal"),
+        ("num_prompts", 0),
+        ("num_prompts", 2.5),
+    ):
         bad = _measured().head(2).copy()
         bad[column] = value
         with pytest.raises(SpecError) as exc:
@@ -148,6 +161,7 @@ def test_steady_ttft_leaves_out_the_opening_wave() -> None:
 
 
 # -- the suite ------------------------------------------------------------------------------------
+@pytest.mark.slow  # the whole suite: about 30 s of simulation, once per process
 def test_suite_rows_and_knees() -> None:
     df = e2e_serving_curve_suite()
     measured = _measured()
@@ -166,11 +180,15 @@ def test_suite_rows_and_knees() -> None:
             assert points["load"].min() <= k["predicted_knee"] <= points["load"].max()
         else:
             assert k["error_pct"] is None
-    # concurrency points ran in waves of their concurrency: more load, more requests
-    conc = df[df["load_kind"] == "concurrency"].drop_duplicates("load").sort_values("load")
-    assert conc["simulated_prompts"].is_monotonic_increasing
+    # each point ran the source's published request count, or waves of its concurrency
+    for _, row in df.drop_duplicates(["curve", "load"]).iterrows():
+        point = measured[(measured["curve"] == row["curve"]) & (measured["load"] == row["load"])]
+        published = point["num_prompts"].iloc[0]
+        want = CONCURRENCY_WAVES * int(row["load"]) if pd.isna(published) else int(published)
+        assert row["simulated_prompts"] == want, row["case"]
 
 
+@pytest.mark.slow  # the whole suite: about 30 s of simulation, once per process
 def test_suite_is_registered_and_runs_by_default() -> None:
     assert SUITE in SUITE_NAMES and SUITE in resolve_suites(None)
     summary, df = run_validation([SUITE])
@@ -179,6 +197,7 @@ def test_suite_is_registered_and_runs_by_default() -> None:
     assert entry["knees"] == df.attrs["knees"] and entry["knee_fraction"] == KNEE_FRACTION
 
 
+@pytest.mark.slow  # the whole suite: about 30 s of simulation, once per process
 def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "validate", "--suite", SUITE, "--json")
     assert code == 0
@@ -189,3 +208,126 @@ def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, text, _ = run_cli(capsys, "validate", "--suite", SUITE, "--worst", "0")
     flat = " ".join(text.split())
     assert code == 0 and "signed median" in flat and "knee" in flat
+
+
+# -- D1: dstack's DeepSeek-R1 sweeps (vLLM and SGLang, MI300X and H200) ---------------------------
+D1_CURVES = {
+    "dstack-deepseek-r1-mi300x-vllm-tp8-3200/800": ("mi300x", "vllm-0.7"),
+    "dstack-deepseek-r1-mi300x-sglang-tp8-3200/800": ("mi300x", "sglang-0.4"),
+    "dstack-deepseek-r1-h200-vllm-tp8-3200/800": ("h200_sxm", "vllm-0.7"),
+}
+
+
+def test_d1_curves_load_with_their_published_setup() -> None:
+    df = _measured()
+    for curve, (hardware, engine) in D1_CURVES.items():
+        points = df[df["curve"] == curve].sort_values("load")
+        assert list(points["load"]) == [4, 8, 16, 32, 64, 128], curve
+        assert set(points["source"]) == {"D1"} and set(points["hardware"]) == {hardware}
+        assert set(points["engine"]) == {engine} and set(points["model"]) == {"deepseek-v3"}
+        assert set(points["harness"]) == {"sglang.bench_serving"}
+        assert (points["num_prompts"] == 500).all() and (points["tensor_parallel"] == 8).all()
+        assert (points["input_len"] == 3200).all() and (points["output_len"] == 800).all()
+        # every request ran its full 800 tokens: 500 x 800 output tokens in each run
+        duration_s = 500 * 800 / points["output_tokens_per_s"]
+        assert (duration_s > 0).all()
+    # the engine families and vendors the suite covers
+    assert {"trtllm", "vllm-0.7", "sglang-0.4"} <= set(df["engine"])
+    assert {"h100_sxm", "h200_sxm", "mi300x"} <= set(df["hardware"])
+
+
+@pytest.mark.slow  # the whole suite: about 30 s of simulation, once per process
+def test_d1_knees_are_computed_or_skipped_with_the_reason() -> None:
+    knees = {k["curve"]: k for k in e2e_serving_curve_suite().attrs["knees"]}
+    measured = _measured()
+    for curve in D1_CURVES:
+        k = knees[curve]
+        points = measured[measured["curve"] == curve].sort_values("load")
+        tput = points["output_tokens_per_s"].to_numpy(float)
+        if tput[-1] >= tput[-2] * (1 + SATURATED_GAIN):  # still rising: no measured knee
+            assert k["measured_knee"] is None
+            assert k["skipped"] == "the measured sweep does not reach its knee"
+        else:
+            assert k["measured_knee"] == pytest.approx(knee(points["load"], tput))
+            if k["predicted_knee"] is None:
+                assert k["skipped"] == (
+                    "the predicted sweep does not reach its knee inside the published loads"
+                )
+            else:
+                assert k["skipped"] is None and k["error_pct"] is not None
+    # the two MI300X sweeps still gained 36% and 20% at their last step; H200 vLLM saturated
+    assert knees["dstack-deepseek-r1-mi300x-vllm-tp8-3200/800"]["measured_knee"] is None
+    assert knees["dstack-deepseek-r1-mi300x-sglang-tp8-3200/800"]["measured_knee"] is None
+    h200 = knees["dstack-deepseek-r1-h200-vllm-tp8-3200/800"]["measured_knee"]
+    assert h200 is not None and 32 < h200 < 64
+
+
+def test_harness_decides_whether_the_opening_burst_counts() -> None:
+    assert HARNESS_STEADY_STATE == {
+        "genai-perf (NIM benchmarking)": True,
+        "sglang.bench_serving": False,
+    }
+    row = _measured().iloc[[2]].copy()  # K1 at concurrency 25: a burst of 25 5000-token prompts
+    row["num_prompts"] = 100
+    steady = serving_curve_cases(_two_points(row))
+    burst = serving_curve_cases(_two_points(row.assign(harness="sglang.bench_serving")))
+    ttft = {
+        name: float(d.loc[d["kind"] == "ttft", "predicted_s"].iloc[0])
+        for name, d in (("steady", steady), ("burst", burst))
+    }
+    # the opening wave queues its prefills: counted, it raises the mean TTFT
+    assert ttft["burst"] > ttft["steady"]
+    assert list(steady["simulated_prompts"]) == [100, 100, 200, 200]  # the published counts
+    itl = [float(d.loc[d["kind"] == "itl", "predicted_s"].iloc[0]) for d in (steady, burst)]
+    assert itl[0] == pytest.approx(itl[1])  # ITL is the whole run's either way
+
+
+def _two_points(row: pd.DataFrame) -> pd.DataFrame:
+    """A one-point curve made into the two points a sweep needs (the second at twice the load)."""
+    second = row.assign(load=row["load"] * 2, num_prompts=200)
+    return pd.concat([row, second], ignore_index=True)
+
+
+# -- H1: DataCrunch's SGLang sweep over Poisson rates (Llama 3.3 70B, 4 x H200) ------------------
+H1_CURVE = "datacrunch-llama-3.3-70b-h200-sglang-tp4-1024/1024-uniform"
+
+
+def test_h1_curve_loads_as_a_rate_sweep_with_uniform_lengths() -> None:
+    points = _measured().query("curve == @H1_CURVE").sort_values("load")
+    assert list(points["load"]) == [1, 2, 4, 8, 16]
+    assert set(points["load_kind"]) == {"rate"} and set(points["statistic"]) == {"median"}
+    assert set(points["length_spread"]) == {"uniform"} and set(points["engine"]) == {"sglang-0.4"}
+    # the published counts: 300 s of arrivals, 200 s at 16 req/s
+    assert list(points["num_prompts"]) == [300, 600, 1200, 2400, 3200]
+
+
+@pytest.mark.slow  # the whole suite: about 30 s of simulation, once per process
+def test_h1_runs_its_published_counts_and_skips_its_knee() -> None:
+    rows = e2e_serving_curve_suite().query("curve == @H1_CURVE")
+    assert set(rows["simulated_prompts"]) == {300, 600, 1200, 2400, 3200}
+    k = next(k for k in e2e_serving_curve_suite().attrs["knees"] if k["curve"] == H1_CURVE)
+    # the measured sweep still gained 22% at its last step (3515 -> 4288 tokens/s): no knee
+    assert k["measured_knee"] is None
+    assert k["skipped"] == "the measured sweep does not reach its knee"
+
+
+def test_uniform_lengths_are_sglang_bench_servings_draw() -> None:
+    from simulator.specs.workload import RandomDataset
+    from simulator.workload.datasets import random_lengths
+
+    assert random_dataset(5000, 500, "fixed") == {
+        "name": "random",
+        "input_len": 5000,
+        "output_len": 500,
+    }
+    spec = RandomDataset(**random_dataset(1024, 1024, "uniform"))
+    prompt, output = random_lengths(spec, n=200_000, rng=np.random.default_rng(0))
+    for lengths in (prompt, output):
+        assert lengths.min() == 1 and lengths.max() == 1023
+        assert lengths.mean() == pytest.approx(512.5, rel=0.01)  # the harness's: (1 + 1024) / 2
+        assert np.mean(lengths <= 256) == pytest.approx(0.25, abs=0.01)  # flat, not peaked
+    with pytest.raises(SpecError) as exc:
+        random_dataset(1024, 128, "uniform")  # the harness has one ratio for both
+    assert exc.value.field == "output_len"
+    with pytest.raises(SpecError):
+        random_dataset(2, 2, "uniform")
