@@ -9,10 +9,11 @@ runs int8 and fp8 MFMA at the same rate (2,614.9 TFLOP/s each, hardware_specs/mi
 builds both from one template, so the rows are predicted as fp8 GEMMs, without the
 activation-quantisation kernel (they time the GEMM alone).
 
-The rows are split by model, so that no shape is in both parts: the 405B shapes (n or k is 16384,
-its hidden size) are `ops_amd_fit`, which the device's 8-bit GEMM factors (peak fraction, size
-curve, fixed cost: `efficiency.gemm` of mi300x.yaml) were fitted to by `fit_mi300x_fp8` in
-`simulator.calibrate.amd`; the 70B shapes (every TP degree's projections) are `ops_amd`, held out.
+The rows are predicted under LIBRARY, mi300x.yaml's `ck-a8w8` GEMM library (its peak fraction,
+size curve and fixed cost for 8-bit GEMMs), with the device's data ceiling (random data). They
+are split by model, so that no shape is in both parts: the 405B shapes (n or k is 16384, its
+hidden size) are `ops_amd_fit`, which the library was fitted to (`simulator.calibrate.amd`); the
+70B shapes (every TP degree's projections) are `ops_amd`, held out.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from simulator.validate.operators import GEMM_PRECISION, Group, cases, sweep_out
 SUITE = "ops_amd"
 FIT_SUITE = "ops_amd_fit"
 DEVICE = "mi300x"
+LIBRARY = "ck-a8w8"
 # Llama 3.1 405B's hidden size: its projections have it as n (qkv-free o_proj, down_proj) or k.
 FIT_DIM = 16384
 
@@ -67,10 +69,12 @@ def device_groups(hw: HardwareSpec, *, fitted: bool) -> list[Group]:
     return a8w8_groups(hw, data.aiter_gemm(DEVICE), fitted=fitted)
 
 
-def amd_suite(hw: HardwareSpec | None = None) -> pd.DataFrame:
-    """Both suites' rows on `hw` (default: the MI300X spec): `ops_amd` (held out) first, then
-    `ops_amd_fit`; `sweep_outlier` as in `ops`."""
+def amd_suite(hw: HardwareSpec | None = None, library: str | None = LIBRARY) -> pd.DataFrame:
+    """Both suites' rows on `hw` (default: the MI300X spec) under LIBRARY: `ops_amd` (held
+    out) first, then `ops_amd_fit`; `sweep_outlier` as in `ops`. `library` None: the device's
+    own GEMM factors."""
     hw = load_hardware(DEVICE) if hw is None else hw
+    hw = hw.with_gemm_library(library)
     frames = []
     for fitted in (False, True):
         part = cases(hw, device_groups(hw, fitted=fitted))
