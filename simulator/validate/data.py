@@ -21,6 +21,8 @@ MEASURED_DIR = DATA_DIR / "measured"
 AIC_DEVICES = {"a100_sxm": "a100_sxm_80gb", "h100_sxm": "h100_sxm"}
 # this project's own GEMM timings (tools/measure_gpu.py) folder -> hardware id
 LLMSIM_DEVICES = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm"}
+# AMD aiter's tuned-GEMM timings (measured/aiter/<folder>/) -> hardware id
+AITER_DEVICES = {"mi300x": "mi300x"}
 # Vidur's profiling folder -> hardware id (Vidur profiled SXM parts in 8-GPU nodes)
 VIDUR_DEVICES = {"a100": "a100_sxm_80gb", "h100": "h100_sxm"}
 # Vidur's file stem -> a short model name for case strings (not all are catalogue ids)
@@ -119,6 +121,14 @@ def llmsim_gemm(device: str) -> pd.DataFrame:
     if device not in LLMSIM_DEVICES:
         raise SpecError(f"unknown device {device!r} ({', '.join(LLMSIM_DEVICES)})", field="device")
     return read_measured(f"llmsim/{device}/gemm.csv", AIC_COLUMNS["gemm"])
+
+
+def aiter_gemm(device: str) -> pd.DataFrame:
+    """The 8-bit GEMMs AMD's aiter tuner timed on one device folder (`mi300x`): aiconfigurator's
+    `gemm` columns (`gemm_dtype` int8: the tuner's data)."""
+    if device not in AITER_DEVICES:
+        raise SpecError(f"unknown device {device!r} ({', '.join(AITER_DEVICES)})", field="device")
+    return read_measured(f"aiter/{device}/gemm_a8w8.csv", AIC_COLUMNS["gemm"])
 
 
 def vidur_files(device: str) -> list[Path]:

@@ -10,8 +10,10 @@ rows the GEMM library of Vidur's profiles was fitted to (`layers` holds the rest
 `e2e_energy_fit` the ML.ENERGY power rows H100's power shape was fitted to, `moe_fit` the
 fused-MoE kernel timings the `vllm` profile's fused_moe_fraction was fitted to (`moe` holds the
 rest out), `sampler_fit` the H100 sampler timings the `vllm` profile's sampler passes were
-fitted to (`sampler` holds the H200's out). `e2e_serving_curve`'s entry also holds its
-TTFT and ITL statistics with their signed medians (`by_kind`) and each curve's knee (`knees`).
+fitted to (`sampler` holds the H200's out), `ops_amd_fit` the MI300X 8-bit GEMMs (AMD aiter's,
+Llama 3.1 405B shapes) its 8-bit GEMM factors were fitted to (`ops_amd` holds 70B's out).
+`e2e_serving_curve`'s entry also holds its TTFT and ITL statistics with their signed medians
+(`by_kind`) and each curve's knee (`knees`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import numpy as np
 import pandas as pd
 
 from simulator.errors import SpecError
+from simulator.validate.amd import FIT_SUITE as AMD_FIT
+from simulator.validate.amd import SUITE as AMD
+from simulator.validate.amd import amd_suite
 from simulator.validate.e2e import (
     LATENCY,
     SERVING,
@@ -150,6 +155,8 @@ def run_suites(names: list[str]) -> pd.DataFrame:
         frames.append(ops_suite())
     if GEMM_LIBRARY_FIT in needed:
         frames.append(gemm_library_suite())
+    if needed & {AMD, AMD_FIT}:
+        frames.append(_members_of(amd_suite(), needed))
     if needed & {MOE, MOE_FIT}:
         frames.append(_members_of(moe_suite(), needed))
     if needed & {SAMPLER, SAMPLER_FIT}:

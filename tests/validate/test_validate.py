@@ -443,6 +443,7 @@ def test_no_suite_doubles_its_committed_error() -> None:
 
 def test_the_light_list_of_suite_names_is_the_suites_own() -> None:
     from simulator.validate import (
+        amd,
         e2e,
         elementwise,
         energy,
@@ -457,7 +458,8 @@ def test_the_light_list_of_suite_names_is_the_suites_own() -> None:
     from simulator.validate.names import SUITE_NAMES, UNIONS
 
     own = (
-        "ops", gemm_library.SUITE, moe.SUITE, moe.FIT_SUITE, sampler.SUITE, sampler.FIT_SUITE,
+        "ops", gemm_library.SUITE, amd.SUITE, amd.FIT_SUITE,
+        moe.SUITE, moe.FIT_SUITE, sampler.SUITE, sampler.FIT_SUITE,
         layers.SUITE, layers.FIT, elementwise.SUITE, elementwise.FIT,
         "iteration", iteration.PREFILL, iteration.DECODE, iteration.ENGINE_FIT,
         e2e.THROUGHPUT, e2e.SERVING, serving_curve.SUITE, e2e.LATENCY, energy.SUITE,
