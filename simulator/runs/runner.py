@@ -200,7 +200,22 @@ def build_group(
         max_model_len=spec.max_model_len,
         lora=spec.lora,
     )
-    return engine_loop(group, spec=spec, dep=dep), plan, dep
+    group = engine_loop(group, spec=spec, dep=dep)
+    if spec.pd_partition is not None:
+        from simulator.serving.pd_partition import with_pd_partition
+        from simulator.specs.serving import parse_pd_partition
+
+        longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 1
+        group = with_pd_partition(
+            group,
+            dep,
+            parse_pd_partition(spec.pd_partition),
+            max_context=longest,
+            enforce_eager=spec.enforce_eager,
+            sampling=sampling,
+            offload=plan.offload,
+        )
+    return group, plan, dep
 
 
 def run(
