@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import simpy
 
@@ -226,13 +226,20 @@ class StreamReplica(Replica):
         self.stream: Stream = stream
         super().__init__(env, **kw)  # type: ignore[arg-type]
 
-    @property  # type: ignore[override]
+    @property
     def timer(self) -> StepTimer:
         return self._split.timer(self.stream)
 
     @timer.setter
     def timer(self, value: StepTimer) -> None:  # the split decides; the given one is `full`
         del value
+
+    def _decode_segment(self, reqs: list[Request], steps: int) -> Generator[simpy.Event, Any, None]:
+        # The other stream takes blocks while this run of decode steps is in flight: its
+        # blocks are taken when it starts (the fit was just checked), not when it ends.
+        if steps > 1:
+            self.kv.extend(reqs, steps)
+        return super()._decode_segment(reqs, steps)
 
     @property
     def outstanding(self) -> int:
