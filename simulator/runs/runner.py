@@ -218,15 +218,36 @@ def build_group(
     return group, plan, dep
 
 
+def with_pd_partition(scenario: Scenario, pd_partition: str | None) -> Scenario:
+    """`scenario` with every colocated (`role: both`) group split into prefill and decode
+    streams as `pd_partition` says (None: unchanged); SpecError for a bad split or a
+    scenario without a colocated group."""
+    if pd_partition is None:
+        return scenario
+    from simulator.specs.serving import parse_pd_partition
+
+    text = parse_pd_partition(pd_partition).text
+    if not any(g.role == "both" for g in scenario.replicas):
+        raise SpecError("needs a colocated replica group (role: both)", field="pd_partition")
+    groups = [
+        g.model_copy(update={"pd_partition": text}) if g.role == "both" else g
+        for g in scenario.replicas
+    ]
+    return scenario.model_copy(update={"replicas": groups})
+
+
 def run(
     scenario: Scenario | str | Path,
     *,
     percentiles: Sequence[float] = PERCENTILES,
     requests: RequestTable | None = None,
     outputs: RunOutputs | None = None,
+    pd_partition: str | None = None,
 ) -> RunResult:
     """Simulate a scenario (a Scenario, or a path to its YAML: bad input then names the file
-    and, for a replica group's impossible layout, the group). `percentiles`: those the
+    and, for a replica group's impossible layout, the group). `pd_partition`: every
+    colocated group runs with this intra-GPU prefill/decode split (`llmsim run
+    --pd-partition`; `with_pd_partition`). `percentiles`: those the
     summary reports for each latency (vLLM's --metric-percentiles; p50, p90, p99 always).
     `requests`: serve these instead of the ones the scenario's workload generates (lengths
     and arrivals from elsewhere, e.g. a published run's histogram). `outputs`: "stream" (or
@@ -235,10 +256,15 @@ def run(
     `metrics.stream.STREAM_ABSENT`; other levels only choose what `save_run` writes."""
     percentiles = tuple(sorted({*PERCENTILES, *percentiles}))
     if isinstance(scenario, Scenario):
-        return _simulate(scenario, percentiles=percentiles, requests=requests, outputs=outputs)
+        return _simulate(
+            with_pd_partition(scenario, pd_partition),
+            percentiles=percentiles,
+            requests=requests,
+            outputs=outputs,
+        )
     with naming(str(scenario)):
         return _simulate(
-            load_scenario(scenario),
+            with_pd_partition(load_scenario(scenario), pd_partition),
             name_groups=True,
             percentiles=percentiles,
             requests=requests,

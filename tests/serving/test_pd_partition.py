@@ -189,3 +189,30 @@ def test_the_cli_flag_and_the_api_run_it(
     assert code == 0, err
     summary = _run("static:0.5", num_prompts=12, request_rate=6)
     assert summary["completed"] == 12
+
+
+def test_run_takes_the_flag_for_every_colocated_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = scenario_data(input_len=512, output_len=32, num_prompts=12, request_rate=6, seed=0)
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "run", str(path), "--pd-partition", "static:0.5",
+                           "--out", str(out), "--outputs", "summary")  # fmt: skip
+    assert code == 0, err
+    flagged = json.loads((out / "summary.json").read_text())
+    data["replicas"][0]["pd_partition"] = "static:0.5"
+    direct = runner.run(validate(Scenario, data, source="t")).summary
+    plain = runner.run(path).summary
+    assert flagged["mean_ttft_ms"] != pytest.approx(plain["mean_ttft_ms"], rel=1e-6)
+    assert flagged["mean_ttft_ms"] == pytest.approx(direct["mean_ttft_ms"], rel=1e-12)
+    via_api = runner.run(path, pd_partition="static:0.5").summary
+    assert via_api["mean_ttft_ms"] == pytest.approx(direct["mean_ttft_ms"], rel=1e-12)
+    assert "static:7" in one_line_error(capsys, "run", str(path), "--pd-partition", "static:7")
+    disagg = scenario_data(input_len=512, output_len=32, num_prompts=4,
+                           group={"hardware": "h100_sxm", "role": "prefill"})  # fmt: skip
+    disagg["replicas"].append({"hardware": "h100_sxm", "role": "decode"})
+    path.write_text(json.dumps(disagg))
+    err = one_line_error(capsys, "run", str(path), "--pd-partition", "dynamic:50")
+    assert "colocated" in err
