@@ -218,7 +218,7 @@ def build_group(
     return group, plan, dep
 
 
-def with_pd_partition(scenario: Scenario, pd_partition: str | None) -> Scenario:
+def partitioned(scenario: Scenario, pd_partition: str | None) -> Scenario:
     """`scenario` with every colocated (`role: both`) group split into prefill and decode
     streams as `pd_partition` says (None: unchanged); SpecError for a bad split or a
     scenario without a colocated group."""
@@ -247,7 +247,7 @@ def run(
     """Simulate a scenario (a Scenario, or a path to its YAML: bad input then names the file
     and, for a replica group's impossible layout, the group). `pd_partition`: every
     colocated group runs with this intra-GPU prefill/decode split (`llmsim run
-    --pd-partition`; `with_pd_partition`). `percentiles`: those the
+    --pd-partition`; `partitioned`). `percentiles`: those the
     summary reports for each latency (vLLM's --metric-percentiles; p50, p90, p99 always).
     `requests`: serve these instead of the ones the scenario's workload generates (lengths
     and arrivals from elsewhere, e.g. a published run's histogram). `outputs`: "stream" (or
@@ -257,14 +257,14 @@ def run(
     percentiles = tuple(sorted({*PERCENTILES, *percentiles}))
     if isinstance(scenario, Scenario):
         return _simulate(
-            with_pd_partition(scenario, pd_partition),
+            partitioned(scenario, pd_partition),
             percentiles=percentiles,
             requests=requests,
             outputs=outputs,
         )
     with naming(str(scenario)):
         return _simulate(
-            with_pd_partition(load_scenario(scenario), pd_partition),
+            partitioned(load_scenario(scenario), pd_partition),
             name_groups=True,
             percentiles=percentiles,
             requests=requests,

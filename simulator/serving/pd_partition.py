@@ -161,6 +161,8 @@ class _Split:
         self.decode: StreamReplica | None = None
         self.ready: deque[Request] = deque()  # prefilled, waiting for a decode seat
         self.last_decode_share = 0.0  # the decode stream's SM share at its last step
+        # the last dynamic choice: (time, decode sequences, their context) and its share
+        self._chosen: tuple[tuple[float, int, float], float] = ((-1.0, 0, 0.0), 0.0)
 
     def timer(self, stream: Stream) -> StepTimer:
         assert self.prefill is not None and self.decode is not None
@@ -187,12 +189,18 @@ class _Split:
             return 0.5
         target = self.partition.tbt_target_s or 0.0
         total = float(sum([r.num_computed for r in reqs]) + len(reqs))
+        key = (self.decode.env.now, len(reqs), total)  # a step reads its timer more than once
+        if key == self._chosen[0]:
+            return self._chosen[1]
+        chosen = DECODE_SHARES[-1]
         for share in DECODE_SHARES:
             timer = self.timers.stream_timer("decode", share, both_busy=True)
             step = timer.decode_run(num_seqs=len(reqs), total_context=total, steps=1)
             if float(step[0]) <= target:
-                return share
-        return DECODE_SHARES[-1]
+                chosen = share
+                break
+        self._chosen = (key, chosen)
+        return chosen
 
     def prefilled(self, req: Request) -> None:
         """The prefill stream sampled `req`'s first token: to the decode stream, KV in place."""
