@@ -182,6 +182,15 @@ NanoOpt = Annotated[
         "overlap (NanoFlow); default: the engine profile's (nanoflow: 2, others: 1)",
     ),
 ]
+PdPartitionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--pd-partition",
+        help="intra-GPU prefill/decode partitioning (Nexus): a prefill and a decode stream run "
+        "at once on shares of the SMs over one KV cache; static:SHARE (the prefill stream's SM "
+        "share, 0-1) or dynamic:TBT_MS (decode gets the least SMs meeting that TBT)",
+    ),
+]
 EnableLoraOpt = Annotated[
     bool,
     typer.Option("--enable-lora", help="serve LoRA adapters on the base model (docs/lora.md)"),

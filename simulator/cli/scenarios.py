@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from simulator.cli.bench_flags import PdPartitionOpt
 from simulator.cli.common import (
     PLAN_WIDTH,
     IntervalOpt,
@@ -66,6 +67,7 @@ def run_cmd(
     ] = False,
     report: ReportOpt = False,
     interval_coverage: IntervalOpt = 0.8,
+    pd_partition: PdPartitionOpt = None,
 ) -> None:
     """A full what-if from a scenario file: replica groups, router, workload, SLOs."""
     from simulator.metrics.summary import format_serve_summary
@@ -98,7 +100,13 @@ def run_cmd(
                 "(use --outputs steps or all)",
                 field="outputs",
             )
-    result = runner.run(scenario, outputs="stream" if level == "stream" else None)
+    if pd_partition is not None:  # the flag's own error, before the file is read
+        from simulator.specs.serving import parse_pd_partition
+
+        parse_pd_partition(pd_partition)
+    result = runner.run(
+        scenario, outputs="stream" if level == "stream" else None, pd_partition=pd_partition
+    )
     if out:
         runner.save_run(
             result,

@@ -200,7 +200,40 @@ def build_group(
         max_model_len=spec.max_model_len,
         lora=spec.lora,
     )
-    return engine_loop(group, spec=spec, dep=dep), plan, dep
+    group = engine_loop(group, spec=spec, dep=dep)
+    if spec.pd_partition is not None:
+        from simulator.serving.pd_partition import with_pd_partition
+        from simulator.specs.serving import parse_pd_partition
+
+        longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 1
+        group = with_pd_partition(
+            group,
+            dep,
+            parse_pd_partition(spec.pd_partition),
+            max_context=longest,
+            enforce_eager=spec.enforce_eager,
+            sampling=sampling,
+            offload=plan.offload,
+        )
+    return group, plan, dep
+
+
+def partitioned(scenario: Scenario, pd_partition: str | None) -> Scenario:
+    """`scenario` with every colocated (`role: both`) group split into prefill and decode
+    streams as `pd_partition` says (None: unchanged); SpecError for a bad split or a
+    scenario without a colocated group."""
+    if pd_partition is None:
+        return scenario
+    from simulator.specs.serving import parse_pd_partition
+
+    text = parse_pd_partition(pd_partition).text
+    if not any(g.role == "both" for g in scenario.replicas):
+        raise SpecError("needs a colocated replica group (role: both)", field="pd_partition")
+    groups = [
+        g.model_copy(update={"pd_partition": text}) if g.role == "both" else g
+        for g in scenario.replicas
+    ]
+    return scenario.model_copy(update={"replicas": groups})
 
 
 def run(
@@ -209,9 +242,12 @@ def run(
     percentiles: Sequence[float] = PERCENTILES,
     requests: RequestTable | None = None,
     outputs: RunOutputs | None = None,
+    pd_partition: str | None = None,
 ) -> RunResult:
     """Simulate a scenario (a Scenario, or a path to its YAML: bad input then names the file
-    and, for a replica group's impossible layout, the group). `percentiles`: those the
+    and, for a replica group's impossible layout, the group). `pd_partition`: every
+    colocated group runs with this intra-GPU prefill/decode split (`llmsim run
+    --pd-partition`; `partitioned`). `percentiles`: those the
     summary reports for each latency (vLLM's --metric-percentiles; p50, p90, p99 always).
     `requests`: serve these instead of the ones the scenario's workload generates (lengths
     and arrivals from elsewhere, e.g. a published run's histogram). `outputs`: "stream" (or
@@ -220,10 +256,15 @@ def run(
     `metrics.stream.STREAM_ABSENT`; other levels only choose what `save_run` writes."""
     percentiles = tuple(sorted({*PERCENTILES, *percentiles}))
     if isinstance(scenario, Scenario):
-        return _simulate(scenario, percentiles=percentiles, requests=requests, outputs=outputs)
+        return _simulate(
+            partitioned(scenario, pd_partition),
+            percentiles=percentiles,
+            requests=requests,
+            outputs=outputs,
+        )
     with naming(str(scenario)):
         return _simulate(
-            load_scenario(scenario),
+            partitioned(load_scenario(scenario), pd_partition),
             name_groups=True,
             percentiles=percentiles,
             requests=requests,

@@ -36,6 +36,8 @@ class EngineArgs:
     `overlap_tp_comm`: tensor-parallel all-reduces fused with their producer GEMMs.
     `nano_batches`: each step split into that many overlapped nano-batches (NanoFlow; None:
     the engine profile's).
+    `pd_partition`: intra-GPU prefill/decode partitioning (Nexus): "static:<prefill SM
+    share>" or "dynamic:<decode TBT target ms>" (`specs.serving.PdPartition`).
     `max_model_len`: vLLM's --max-model-len (None: the model's context length).
     `host_cpu`: the node's CPU where it is not the hardware's (`--host-cpu`; an id of
     simulator/specs/host_cpus.yaml): the engine's CPU costs scale to it.
@@ -66,6 +68,7 @@ class EngineArgs:
     async_scheduling: bool = False
     overlap_tp_comm: bool = False
     nano_batches: int | None = None
+    pd_partition: str | None = None
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -123,6 +126,7 @@ class EngineArgs:
             "host_cpu": self.host_cpu,
             "overlap_tp_comm": self.overlap_tp_comm,
             "nano_batches": self.nano_batches,
+            "pd_partition": self.pd_partition,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "swap_space_gib": self.swap_space,
             "enable_prefix_caching": self.enable_prefix_caching,

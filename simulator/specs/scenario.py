@@ -157,6 +157,12 @@ class ReplicaGroupSpec(Frozen):
         "network kernels overlap (NanoFlow, costmodel/nanobatch.py); None: the engine "
         "profile's (nanoflow: 2, every other profile: 1)",
     )
+    pd_partition: str | None = Field(
+        default=None,
+        description="intra-GPU prefill/decode partitioning (Nexus, arXiv 2507.06608): a "
+        "prefill and a decode stream run at once on shares of the SMs over one KV cache; "
+        "static:<prefill SM share> or dynamic:<decode TBT target ms> (serving/pd_partition.py)",
+    )
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     swap_space_gib: float = Field(
         default=4.0, ge=0, le=MAX_HOST_GIB, description="host swap space per GPU"
@@ -212,6 +218,24 @@ class ReplicaGroupSpec(Frozen):
     speculative: SpeculativeSpec | None = Field(
         default=None, description="speculative decoding: vLLM's --speculative-config keys"
     )
+
+    @field_validator("pd_partition")
+    @classmethod
+    def _pd_partition_known(cls, value: str | None) -> str | None:
+        if value is not None:
+            from simulator.specs.serving import parse_pd_partition
+
+            try:
+                return parse_pd_partition(value).text
+            except SpecError as exc:
+                raise ValueError(exc.reason) from None
+        return value
+
+    @model_validator(mode="after")
+    def _pd_partition_applies(self) -> ReplicaGroupSpec:
+        if self.pd_partition is not None and self.role != "both":
+            raise ValueError("pd_partition: intra-GPU partitioning is a colocated replica's")
+        return self
 
     @field_validator("host_cpu")
     @classmethod

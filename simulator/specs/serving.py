@@ -258,3 +258,54 @@ def kv_offload_problem(
     if preemption_mode == "swap":
         return "kv_offload with swap preemption is not modelled (vLLM V1 reloads from the tier)"
     return None
+
+
+PD_PARTITION_FORMS = "static:<prefill SM share in (0, 1)> or dynamic:<decode TBT target in ms>"
+
+
+class PdPartition(Frozen):
+    """Intra-GPU prefill/decode partitioning (Nexus, arXiv 2507.06608; serving.pd_partition):
+    a prefill stream and a decode stream run at once on one replica's GPUs, each on its share
+    of the SMs. `static`: the prefill stream always has `prefill_share` of them, the decode
+    stream the rest. `dynamic`: before each step the decode stream takes the smallest share
+    whose step meets `tbt_target_s`, the prefill stream the rest; a stream alone has the
+    whole GPU."""
+
+    mode: Literal["static", "dynamic"]
+    prefill_share: float | None = Field(default=None, gt=0, lt=1)
+    tbt_target_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @property
+    def text(self) -> str:
+        """How the flag spells it: "static:0.6", "dynamic:50"."""
+        if self.mode == "static":
+            return f"static:{self.prefill_share:g}"
+        return f"dynamic:{(self.tbt_target_s or 0.0) * 1e3:g}"
+
+
+def parse_pd_partition(text: str) -> PdPartition:
+    """`static:<share>` or `dynamic:<TBT ms>` as a PdPartition; SpecError (field
+    pd_partition) for anything else, a share outside (0, 1) or a target that is not a
+    positive number of milliseconds."""
+    mode, _, value = text.strip().partition(":")
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if mode == "static":
+        if not 0.0 < number < 1.0:
+            raise SpecError(
+                f"{text!r}: the prefill SM share must be a number strictly between 0 and 1 "
+                f"(expected {PD_PARTITION_FORMS})",
+                field="pd_partition",
+            )
+        return PdPartition(mode="static", prefill_share=number)
+    if mode == "dynamic":
+        if not (0.0 < number < float("inf")):
+            raise SpecError(
+                f"{text!r}: the decode TBT target must be a positive number of milliseconds "
+                f"(expected {PD_PARTITION_FORMS})",
+                field="pd_partition",
+            )
+        return PdPartition(mode="dynamic", tbt_target_s=number / 1e3)
+    raise SpecError(f"{text!r}: expected {PD_PARTITION_FORMS}", field="pd_partition")

@@ -86,6 +86,8 @@ SPARSE_FLAGS += ["--swiftkv-layers", "0.5", "--acrosskv", "2"]
 SPARSE_EXPECTED = EngineArgs(
     shadowkv={"budget": 1024, "chunk": 16}, swiftkv={"skip_fraction": 0.5, "across": 2}
 )
+PD_FLAGS = ["--pd-partition", "static:0.6"]  # intra-GPU P/D partitioning (Nexus)
+PD_EXPECTED = EngineArgs(pd_partition="static:0.6")
 MAPPED = {
     "shadowkv": ("shadowkv_on", "shadowkv_rank", "shadowkv_budget", "shadowkv_chunk"),
     "swiftkv": ("swiftkv_layers", "acrosskv"),
@@ -97,6 +99,7 @@ CASES = [
     (MULTI_STEP_FLAGS, MULTI_STEP_EXPECTED),
     (BUDGET_FLAGS, BUDGET_EXPECTED),
     (SPARSE_FLAGS, SPARSE_EXPECTED),
+    (PD_FLAGS, PD_EXPECTED),
 ]
 
 

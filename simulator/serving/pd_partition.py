@@ -1,0 +1,352 @@
+"""Intra-GPU prefill/decode disaggregation (Nexus, arXiv 2507.06608): `with_pd_partition`.
+
+One replica runs two engine loops at once on the same GPUs, each in its own partition of the
+SMs (green contexts or MPS in the paper): a prefill stream and a decode stream. They share one
+KV cache, so a prompt's KV never moves:
+
+1. the router sends a request to the replica's prefill stream, which schedules and prices its
+   prompt chunks as the plain loop does (`serving.replica.Replica`) and samples the first
+   token (TTFT ends here);
+2. the request then joins the decode stream at its next step boundary (with a seat free,
+   max_num_seqs), its blocks still held in the shared cache; the decode stream decodes it to
+   the end. A request the decode stream preempts recomputes there.
+
+Each stream's step is priced by the replica's cost model on a partitioned device
+(`partition_hardware`): a stream with a fraction s of the SMs has s of every compute peak and
+of the SMs, and the DRAM bandwidth it can pull (`bandwidth_shares`): min(1, s / saturation)
+of the datasheet's alone (the diminishing return of SMs on bandwidth,
+serving/pd_partition.yaml), and, when both streams are busy, shares in proportion to those
+demands, scaled down together where they exceed the whole. A step is priced when it starts
+with the other stream's state then (busy: it has requests); a change of that state during the
+step does not reprice it.
+
+The split (`PdPartition`): `static` keeps the prefill stream on its share and the decode stream
+on the rest whatever runs. `dynamic` decides it before each step, as Nexus does: the decode
+stream gets the smallest share on a grid of tenths whose decode step (its running batch,
+priced under contention) meets the TBT target, at most 0.9; the prefill stream gets the rest.
+A stream alone on the replica has the whole GPU, priced exactly as today's replica.
+
+Not modelled: the paper's hysteresis and its phase-specific schedulers (each stream here keeps
+the engine's scheduler), kernel-level interference beyond the bandwidth shares, the SM split's
+switching cost. Both streams' steps are recorded under the replica's index, so they overlap in
+time in the step rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import simpy
+
+from simulator.costmodel.deployment import Deployment
+from simulator.costmodel.offload import OffloadPlan
+from simulator.errors import SpecError
+from simulator.metrics.recorder import Recorder
+from simulator.serving.replica import Replica
+from simulator.serving.request import Request
+from simulator.serving.steptime import StepTimer
+from simulator.specs.hardware import HardwareSpec
+from simulator.specs.serving import PdPartition
+from simulator.specs.workload import SamplingSpec
+
+if TYPE_CHECKING:
+    from simulator.serving.group import ReplicaGroup
+
+Stream = Literal["prefill", "decode"]
+# The decode stream's candidate shares under the dynamic split (tenths; each stream keeps some)
+DECODE_SHARES = tuple(round(0.1 * i, 1) for i in range(1, 10))
+
+
+@cache
+def saturation() -> float:
+    """The fraction of the SMs that pulls the whole DRAM bandwidth (pd_partition.yaml)."""
+    import yaml
+
+    text = (Path(__file__).parent / "pd_partition.yaml").read_text()
+    return float(yaml.safe_load(text)["bandwidth_saturation_sm_fraction"])
+
+
+def bandwidth_shares(
+    prefill_sm: float, decode_sm: float, *, both_busy: bool, sat: float | None = None
+) -> tuple[float, float]:
+    """The fractions of DRAM bandwidth the prefill and decode streams get with these SM shares:
+    each alone pulls min(1, share / saturation); both busy share in proportion to those
+    demands, scaled down together where they sum above 1. Never above 1 for either."""
+    sat = saturation() if sat is None else sat
+    fp, fd = min(1.0, prefill_sm / sat), min(1.0, decode_sm / sat)
+    if both_busy and fp + fd > 1.0:
+        total = fp + fd
+        return fp / total, fd / total
+    return fp, fd
+
+
+def partition_hardware(
+    hw: HardwareSpec, *, sm_share: float, bandwidth_share: float
+) -> HardwareSpec:
+    """`hw` as a stream with `sm_share` of its SMs and `bandwidth_share` of its DRAM bandwidth
+    sees it: the SMs and every compute peak scaled by the share, the bandwidth by its own.
+    Shares above 1 are refused (a partition never gives a stream more than the GPU); (1, 1) is
+    `hw` itself."""
+    if not (0.0 < sm_share <= 1.0 and 0.0 < bandwidth_share <= 1.0):
+        raise ValueError(f"shares must be in (0, 1], got {sm_share}, {bandwidth_share}")
+    if sm_share == 1.0 and bandwidth_share == 1.0:
+        return hw
+    compute = hw.compute.model_copy(
+        update={
+            "units": max(1, round(hw.compute.units * sm_share)),
+            "peak_flops_per_s": {k: v * sm_share for k, v in hw.compute.peak_flops_per_s.items()},
+        }
+    )
+    memory = hw.memory.model_copy(
+        update={"bandwidth_bytes_per_s": hw.memory.bandwidth_bytes_per_s * bandwidth_share}
+    )
+    return hw.model_copy(update={"compute": compute, "memory": memory})
+
+
+@dataclass
+class PartitionTimers:
+    """Step timers of one deployment on partitions of its GPUs, built when first asked for
+    and kept (`full` is the replica's own timer: the whole GPU)."""
+
+    dep: Deployment
+    full: StepTimer
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_context: int
+    enforce_eager: bool
+    sampling: SamplingSpec | None
+    offload: OffloadPlan | None
+    _built: dict[tuple[float, float], StepTimer] = field(default_factory=dict)
+
+    def timer(self, sm_share: float, bandwidth_share: float) -> StepTimer:
+        key = (round(sm_share, 6), round(bandwidth_share, 6))
+        if key == (1.0, 1.0):
+            return self.full
+        if key not in self._built:
+            hw = partition_hardware(self.dep.hardware, sm_share=key[0], bandwidth_share=key[1])
+            self._built[key] = StepTimer(
+                dataclasses.replace(self.dep, hardware=hw),
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                max_context=self.max_context,
+                enforce_eager=self.enforce_eager,
+                sampling=self.sampling,
+                offload=self.offload,
+            )
+        return self._built[key]
+
+    def stream_timer(self, stream: Stream, decode_sm: float, *, both_busy: bool) -> StepTimer:
+        """The timer of `stream` when the decode stream has `decode_sm` of the SMs and the
+        prefill stream the rest."""
+        prefill_sm = 1.0 - decode_sm
+        bp, bd = bandwidth_shares(prefill_sm, decode_sm, both_busy=both_busy)
+        if stream == "prefill":
+            return self.timer(prefill_sm, bp)
+        return self.timer(decode_sm, bd)
+
+
+class _Split:
+    """One replica's two streams and how the SMs are split between them (module doc)."""
+
+    def __init__(self, partition: PdPartition, timers: PartitionTimers) -> None:
+        self.partition = partition
+        self.timers = timers
+        self.prefill: StreamReplica | None = None
+        self.decode: StreamReplica | None = None
+        self.ready: deque[Request] = deque()  # prefilled, waiting for a decode seat
+        self.last_decode_share = 0.0  # the decode stream's SM share at its last step
+        # the last dynamic choice: (time, decode sequences, their context) and its share
+        self._chosen: tuple[tuple[float, int, float], float] = ((-1.0, 0, 0.0), 0.0)
+
+    def timer(self, stream: Stream) -> StepTimer:
+        assert self.prefill is not None and self.decode is not None
+        other = self.decode if stream == "prefill" else self.prefill
+        busy = bool(other.running or other.waiting) or (stream == "decode" and bool(self.ready))
+        part = self.partition
+        if part.mode == "static":
+            decode_sm = 1.0 - (part.prefill_share or 0.5)
+            return self.timers.stream_timer(stream, decode_sm, both_busy=busy)
+        if not busy:  # alone on the replica: the whole GPU
+            if stream == "decode":
+                self.last_decode_share = 1.0
+            return self.timers.full
+        decode_sm = self.decode_share()
+        self.last_decode_share = decode_sm
+        return self.timers.stream_timer(stream, decode_sm, both_busy=True)
+
+    def decode_share(self) -> float:
+        """Dynamic split: the smallest decode share whose step of the decode stream's running
+        batch, with the prefill stream busy, meets the TBT target (the largest if none does)."""
+        assert self.decode is not None
+        reqs = self.decode.running
+        if not reqs:  # preempted requests recomputing, or none yet: an even split
+            return 0.5
+        target = self.partition.tbt_target_s or 0.0
+        total = float(sum([r.num_computed for r in reqs]) + len(reqs))
+        key = (self.decode.env.now, len(reqs), total)  # a step reads its timer more than once
+        if key == self._chosen[0]:
+            return self._chosen[1]
+        chosen = DECODE_SHARES[-1]
+        for share in DECODE_SHARES:
+            timer = self.timers.stream_timer("decode", share, both_busy=True)
+            step = timer.decode_run(num_seqs=len(reqs), total_context=total, steps=1)
+            if float(step[0]) <= target:
+                chosen = share
+                break
+        self._chosen = (key, chosen)
+        return chosen
+
+    def prefilled(self, req: Request) -> None:
+        """The prefill stream sampled `req`'s first token: to the decode stream, KV in place."""
+        assert self.decode is not None
+        self.ready.append(req)
+        self.decode.wake()
+
+    def admit(self, decode: Replica) -> None:
+        """At a decode step boundary: prefilled requests join its batch while seats are free."""
+        seats = decode.spec.max_num_seqs
+        while self.ready and len(decode.running) < seats:
+            decode.running.append(self.ready.popleft())
+
+    def prefill_step(self, prefill: Replica) -> None:
+        """At a prefill step boundary: a decode stream with only preempted requests waiting
+        may find the blocks the prefill stream freed."""
+        assert self.decode is not None
+        if self.decode.waiting and not self.decode.running:
+            self.decode.wake()
+
+
+class StreamReplica(Replica):
+    """One stream of a partitioned replica: a Replica whose step timer is its share of the
+    GPU at the moment it asks (`_Split.timer`). The prefill stream is the router's target and
+    counts the decode stream's requests as outstanding."""
+
+    def __init__(
+        self, env: simpy.Environment, *, split: _Split, stream: Stream, **kw: object
+    ) -> None:
+        self._split = split
+        self.stream: Stream = stream
+        super().__init__(env, **kw)  # type: ignore[arg-type]
+
+    @property
+    def timer(self) -> StepTimer:
+        return self._split.timer(self.stream)
+
+    @timer.setter
+    def timer(self, value: StepTimer) -> None:  # the split decides; the given one is `full`
+        del value
+
+    def _decode_segment(self, reqs: list[Request], steps: int) -> Generator[simpy.Event, Any, None]:
+        # The other stream takes blocks while this run of decode steps is in flight: its
+        # blocks are taken when it starts (the fit was just checked), not when it ends.
+        if steps > 1:
+            self.kv.extend(reqs, steps)
+        return super()._decode_segment(reqs, steps)
+
+    @property
+    def outstanding(self) -> int:
+        own = len(self.running) + len(self.waiting) + self.incoming + self._loading
+        decode = self._split.decode
+        if self.stream == "prefill" and decode is not None:
+            own += len(decode.running) + len(decode.waiting) + len(self._split.ready)
+        return own
+
+
+@dataclass(frozen=True)
+class PdPartitioned:
+    """How `serving.cluster.serve` builds each replica of a group with intra-GPU P/D
+    partitioning: a prefill and a decode stream sharing one KV cache (module doc)."""
+
+    partition: PdPartition
+    timers: PartitionTimers
+
+    def build(
+        self,
+        env: simpy.Environment,
+        *,
+        group: ReplicaGroup,
+        index: int,
+        recorder: Recorder,
+        on_finish: Callable[[Request], None],
+    ) -> list[Replica]:
+        split = _Split(self.partition, self.timers)
+        kv = group.new_kv()
+
+        def finished(req: Request) -> None:  # blocks were freed: both streams look again
+            on_finish(req)
+            for stream in (split.prefill, split.decode):
+                if stream is not None:
+                    stream.wake()
+
+        common = {
+            "index": index,
+            "scheduler": group.scheduler,
+            "kv": kv,
+            "timer": group.timer,
+            "recorder": recorder,
+            "on_finish": finished,
+            "swap_s_per_block": group.swap_s_per_block,
+        }
+        split.prefill = StreamReplica(
+            env,
+            split=split,
+            stream="prefill",
+            on_prefilled=split.prefilled,
+            between_steps=split.prefill_step,
+            **common,
+        )
+        split.decode = StreamReplica(
+            env, split=split, stream="decode", between_steps=split.admit, **common
+        )
+        return [split.prefill]
+
+
+def with_pd_partition(
+    group: ReplicaGroup,
+    dep: Deployment,
+    partition: PdPartition,
+    *,
+    max_context: int,
+    enforce_eager: bool = False,
+    sampling: SamplingSpec | None = None,
+    offload: OffloadPlan | None = None,
+) -> ReplicaGroup:
+    """`group` (from `cluster.replica_group` for `dep`) with each replica split into a prefill
+    and a decode stream on shares of its SMs (`partition`). Refuses what only the plain loop
+    models alongside it: speculative decoding, multi-step or async scheduling, KV tiers,
+    LoRA, the static scheduler and another engine loop."""
+    what = "intra-GPU P/D partitioning"
+    if group.loop is not None:
+        raise SpecError(
+            f"{what} with DP attention or pipeline micro-batching is not modelled",
+            field="pd_partition",
+        )
+    for on, name in (
+        (group.speculative is not None, "speculative decoding"),
+        (group.scheduler.num_scheduler_steps > 1, "multi-step scheduling"),
+        (group.kv_tiers is not None, "KV offload tiers"),
+        (group.timer.async_scheduling, "async scheduling"),
+        (group.lora is not None, "LoRA"),
+        (group.scheduler.kind == "static", "the static scheduler"),
+        (dep.engine.overlap.nano_batches > 1, "nano-batches"),
+    ):
+        if on:
+            raise SpecError(f"{what} with {name} is not modelled", field="pd_partition")
+    spec = group.scheduler
+    timers = PartitionTimers(
+        dep=dep,
+        full=group.timer,
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_context=max_context,
+        enforce_eager=enforce_eager,
+        sampling=sampling,
+        offload=offload,
+    )
+    return dataclasses.replace(group, loop=PdPartitioned(partition=partition, timers=timers))
