@@ -31,6 +31,7 @@ import math
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -356,8 +357,11 @@ class Replica:
             yield self.env.timeout(last - start)
             done = steps
         else:
-            self._wakeup = self.env.event()
-            yield self.env.timeout(last - start) | self._wakeup
+            # the segment's end or an arrival, whichever comes first: the end's timeout
+            # triggers the wakeup an arrival would (cheaper than a Condition of both)
+            wake = self._wakeup = self.env.event()
+            self.env.timeout(last - start).callbacks.append(partial(_trigger, wake))
+            yield wake
             done = steps
             if self.env.now < last:  # cut short: finish the step (or block) in progress
                 done = min(bisect_left(ends, self.env.now) + 1, steps)
@@ -431,3 +435,9 @@ def _outputs(reqs: Iterable[Request]) -> tuple[int, int]:
     """The output tokens of `reqs` so far, summed, and the most any has (penalties' host work)."""
     counts = [r.num_output for r in reqs]
     return sum(counts), max(counts, default=0)
+
+
+def _trigger(event: simpy.Event, _: simpy.Event) -> None:
+    """Succeed `event` unless something else has (a timeout's callback)."""
+    if not event.triggered:
+        event.succeed()
