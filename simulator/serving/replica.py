@@ -338,20 +338,27 @@ class Replica:
         total = sum([r.num_computed for r in reqs]) + n
         if self._eviction is not None:  # what the sequences keep (the timer caps its growth)
             total = sum([self._eviction.held(r.num_computed + 1, r.prompt_len) for r in reqs])
-        outputs = _outputs(reqs) if self.timer.penalises else (0, 0)
-        durations = self.timer.decode_run(
-            num_seqs=n, total_context=float(total), steps=steps, outputs=outputs
-        )
-        if self.lora is not None:  # the same adapters every step (resident: no loads)
-            lora = [r.adapter for r in reqs if r.adapter >= 0]
-            durations = durations + self.lora.step_s(len(lora), len(set(lora)))
-            durations[0] += self.lora.activate(lora)
-        if block > 1:  # the scheduler's CPU time only where a block starts
-            starts = np.zeros(steps, dtype=bool)
-            starts[left % block :: block] = True  # index 0 when a block starts with it
-            durations = durations - np.where(starts, 0.0, self.timer.cpu_s(n))
         start = self.env.now
-        ends = (start + np.cumsum(durations)).tolist()  # floats: the rest of the loop is Python
+        plain = self.lora is None and block == 1  # durations as the timer gives them
+        ends = (
+            self.timer.decode_ends(start=start, num_seqs=n, total_context=float(total), steps=steps)
+            if plain
+            else None
+        )
+        if ends is None:
+            outputs = _outputs(reqs) if self.timer.penalises else (0, 0)
+            durations = self.timer.decode_run(
+                num_seqs=n, total_context=float(total), steps=steps, outputs=outputs
+            )
+            if self.lora is not None:  # the same adapters every step (resident: no loads)
+                lora = [r.adapter for r in reqs if r.adapter >= 0]
+                durations = durations + self.lora.step_s(len(lora), len(set(lora)))
+                durations[0] += self.lora.activate(lora)
+            if block > 1:  # the scheduler's CPU time only where a block starts
+                starts = np.zeros(steps, dtype=bool)
+                starts[left % block :: block] = True  # index 0 when a block starts with it
+                durations = durations - np.where(starts, 0.0, self.timer.cpu_s(n))
+            ends = (start + np.cumsum(durations)).tolist()  # floats: the rest is Python
         last = ends[-1]
         if self.waiting and not self._loading:  # head blocked: arrivals cannot change it
             yield self.env.timeout(last - start)
