@@ -308,21 +308,37 @@ class FrontEndQueue:
         self.cost = cost
         self.tokenizer_free_s = 0.0  # when the tokenizer thread is next idle
 
-    def through(
-        self, env: simpy.Environment, req: Request, replica: Replica
-    ) -> Generator[simpy.Event, Any, None]:
-        """`req` through the front-end into `replica` (counted as incoming meanwhile)."""
+    def enter(self, env: simpy.Environment, req: Request, replica: Replica) -> None:
+        """Send `req` through the front-end into `replica` (counted as incoming meanwhile).
+        Its two waits are plain timeouts with callbacks, not a process of its own: the same
+        times, computed the same way, for two events instead of four."""
         cost = self.cost
         req.return_s = cost.first_token_s
         replica.incoming += 1  # the router sees it as the replica's
         if cost.request_s > 0:
-            yield env.timeout(cost.request_s)
+            env.timeout(cost.request_s).callbacks.append(
+                lambda _: self._tokenize(env, req, replica)
+            )
+        else:
+            self._tokenize(env, req, replica)
+
+    def _tokenize(self, env: simpy.Environment, req: Request, replica: Replica) -> None:
+        """`req` reached the tokenizer thread: it waits its turn, then goes to `replica`."""
+        cost = self.cost
         if cost.tokenize_s_per_token > 0:
             start = max(env.now, self.tokenizer_free_s)
             self.tokenizer_free_s = start + cost.tokenize_s_per_token * req.prompt_len
-            yield env.timeout(self.tokenizer_free_s - env.now)
-        replica.incoming -= 1
-        replica.submit(req)
+            env.timeout(self.tokenizer_free_s - env.now).callbacks.append(
+                lambda _: _submitted(req, replica)
+            )
+        else:
+            _submitted(req, replica)
+
+
+def _submitted(req: Request, replica: Replica) -> None:
+    """`req` leaves the front-end for `replica`'s scheduler."""
+    replica.incoming -= 1
+    replica.submit(req)
 
 
 class _Clients:
@@ -350,7 +366,7 @@ class _Clients:
         if queue is None:
             replica.submit(req)
         else:
-            self.env.process(queue.through(self.env, req, replica))
+            queue.enter(self.env, req, replica)
 
     def finished(self, req: Request) -> None:
         delay = req.return_s
@@ -358,12 +374,9 @@ class _Clients:
             req.first_token_s += delay
             req.last_token_s += delay
             req.finish_s += delay
-            self.env.process(self._returned(req, delay))
+            # a timeout with a callback, not a process: one event instead of three
+            self.env.timeout(delay).callbacks.append(lambda _: self._done(req))
             return
-        self._done(req)
-
-    def _returned(self, req: Request, delay: float) -> Generator[simpy.Event, Any, None]:
-        yield self.env.timeout(delay)
         self._done(req)
 
     def _done(self, req: Request) -> None:

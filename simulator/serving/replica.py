@@ -31,6 +31,7 @@ import math
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -337,27 +338,37 @@ class Replica:
         total = sum([r.num_computed for r in reqs]) + n
         if self._eviction is not None:  # what the sequences keep (the timer caps its growth)
             total = sum([self._eviction.held(r.num_computed + 1, r.prompt_len) for r in reqs])
-        outputs = _outputs(reqs) if self.timer.penalises else (0, 0)
-        durations = self.timer.decode_run(
-            num_seqs=n, total_context=float(total), steps=steps, outputs=outputs
-        )
-        if self.lora is not None:  # the same adapters every step (resident: no loads)
-            lora = [r.adapter for r in reqs if r.adapter >= 0]
-            durations = durations + self.lora.step_s(len(lora), len(set(lora)))
-            durations[0] += self.lora.activate(lora)
-        if block > 1:  # the scheduler's CPU time only where a block starts
-            starts = np.zeros(steps, dtype=bool)
-            starts[left % block :: block] = True  # index 0 when a block starts with it
-            durations = durations - np.where(starts, 0.0, self.timer.cpu_s(n))
         start = self.env.now
-        ends = (start + np.cumsum(durations)).tolist()  # floats: the rest of the loop is Python
+        plain = self.lora is None and block == 1  # durations as the timer gives them
+        ends = (
+            self.timer.decode_ends(start=start, num_seqs=n, total_context=float(total), steps=steps)
+            if plain
+            else None
+        )
+        if ends is None:
+            outputs = _outputs(reqs) if self.timer.penalises else (0, 0)
+            durations = self.timer.decode_run(
+                num_seqs=n, total_context=float(total), steps=steps, outputs=outputs
+            )
+            if self.lora is not None:  # the same adapters every step (resident: no loads)
+                lora = [r.adapter for r in reqs if r.adapter >= 0]
+                durations = durations + self.lora.step_s(len(lora), len(set(lora)))
+                durations[0] += self.lora.activate(lora)
+            if block > 1:  # the scheduler's CPU time only where a block starts
+                starts = np.zeros(steps, dtype=bool)
+                starts[left % block :: block] = True  # index 0 when a block starts with it
+                durations = durations - np.where(starts, 0.0, self.timer.cpu_s(n))
+            ends = (start + np.cumsum(durations)).tolist()  # floats: the rest is Python
         last = ends[-1]
         if self.waiting and not self._loading:  # head blocked: arrivals cannot change it
             yield self.env.timeout(last - start)
             done = steps
         else:
-            self._wakeup = self.env.event()
-            yield self.env.timeout(last - start) | self._wakeup
+            # the segment's end or an arrival, whichever comes first: the end's timeout
+            # triggers the wakeup an arrival would (cheaper than a Condition of both)
+            wake = self._wakeup = self.env.event()
+            self.env.timeout(last - start).callbacks.append(partial(_trigger, wake))
+            yield wake
             done = steps
             if self.env.now < last:  # cut short: finish the step (or block) in progress
                 done = min(bisect_left(ends, self.env.now) + 1, steps)
@@ -431,3 +442,9 @@ def _outputs(reqs: Iterable[Request]) -> tuple[int, int]:
     """The output tokens of `reqs` so far, summed, and the most any has (penalties' host work)."""
     counts = [r.num_output for r in reqs]
     return sum(counts), max(counts, default=0)
+
+
+def _trigger(event: simpy.Event, _: simpy.Event) -> None:
+    """Succeed `event` unless something else has (a timeout's callback)."""
+    if not event.triggered:
+        event.succeed()

@@ -444,6 +444,25 @@ class StepTimer:
         mean = (total_context + num_seqs * np.arange(steps, dtype=float)) / num_seqs
         return np.interp(np.minimum(mean, self._cap), self._ctx_grid, self._decode[k])
 
+    def decode_ends(
+        self, *, start: float, num_seqs: int, total_context: float, steps: int
+    ) -> list[float] | None:
+        """When each of `decode_run`'s steps (no penalties) ends, started at `start`: the same
+        floats as `(start + np.cumsum(durations)).tolist()` (numpy's cumsum adds in order),
+        summed in Python for a short run, where numpy's per-call work costs more than the
+        sum. None for a long run or a timer that prices penalties (use `decode_run`)."""
+        if steps > SHORT_RUN_STEPS or self._decode_parts is not None:
+            return None
+        if self._q > 1:
+            raise RuntimeError("decode runs assume one token per step: no speculation")
+        k = min(num_seqs, len(self._decode)) - 1
+        ends: list[float] = []
+        append, total = ends.append, 0.0
+        for duration in self._short_run(k, num_seqs, total_context, steps):
+            total += duration
+            append(start + total)
+        return ends
+
     def _penalised_run(
         self, k: int, num_seqs: int, total_context: float, steps: int, outputs: tuple[int, int]
     ) -> np.ndarray:

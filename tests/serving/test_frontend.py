@@ -21,6 +21,7 @@ from simulator.specs import load_engine
 from simulator.specs.engine import FrontEnd, FrontEndCost
 from simulator.specs.loader import validate
 from simulator.specs.scenario import Scenario
+from simulator.specs.serving import RouterSpec
 from simulator.workload.requests import RequestTable
 
 US = 1e-6
@@ -62,6 +63,18 @@ def test_requests_queue_on_the_one_tokenizer_thread() -> None:
 def test_a_request_arriving_later_finds_the_tokenizer_idle() -> None:
     df = serve_with(make_requests((0.0, 100, 1), (0.5, 100, 1)), FRONT).requests
     assert times_ms(df, "first_scheduled_s") == [3.0, 503.0]
+
+
+def test_the_router_counts_a_request_in_the_front_end_as_its_replicas() -> None:
+    # Two replicas, least outstanding: request 0 (sent at 0) is still in replica 0's front-end
+    # when request 1 is sent at 1 ms (it reaches the scheduler at 3 ms), so request 1 goes to
+    # replica 1; request 2, sent at 50 ms when both are busy decoding one each, goes to 0
+    # (lowest index), in at 53 ms, where request 0's decode step from 49 ms ends at 54 ms.
+    group = fixed_group(frontend=FRONT, count=2)
+    reqs = make_requests((0.0, 100, 20), (0.001, 100, 20), (0.05, 100, 1))
+    df = serve(reqs, groups=[group], router=RouterSpec(kind="least_outstanding")).requests
+    assert df.sort_values("request_id")["replica"].tolist() == [0, 1, 0]
+    assert times_ms(df, "first_scheduled_s") == [3.0, 4.0, 54.0]
 
 
 def test_max_concurrency_slot_frees_when_the_client_sees_the_last_token() -> None:

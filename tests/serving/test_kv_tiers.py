@@ -212,6 +212,11 @@ class FixedTimer:
     ) -> np.ndarray:
         return np.full(steps, 5 * MS)
 
+    def decode_ends(
+        self, *, start: float, num_seqs: int, total_context: float, steps: int
+    ) -> list[float] | None:
+        return None  # no short-run path (`StepTimer.decode_ends`): the replica sums decode_run
+
     def mixed(
         self,
         *,

@@ -93,6 +93,25 @@ def test_short_decode_runs_give_numpys_floats(model: str) -> None:
         assert run.tolist() == (want.tolist() if exact else pytest.approx(want, rel=1e-12))
 
 
+def test_short_decode_ends_are_numpys_cumulative_sums() -> None:
+    """A short decode segment's step ends, summed in Python, are bit for bit what numpy's
+    cumulative sum of the same durations gives (the replica takes either); long runs are
+    left to numpy."""
+    dep = deployment(model="llama-3.1-8b", hardware="h100_sxm")
+    timer = StepTimer(dep, max_num_seqs=64, max_num_batched_tokens=2048, max_context=16384)
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        n = int(rng.integers(1, 80))
+        steps = int(rng.integers(1, SHORT_RUN_STEPS + 1))
+        context = float(max(n, round(rng.uniform(0, 2e4) * n)))
+        start = float(rng.uniform(0, 4000))
+        run = timer.decode_run(num_seqs=n, total_context=context, steps=steps)
+        ends = timer.decode_ends(start=start, num_seqs=n, total_context=context, steps=steps)
+        assert ends == (start + np.cumsum(run)).tolist()
+    long = SHORT_RUN_STEPS + 1
+    assert timer.decode_ends(start=0.0, num_seqs=4, total_context=4e3, steps=long) is None
+
+
 def test_recorded_rows_account_for_every_token() -> None:
     workload = WorkloadSpec(
         dataset=RandomDataset(input_len=300, output_len=40, range_ratio=0.5),
