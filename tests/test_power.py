@@ -224,7 +224,7 @@ def test_half_power_on_splitwise_h100_steps_is_near_splitwises_own_factors() -> 
     free = iteration_cases(hw, engine, rows)
     capped = iteration_cases(with_power_cap(hw, 350.0), engine, rows)
     ratio = capped["predicted_s"].to_numpy() / free["predicted_s"].to_numpy()
-    prefill = (free["kind"] == "prefill").to_numpy()
+    prefill = free["kind"].str.startswith("prefill").to_numpy()  # past the step too
     assert np.allclose(ratio[~prefill], 1.0)  # eager decode steps wait on the host, not the SMs
     assert ratio[prefill].min() >= 1.0 and ratio[prefill].max() < 1.3
     assert np.median(ratio[prefill]) == pytest.approx(1.17, abs=0.01)
