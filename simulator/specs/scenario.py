@@ -39,6 +39,7 @@ from simulator.specs.lora import LoraSpec
 from simulator.specs.offload import ExpertOffloadSpec, OffloadSpec
 from simulator.specs.serving import (
     KVOffloadSpec,
+    KvPoolSpec,
     KVTransferSpec,
     RouterSpec,
     SpeculativeSpec,
@@ -355,6 +356,11 @@ class Scenario(Frozen):
     autoscale: AutoscaleSpec | None = Field(
         default=None, description="scale one replica group with its load (serving.fleet)"
     )
+    kv_pool: KvPoolSpec | None = Field(
+        default=None,
+        description="the replicas' KV caches pooled: distributed lets a full replica borrow "
+        "other replicas' free blocks (Infinite-LLM, serving.kv_pool)",
+    )
 
     @field_validator("replicas")
     @classmethod
@@ -406,6 +412,13 @@ class Scenario(Frozen):
                     "an autoscaled group is of plain replicas (no data_parallel_size > 1 or "
                     "pipeline_micro_batching)"
                 )
+        pool = self.kv_pool
+        if pool is not None and pool.mode == "distributed":
+            if self.disaggregated or scale is not None:
+                what = "a disaggregated" if self.disaggregated else "an autoscaled"
+                raise ValueError(f"a distributed kv_pool is not built for {what} scenario")
+            if sum(g.count for g in self.replicas) < 2:
+                raise ValueError("a distributed kv_pool needs two or more replicas (count)")
         return self
 
     @property
