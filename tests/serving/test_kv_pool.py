@@ -242,3 +242,18 @@ def test_the_cli_flag_pools_the_dp_replicas(capsys: pytest.CaptureFixture[str]) 
     )
     assert code == 0, err
     assert "Throughput:" in out
+
+
+def test_the_python_api_pools_through_engine_args() -> None:
+    import simulator as sim
+
+    result, summary = sim.bench_throughput(
+        model="llama-3.1-8b",
+        hardware="h100_sxm",
+        input_len=512,
+        output_len=16,
+        num_prompts=8,
+        engine_args=sim.EngineArgs(data_parallel_size=2, kv_pool="distributed"),
+    )
+    assert result.scenario.kv_pool is not None and result.scenario.kv_pool.mode == "distributed"
+    assert result.sim.kv_pool is not None and summary["num_requests"] == 8
