@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from simulator.errors import SpecError
 from simulator.specs._base import (
@@ -412,14 +412,21 @@ class Scenario(Frozen):
                     "an autoscaled group is of plain replicas (no data_parallel_size > 1 or "
                     "pipeline_micro_batching)"
                 )
-        pool = self.kv_pool
-        if pool is not None and pool.mode == "distributed":
-            if self.disaggregated or scale is not None:
-                what = "a disaggregated" if self.disaggregated else "an autoscaled"
-                raise ValueError(f"a distributed kv_pool is not built for {what} scenario")
-            if sum(g.count for g in self.replicas) < 2:
-                raise ValueError("a distributed kv_pool needs two or more replicas (count)")
         return self
+
+    @field_validator("kv_pool")
+    @classmethod
+    def _pool(cls, pool: KvPoolSpec | None, info: ValidationInfo) -> KvPoolSpec | None:
+        groups = info.data.get("replicas")
+        if pool is None or pool.mode != "distributed" or groups is None:
+            return pool
+        split = is_disaggregated([g.role for g in groups])
+        if split or info.data.get("autoscale") is not None:
+            what = "a disaggregated" if split else "an autoscaled"
+            raise ValueError(f"a distributed kv_pool is not built for {what} scenario")
+        if sum(g.count for g in groups) < 2:
+            raise ValueError("a distributed kv_pool needs two or more replicas (count)")
+        return pool
 
     @property
     def disaggregated(self) -> bool:

@@ -174,7 +174,7 @@ def test_requests_longer_than_one_cache_run_on_the_pool() -> None:
         ("{mode: shared}", "kv_pool.mode"),
         ("{mode: distributed, max_lend_fraction: 0}", "max_lend_fraction"),
         ("{mode: distributed, link: carrier_pigeon}", "kv_pool.link"),
-        ("{mode: distributed}", "two or more replicas"),
+        ("{mode: distributed}", "kv_pool: a distributed kv_pool needs two or more replicas"),
     ],
 )
 def test_bad_kv_pool_values_exit_2_with_one_line(
@@ -257,3 +257,17 @@ def test_the_python_api_pools_through_engine_args() -> None:
     )
     assert result.scenario.kv_pool is not None and result.scenario.kv_pool.mode == "distributed"
     assert result.sim.kv_pool is not None and summary["num_requests"] == 8
+
+
+def test_an_autoscaled_scenario_cannot_pool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "scaled.yaml"
+    path.write_text(
+        "name: scaled\nmodel: llama-3.1-8b\nreplicas: [{hardware: h100_sxm, count: 2}]\n"
+        "autoscale: {min_replicas: 1, max_replicas: 4, target: 4}\n"
+        "kv_pool: {mode: distributed}\n"
+        "workload: {dataset: {name: random, input_len: 8, output_len: 8}, num_prompts: 4}\n"
+    )
+    err = one_line_error(capsys, "run", str(path))
+    assert "scaled.yaml: kv_pool: " in err and "an autoscaled scenario" in err
