@@ -13,14 +13,19 @@ Here (`KvPoolSpec`, `mode: distributed`):
 - Each replica's cache is a `PooledBlockManager`: its own blocks first; when they run out,
   `free` also counts what the other replicas can lend, and `allocate` borrows the rest from the
   creditors with the most room to spare (greedy, the gManager's choice in miniature). A
-  replica lends what it has free above its watermark, at most `max_lend_fraction` of its
-  blocks; one borrowing does not lend and one lending does not borrow (the paper's debtor and
-  creditor roles). Lent blocks count as used on the creditor: its admission sees less room,
-  its requests are preempted first when it runs short, and it waits (rather than fails) when
-  its room is out on loan. A request gives its borrowed blocks back when it finishes or is
-  preempted; every other replica is then woken to look again.
+  replica lends what it has free above its watermark and above what its own running requests
+  will still grow into, at most `max_lend_fraction` of its blocks; one borrowing does not lend
+  and one lending does not borrow (the paper's debtor and creditor roles). Lent blocks count
+  as used on the creditor: its admission sees less room, and it waits (rather than fails)
+  when its room is out on loan. A request gives its borrowed blocks back when it finishes or
+  is preempted; every other replica is then woken to look again.
+- Admission (`PooledBlockManager.can_admit`): a request whose whole KV fits its replica's
+  cache is admitted by vLLM's rule on that cache alone; its growth may then borrow where vLLM
+  would preempt. Any other starts only when all its KV fits beside the running requests'
+  growth with what replicas without a queue (or idle) can lend: one started on room it cannot
+  finish in would be preempted and recomputed over and over.
 - A step of a debtor pays the query/result exchange with its creditors on the pool's link
-  (`transfer_s`): per layer, each query token of a request with borrowed blocks sends its
+  (`PoolLink.exchange_s`): per layer, each query token of a request with borrowed blocks sends its
   query (heads x head dim in the activation dtype) and receives its partial output (heads x
   value dim) and two fp32 softmax statistics per head (running max and sum), each GPU its TP
   share on its own link, plus a round trip of the link's latency per layer.
