@@ -306,6 +306,19 @@ class OffloadingBackend(str, Enum):
     lmcache = "lmcache"
 
 
+class KvPoolMode(str, Enum):
+    off = "off"
+    distributed = "distributed"
+
+
+KvPoolOpt = Annotated[
+    KvPoolMode,
+    typer.Option(
+        "--kv-pool",
+        help="distributed: the -dp replicas pool their KV caches, a full one borrowing others' "
+        "free blocks (Infinite-LLM; no vLLM flag)",
+    ),
+]
 KvOffloadSizeOpt = Annotated[
     float | None,
     typer.Option(

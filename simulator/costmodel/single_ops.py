@@ -21,7 +21,7 @@ from simulator.specs import EngineSpec, HardwareSpec, load_engine, load_hardware
 from simulator.specs.deployment import QUANTISED_COMPUTE, Precision
 from simulator.specs.hardware import RowKernel
 from simulator.specs.host_cpu import engine_on_host
-from simulator.specs.model import DTYPE_BYTES
+from simulator.specs.model import DTYPE_BYTES, KV_QUANT_FORMATS
 
 ACTIVATION_DTYPES = ("bf16", "fp16", "fp32")  # what activations may be held in
 
@@ -246,7 +246,10 @@ def attention_cost(
     enforce_eager: bool = False,
 ) -> OpCost | EngineOpCost:
     """One attention layer call: prefill of `batch_size` causal prompts of `seq_len` tokens, or
-    a decode step of `batch_size` sequences attending to `seq_len` KV tokens each. With an
+    a decode step of `batch_size` sequences attending to `seq_len` KV tokens each. KV below 8
+    bits (`int4`, `int2`: `specs.model.KV_QUANT_FORMATS`) is read packed with its scales, and a
+    decode reads int2's 16-bit window of each sequence beside it; the `kv_quantize` kernel
+    the new tokens pay is a kernel of its own, not counted here. With an
     engine, an EngineOpCost: the kernel at the engine's attention factor plus its launch."""
     _positive(
         batch_size=batch_size,
@@ -260,9 +263,9 @@ def attention_cost(
         raise SpecError(f"unknown dtype {dtype!r} ({', '.join(ACTIVATION_DTYPES)})", field="dtype")
     kv = dtype if kv_cache_dtype == "auto" else str(kv_cache_dtype)
     kv = "fp8" if kv.startswith("fp8") else kv  # fp8, fp8_e4m3, fp8_e5m2 (vLLM's spellings)
-    if kv not in (*ACTIVATION_DTYPES, "fp8"):
+    if kv not in (*ACTIVATION_DTYPES, "fp8", *KV_QUANT_FORMATS):
         raise SpecError(
-            f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8, or the dtype's)",
+            f"unknown KV cache dtype {kv_cache_dtype!r} (auto, fp8, int4, int2, or the dtype's)",
             field="kv_cache_dtype",
         )
     prec = Precision(weights=dtype, compute=dtype, kv_cache=kv, activations=dtype)

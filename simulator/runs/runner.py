@@ -41,6 +41,7 @@ from simulator.serving.cluster import (
 )
 from simulator.serving.disagg import pool_summary, prefill_view, serve_scenario
 from simulator.serving.fleet import FleetScaling
+from simulator.serving.kv_pool import pool_plan
 from simulator.serving.loops import engine_loop, expert_layout
 from simulator.specs import ModelSpec, load_hardware, load_model
 from simulator.specs.engine import Entrypoint
@@ -178,10 +179,12 @@ def build_group(
     requests: RequestTable,
     *,
     sampling: SamplingSpec | None = None,
+    pooled: bool = False,
 ) -> tuple[ReplicaGroup, MemoryPlan, Deployment]:
     """The replicas a scenario's group describes, sized for `requests`: their group (with its
     engine loop), memory plan and deployment. `sampling`: how the requests sample (greedy,
-    no penalties by default): a top-p / top-k filter and penalties cost the engine."""
+    no penalties by default): a top-p / top-k filter and penalties cost the engine.
+    `pooled`: in a distributed KV pool (a request may outgrow one replica's cache)."""
     dep = group_deployment(model, spec)
     overrides = spec.scheduler.model_dump()
     max_model_len = dep.model.served_length(spec.max_model_len)
@@ -199,6 +202,7 @@ def build_group(
         sampling=sampling,
         max_model_len=spec.max_model_len,
         lora=spec.lora,
+        pooled=pooled,
     )
     group = engine_loop(group, spec=spec, dep=dep)
     if spec.pd_partition is not None:
@@ -284,6 +288,19 @@ def _simulate(
     if stream and (scenario.disaggregated or scenario.autoscale is not None):
         what = "a disaggregated" if scenario.disaggregated else "an autoscaled"
         raise SpecError(f"stream is not built for {what} run (use summary)", field="outputs")
+    pooled = scenario.kv_pool is not None and scenario.kv_pool.mode == "distributed"
+    if stream and pooled:
+        raise SpecError(
+            "stream is not built for a distributed kv_pool (use summary)", field="outputs"
+        )
+    if pooled:  # a pool lends unshared blocks: prefix caching off unless a group sets it
+        groups_off = [
+            g
+            if g.enable_prefix_caching is not None
+            else g.model_copy(update={"enable_prefix_caching": False})
+            for g in scenario.replicas
+        ]
+        scenario = scenario.model_copy(update={"replicas": groups_off})
     model = load_model(scenario.model)
     if requests is None:
         if scenario.workload.num_prompts is not None:  # before drawing them
@@ -302,6 +319,7 @@ def _simulate(
                     spec,
                     held.get(spec.role, requests),
                     sampling=scenario.workload.sampling,
+                    pooled=pooled,
                 )
             )
     groups = [g for g, _, _ in built]
@@ -319,6 +337,10 @@ def _simulate(
             max_concurrency=scenario.max_concurrency,
             seed=scenario.seed,
             autoscale=fleet_scaling(scenario, plans, deps),
+            kv_pool=pool_plan(
+                scenario.kv_pool,
+                [(dep, g.count) for dep, g in zip(deps, scenario.replicas, strict=True)],
+            ),
         )
     goodput = scenario.slo.goodput() if scenario.slo else None
     # tokens after the first: one per decode at its step's end (a speculative step's decodes
@@ -342,6 +364,8 @@ def _simulate(
         summary.update(kv_tier_summary(sim.kv_tiers))
     if sim.lora is not None:
         summary["lora"] = sim.lora
+    if sim.kv_pool is not None:
+        summary["kv_pool"] = sim.kv_pool
     if scenario.autoscale is not None:
         summary.update(fleet_summary(scenario, sim, plans, deps, goodput or {}))
     summary.update(
@@ -639,6 +663,9 @@ def bench_scenario(
         "slo": {f"{k}_ms": v for k, v in goodput.items()} if goodput else None,
         "seed": seed,
     }
+    pool = (engine_args or EngineArgs()).kv_pool
+    if pool != "off":
+        data["kv_pool"] = {"mode": pool}
     return validate(Scenario, data, source="bench")
 
 

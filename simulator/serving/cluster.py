@@ -42,6 +42,7 @@ from simulator.metrics.recorder import Recorder
 from simulator.serving.dp_group import with_dp_attention
 from simulator.serving.fleet import Autoscaler, FleetScaling
 from simulator.serving.group import ReplicaGroup, default_scheduler, replica_group
+from simulator.serving.kv_pool import PoolPlan, install
 from simulator.serving.kv_tiers import (
     TieredBlockManager,
 )
@@ -76,6 +77,8 @@ class SimResult:
     # seconds from the start to the last request's end
     fleet: pd.DataFrame | None = None
     fleet_gpu_seconds: float | None = None
+    # with a distributed KV pool (serving.kv_pool): what it lent and what that cost
+    kv_pool: dict[str, float] | None = None
 
 
 def simulate(
@@ -129,11 +132,13 @@ def serve(
     seed: int = 0,
     autoscale: FleetScaling | None = None,
     recorder: Recorder | None = None,
+    kv_pool: PoolPlan | None = None,
 ) -> SimResult:
     """The event simulation itself: `requests` routed over the replicas of all `groups`;
     with `autoscale`, group `autoscale.spec.group` built with max_replicas replicas, scaled
     over the run (`serving.fleet`). `recorder`: what records the rows (a fresh `Recorder`
-    when None; a `metrics.stream.StreamRecorder` folds them into aggregates instead)."""
+    when None; a `metrics.stream.StreamRecorder` folds them into aggregates instead).
+    `kv_pool`: the replicas' KV caches pooled (`serving.kv_pool`; None: each its own)."""
     if max_concurrency is not None and max_concurrency < 1:
         raise SpecError(f"must be at least 1, got {max_concurrency}", field="max_concurrency")
     check_budgets(requests, groups)
@@ -174,6 +179,10 @@ def serve(
                 group_of[replica.index] = g
                 if group.frontend is not None:
                     client.frontends[replica.index] = FrontEndQueue(group.frontend)
+    pool = None
+    if kv_pool is not None:
+        longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 0
+        pool = install(kv_pool, replicas, groups, group_of, longest=longest)
     route = Router(router or RouterSpec(), replicas, np.random.default_rng(seed), group_of=group_of)
     scaler = None
     if autoscale is not None:
@@ -192,6 +201,8 @@ def serve(
     result = sim_result(
         recorder, replicas, requests=with_phases(recorder.request_frame()), wall=wall
     )
+    if pool is not None:
+        result = dataclasses.replace(result, kv_pool=pool.summary())
     if scaler is None:
         return result
     scaler.close(client.last_done_s)

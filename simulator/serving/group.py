@@ -133,6 +133,7 @@ def _check_requests(
     plan: MemoryPlan,
     spec: SchedulerSpec,
     max_model_len: int | None = None,
+    pooled: bool = False,
 ) -> None:
     total = requests.prompt_len + requests.output_len
     limit = max_model_len or model.max_position_embeddings
@@ -149,7 +150,7 @@ def _check_requests(
     if plan.hold is not None:
         total = plan.hold.most_tokens(total, requests.prompt_len)
     blocks = -(-total // plan.block_size)
-    if blocks.max() > plan.kv_capacity_blocks:
+    if not pooled and blocks.max() > plan.kv_capacity_blocks:  # a pool checks its own room
         i = int(blocks.argmax())
         raise SpecError(
             f"request {i} needs {int(blocks[i])} KV blocks, the cache holds "
@@ -172,6 +173,7 @@ def replica_group(
     sampling: SamplingSpec | None = None,
     max_model_len: int | None = None,
     lora: LoraSpec | None = None,
+    pooled: bool = False,
 ) -> tuple[ReplicaGroup, MemoryPlan]:
     """`layout.dp` replicas of a deployment, sized for `requests`: the memory plan (must fit),
     the KV cache in blocks, and the step timer. Requests the replicas could never serve are a
@@ -182,7 +184,9 @@ def replica_group(
     min-p pass and penalties are priced (not with speculative decoding); `max_model_len`:
     vLLM's --max-model-len, the longest request served (default: the model's context
     length); `lora`: vLLM's --enable-lora slots, preallocated out of the KV cache
-    (`costmodel.lora`), and requests naming adapters served within them (`serving.lora`)."""
+    (`costmodel.lora`), and requests naming adapters served within them (`serving.lora`);
+    `pooled`: the replicas' caches are in a cluster's KV pool, which checks that the longest
+    request fits the pool's room (`serving.kv_pool.install`), not one cache."""
     dep.layout.check(dep.model, dep.hardware)
     spec = scheduler or default_scheduler(
         dep.engine, max_model_len=max_model_len or dep.model.max_position_embeddings
@@ -237,7 +241,7 @@ def replica_group(
         )
         require_fit(plan, what=dep.label, alternatives=fits)
     if len(requests):
-        _check_requests(requests, dep.model, plan, spec, max_model_len)
+        _check_requests(requests, dep.model, plan, spec, max_model_len, pooled=pooled)
         if lora is None and bool(np.any(requests.adapter >= 0)):
             raise SpecError(
                 "requests name LoRA adapters but the replicas do not enable LoRA "

@@ -77,6 +77,11 @@ class BlockManager:
         """Tokens of a waiting `req` the prefix cache holds: none without prefix caching."""
         return 0
 
+    def awaits_pool(self) -> bool:
+        """Whether a replica with nothing it can schedule should wait for another replica to
+        free blocks (a cache in a cluster's pool, serving/kv_pool.py); never for its own."""
+        return False
+
     def take_prefix(self, req: Request, hit: int) -> float:
         """Start a waiting `req` from its `hit` cached tokens; returns the seconds loading
         them from a tier below HBM takes (0 here: nothing is cached)."""

@@ -108,6 +108,9 @@ class Replica:
         self._block_left = 0
         # SGLang's new_token_ratio admission: the ratio, which every decode step moves
         self.admission = AdmissionState.of(scheduler)
+        # A cluster's KV pool (serving/kv_pool.py): seconds it adds to a step (the exchange
+        # with creditors, attention owed to debtors); None: not pooled
+        self.pool_step: Callable[[Replica, StepPlan], float] | None = None
         self.process = env.process(self.run())
 
     # -- the router's view ----------------------------------------------------------------------
@@ -165,6 +168,11 @@ class Replica:
                     self._wakeup = self.env.event()
                     yield self._wakeup
                 continue
+            if not plan.entries and self.kv.awaits_pool():  # room on loan or held elsewhere
+                if not plan.preempted:
+                    self._wakeup = self.env.event()
+                    yield self._wakeup
+                continue
             if not plan.entries:
                 raise RuntimeError(f"replica {self.index}: nothing schedulable ({self.waiting[0]})")
             if plan.pure_decode and self._segments and not self._admissible():
@@ -199,6 +207,8 @@ class Replica:
         # the sampler's host work for penalties grows with the output tokens
         outputs = _outputs(r for r, _ in plan.entries) if self.timer.penalises else (0, 0)
         step_s = self.timer.mixed(chunks=chunks, decode_contexts=decodes, outputs=outputs)
+        if self.pool_step is not None:
+            step_s += self.pool_step(self, plan)
         if self.lora is not None:
             swaps += self.lora.activate([r.adapter for r in self.running])
             tokens = sum([n for r, n in plan.entries if r.adapter >= 0])

@@ -48,6 +48,8 @@ class EngineArgs:
     need `enable_lora`.
     `shadowkv` and `swiftkv`: the fields of `specs.deployment.ShadowKV` / `SwiftKV` (an empty
     mapping takes the papers' settings); no vLLM flags.
+    `kv_pool`: `distributed` pools the data_parallel_size replicas' KV caches (the
+    scenario's `kv_pool: {mode: distributed}`, `serving.kv_pool`); no vLLM flag.
     Values are checked when the scenario is validated.
     """
 
@@ -90,6 +92,7 @@ class EngineArgs:
     max_loras: int | None = None
     max_lora_rank: int | None = None
     max_cpu_loras: int | None = None
+    kv_pool: str = "off"
 
     def replica_group(self, *, hardware: str, entrypoint: Entrypoint = "server") -> dict[str, Any]:
         """The fields of the scenario's one replica group (`scenario.ReplicaGroupSpec`) on

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from simulator.errors import SpecError
 from simulator.specs._base import (
@@ -39,6 +39,7 @@ from simulator.specs.lora import LoraSpec
 from simulator.specs.offload import ExpertOffloadSpec, OffloadSpec
 from simulator.specs.serving import (
     KVOffloadSpec,
+    KvPoolSpec,
     KVTransferSpec,
     RouterSpec,
     SpeculativeSpec,
@@ -379,6 +380,11 @@ class Scenario(Frozen):
     autoscale: AutoscaleSpec | None = Field(
         default=None, description="scale one replica group with its load (serving.fleet)"
     )
+    kv_pool: KvPoolSpec | None = Field(
+        default=None,
+        description="the replicas' KV caches pooled: distributed lets a full replica borrow "
+        "other replicas' free blocks (Infinite-LLM, serving.kv_pool)",
+    )
 
     @field_validator("replicas")
     @classmethod
@@ -431,6 +437,20 @@ class Scenario(Frozen):
                     "pipeline_micro_batching)"
                 )
         return self
+
+    @field_validator("kv_pool")
+    @classmethod
+    def _pool(cls, pool: KvPoolSpec | None, info: ValidationInfo) -> KvPoolSpec | None:
+        groups = info.data.get("replicas")
+        if pool is None or pool.mode != "distributed" or groups is None:
+            return pool
+        split = is_disaggregated([g.role for g in groups])
+        if split or info.data.get("autoscale") is not None:
+            what = "a disaggregated" if split else "an autoscaled"
+            raise ValueError(f"a distributed kv_pool is not built for {what} scenario")
+        if sum(g.count for g in groups) < 2:
+            raise ValueError("a distributed kv_pool needs two or more replicas (count)")
+        return pool
 
     @property
     def disaggregated(self) -> bool:

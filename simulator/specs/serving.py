@@ -203,6 +203,21 @@ class KVTransferSpec(Frozen):
     )
 
 
+class KvPoolSpec(Frozen):
+    """A cluster's KV cache pooled across its replicas (a scenario's `kv_pool:`), after
+    Infinite-LLM (arXiv 2401.02669): with `mode: distributed` a replica whose KV cache is full
+    borrows free blocks of other replicas instead of queueing or preempting, and attention
+    over the borrowed blocks runs where they lie (DistAttention); see serving/kv_pool.py.
+
+    `max_lend_fraction`: the most of a replica's blocks lent out at once (1: all it has free
+    above its watermark). `link`: what joins the replicas (`KVTransferSpec.kind`; auto: the
+    GPU fabric when every replica fits one node, else the scale-out network)."""
+
+    mode: Literal["off", "distributed"] = "off"
+    max_lend_fraction: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    link: LinkKind = "auto"
+
+
 Backend = Literal["native", "lmcache"]
 
 

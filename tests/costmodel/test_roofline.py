@@ -360,6 +360,17 @@ def test_fp8_kv_cache_halves_the_kv_read() -> None:
     assert decode_bytes("fp8") == 8 * 4096 * 2 * 8 * 128 + 8 * 2 * 32 * 128 * 2 + 8 * 2 * 8 * 128
     assert decode_bytes("auto") == 134_381_568
 
+    # int4 (COMET): 4 bits + two fp16 per 128 = 0.53125 B an element, no 16-bit window
+    packed = 8 * 4096 * 2 * 8 * 128
+    assert decode_bytes("int4") == pytest.approx(
+        packed * 0.53125 + 8 * 2 * 32 * 128 * 2 + 8 * 2 * 8 * 128 * 0.53125
+    )
+    # int2 (KIVI): 0.375 B an element, plus each sequence's 128-token window's extra bytes
+    window = 8 * 128 * 2 * 8 * 128 * (2 - 0.375)
+    assert decode_bytes("int2") == pytest.approx(
+        packed * 0.375 + window + 8 * 2 * 32 * 128 * 2 + 8 * 2 * 8 * 128 * 0.375
+    )
+
 
 def test_prefill_attention_flops_are_causal() -> None:
     # B = 2 prompts of S = 1000: pairs = S (S + 1) / 2 = 500,500 each;
