@@ -56,6 +56,8 @@ def phase_frame(hw: HardwareSpec, engine: EngineSpec, measured: pd.DataFrame) ->
     `*_memory_s`, see `step_work_s`). `measured`: `data.splitwise()` rows plus the power
     columns. `attrs["skipped"]` lists what was left out and why."""
     steps = iteration_cases(hw, engine, measured)
+    # a prefill row past the all-reduce step is still the prefill step of its configuration
+    steps["kind"] = steps["kind"].where(~steps["kind"].str.startswith("prefill"), "prefill")
     times = steps.pivot_table(index=[*KEYS, "model_id"], columns="kind", values="predicted_s")
     power = median_repeats(measured, KEYS, ["peak_power", "average_power"])
     conf = times.reset_index().merge(power, on=KEYS)

@@ -88,6 +88,8 @@ SPARSE_EXPECTED = EngineArgs(
 )
 PD_FLAGS = ["--pd-partition", "static:0.6"]  # intra-GPU P/D partitioning (Nexus)
 PD_EXPECTED = EngineArgs(pd_partition="static:0.6")
+POOL_FLAGS = ["-dp", "2", "--kv-pool", "distributed"]  # Infinite-LLM's pooled KV
+POOL_EXPECTED = EngineArgs(data_parallel_size=2, kv_pool="distributed")
 MAPPED = {
     "shadowkv": ("shadowkv_on", "shadowkv_rank", "shadowkv_budget", "shadowkv_chunk"),
     "swiftkv": ("swiftkv_layers", "acrosskv"),
@@ -100,6 +102,7 @@ CASES = [
     (BUDGET_FLAGS, BUDGET_EXPECTED),
     (SPARSE_FLAGS, SPARSE_EXPECTED),
     (PD_FLAGS, PD_EXPECTED),
+    (POOL_FLAGS, POOL_EXPECTED),
 ]
 
 
