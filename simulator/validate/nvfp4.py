@@ -15,6 +15,15 @@ block scales, bf16 out) on one B200, the activations already quantised (the GEMM
 
 The rows are predicted as fp4 GEMMs on the B200 spec under its own GEMM factors, without the
 activation-quantisation kernel (`pre_bytes` 0).
+
+`b200_moe.csv` holds one more held-out family (suite `ops_nvfp4`, kind `fused_moe`): F1,
+flashinfer-ai/flashinfer PR #3976 (2026-07-21), TensorRT-LLM's trtllm-gen NVFP4 fused MoE
+(FlashInfer's `trtllm` backend) on one B200, `benchmarks/bench_moe_deepseek.py`: DeepSeek-V3's
+MoE layer (256 experts, top 8, hidden 7168, intermediate 2048, EP 1, TP 1), 1-64 tokens, CUDA
+graph, CUPTI; routing, both expert GEMMs and the finalize timed, the initial activation
+quantisation not. They are priced as the serving model prices a MoE layer
+(`costmodel.ffn_ops.moe_ops` without the router GEMM, whose logits the benchmark is given)
+under the `trtllm` profile, in NVFP4.
 """
 
 from __future__ import annotations
@@ -24,12 +33,17 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from simulator.costmodel.batch import BatchShape
+from simulator.costmodel.deployment import deployment
+from simulator.costmodel.ffn_ops import moe_ops
 from simulator.costmodel.op import gemm
-from simulator.specs import load_hardware
+from simulator.costmodel.roofline import evaluate, total_time
+from simulator.specs import load_engine, load_hardware
 from simulator.specs.deployment import Precision
 from simulator.specs.hardware import HardwareSpec
 from simulator.validate import data
 from simulator.validate.frame import empty, finish_split
+from simulator.validate.moe import _shape_model
 from simulator.validate.operators import Group, cases
 
 SUITE = "ops_nvfp4"
@@ -37,6 +51,18 @@ FIT_SUITE = "ops_nvfp4_fit"
 DEVICE = "b200"
 FIT_SOURCE = "V1"
 COLUMNS = ["source", "hardware", "kernel", "m", "n", "k", "tflops", "latency_us"]
+MOE_COLUMNS = [
+    "source",
+    "hardware",
+    "kernel",
+    "num_experts",
+    "top_k",
+    "hidden_size",
+    "intermediate_size",
+    "tokens",
+    "latency_us",
+]
+MOE_ENGINE = "trtllm"
 FP4 = Precision(weights="fp4", compute="fp4", kv_cache="bf16", activations="bf16")
 
 
@@ -75,15 +101,55 @@ def device_groups(*, fitted: bool) -> list[Group]:
     return nvfp4_groups(measured(), fitted=fitted)
 
 
+def measured_moe() -> pd.DataFrame:
+    """The bundled B200 NVFP4 fused-MoE timings."""
+    return data.read_measured("nvfp4/b200_moe.csv", MOE_COLUMNS)
+
+
+def moe_predict_s(rows: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+    """Seconds of one NVFP4 MoE layer per row on `hw` under the `trtllm` profile."""
+    out = np.zeros(len(rows))
+    shape = ["num_experts", "top_k", "hidden_size", "intermediate_size"]
+    for key, group in rows.groupby(shape, sort=False):
+        experts, top_k, hidden, inter = (int(v) for v in key)
+        model = _shape_model(experts, top_k, hidden, inter)
+        dep = deployment(
+            model=model, hardware=hw, engine=load_engine(MOE_ENGINE), quantization="fp4"
+        )
+        batch = BatchShape(prefill_tokens=group["tokens"].to_numpy(dtype=float))
+        ops = [op for op in moe_ops(model, dep.layout, dep.precision, batch) if op.name != "router"]
+        seconds = np.ravel(total_time(evaluate(ops, dep.hardware, dep.engine)))
+        out[rows.index.get_indexer(group.index)] = seconds
+    return out
+
+
+def moe_cases(hw: HardwareSpec) -> pd.DataFrame:
+    """The fused-MoE rows (all held out) with their predictions on `hw`."""
+    rows = measured_moe().reset_index(drop=True)
+    case = [
+        f"{r.source} moe nvfp4 E{r.num_experts} top{r.top_k} {r.hidden_size}x"
+        f"{r.intermediate_size} m={r.tokens}"
+        for r in rows.itertuples()
+    ]
+    return rows.assign(
+        kind="fused_moe",
+        case=case,
+        predicted_s=moe_predict_s(rows, hw),
+        measured_s=rows["latency_us"].to_numpy(dtype=float) * 1e-6,
+    )
+
+
 def nvfp4_suite(hw: HardwareSpec | None = None) -> pd.DataFrame:
-    """Both suites' rows on `hw` (default: the B200 spec): `ops_nvfp4` (held out) first, then
-    `ops_nvfp4_fit`."""
+    """Both suites' rows on `hw` (default: the B200 spec): `ops_nvfp4` (held out: GEMMs, then
+    fused MoE layers) first, then `ops_nvfp4_fit`."""
     hw = load_hardware(DEVICE) if hw is None else hw
     frames = []
     for fitted in (False, True):
         part = cases(hw, device_groups(fitted=fitted))
         if not part.empty:
             frames.append(part.assign(fit_row=fitted))
+        if not fitted:
+            frames.append(moe_cases(hw).assign(fit_row=False))
     if not frames:
         return empty(SUITE)
     df = pd.concat(frames, ignore_index=True).assign(device=hw.id)
