@@ -13,6 +13,7 @@ from simulator.calibrate.fit import predict
 from simulator.calibrate.nvfp4 import best_fraction, fit_b200_nvfp4, start_spec
 from simulator.specs import load_hardware
 from simulator.specs.hardware import HardwareSpec
+from simulator.validate.frame import COLUMNS
 from simulator.validate.nvfp4 import (
     DEVICE,
     FIT_SUITE,
@@ -60,6 +61,9 @@ def test_fitted_and_held_out_rows_are_apart() -> None:
     assert fit["fitted"].all() and not held["fitted"].any()
     assert set(fit["source"]) == {"V1"} and set(held["source"]) == {"H1", "H2", "F1"}
     assert (held["kind"] == "fused_moe").sum() == 7
+    assert list(df.columns[: len(COLUMNS)]) == COLUMNS
+    assert not df.duplicated(["device", "case"]).any()
+    assert np.isfinite(df["predicted_s"].to_numpy(dtype=float)).all()
     assert SUITE in SUITE_NAMES and FIT_SUITE in SUITE_NAMES
 
 
