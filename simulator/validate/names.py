@@ -7,6 +7,7 @@ UNIONS: dict[str, tuple[str, ...]] = {"iteration": ("iteration_prefill", "iterat
 SUITE_NAMES = (
     "ops", "gemm_library_fit",  # kernels (fitted): aiconfigurator's, and this project's GEMMs
     "ops_amd", "ops_amd_fit",  # MI300X's 8-bit GEMMs, AMD aiter's timings (held out / fitted)
+    "ops_nvfp4", "ops_nvfp4_fit",  # B200's NVFP4 GEMMs, published timings (held out / fitted)
     "moe", "moe_fit",  # the fused MoE kernel (held out / fitted)
     "sampler", "sampler_fit",  # vLLM's sampler (held out / fitted)
     "layers", "layers_fit",  # a layer's GEMMs (held out / fitted)

@@ -11,7 +11,9 @@ rows the GEMM library of Vidur's profiles was fitted to (`layers` holds the rest
 fused-MoE kernel timings the `vllm` profile's fused_moe_fraction was fitted to (`moe` holds the
 rest out), `sampler_fit` the H100 sampler timings the `vllm` profile's sampler passes were
 fitted to (`sampler` holds the H200's out), `ops_amd_fit` the MI300X 8-bit GEMMs (AMD aiter's,
-Llama 3.1 405B shapes) its 8-bit GEMM factors were fitted to (`ops_amd` holds 70B's out).
+Llama 3.1 405B shapes) its 8-bit GEMM factors were fitted to (`ops_amd` holds 70B's out),
+`ops_nvfp4_fit` the B200 NVFP4 GEMMs (vLLM's sweep of one shape) its fp4 GEMM factors were fitted
+to (`ops_nvfp4` holds helion's m-1 timings of other shapes out).
 `e2e_serving_curve`'s entry also holds its TTFT and ITL statistics with their signed medians
 (`by_kind`) and each curve's knee (`knees`).
 """
@@ -52,6 +54,9 @@ from simulator.validate.moe import FIT_SUITE as MOE_FIT
 from simulator.validate.moe import SUITE as MOE
 from simulator.validate.moe import moe_suite
 from simulator.validate.names import SUITE_NAMES, UNIONS
+from simulator.validate.nvfp4 import FIT_SUITE as NVFP4_FIT
+from simulator.validate.nvfp4 import SUITE as NVFP4
+from simulator.validate.nvfp4 import nvfp4_suite
 from simulator.validate.operators import ops_suite
 from simulator.validate.power import POWER, POWER_FIT, power_suite
 from simulator.validate.sampler import FIT_SUITE as SAMPLER_FIT
@@ -157,6 +162,8 @@ def run_suites(names: list[str]) -> pd.DataFrame:
         frames.append(gemm_library_suite())
     if needed & {AMD, AMD_FIT}:
         frames.append(_members_of(amd_suite(), needed))
+    if needed & {NVFP4, NVFP4_FIT}:
+        frames.append(_members_of(nvfp4_suite(), needed))
     if needed & {MOE, MOE_FIT}:
         frames.append(_members_of(moe_suite(), needed))
     if needed & {SAMPLER, SAMPLER_FIT}:

@@ -451,6 +451,7 @@ def test_the_light_list_of_suite_names_is_the_suites_own() -> None:
         iteration,
         layers,
         moe,
+        nvfp4,
         power,
         sampler,
         serving_curve,
@@ -458,7 +459,7 @@ def test_the_light_list_of_suite_names_is_the_suites_own() -> None:
     from simulator.validate.names import SUITE_NAMES, UNIONS
 
     own = (
-        "ops", gemm_library.SUITE, amd.SUITE, amd.FIT_SUITE,
+        "ops", gemm_library.SUITE, amd.SUITE, amd.FIT_SUITE, nvfp4.SUITE, nvfp4.FIT_SUITE,
         moe.SUITE, moe.FIT_SUITE, sampler.SUITE, sampler.FIT_SUITE,
         layers.SUITE, layers.FIT, elementwise.SUITE, elementwise.FIT,
         "iteration", iteration.PREFILL, iteration.DECODE, iteration.ENGINE_FIT,
