@@ -14,6 +14,7 @@ from simulator.report.build import write_report
 from simulator.report.costfigures import cost_frontier, op_breakdown, roofline
 from simulator.report.figures import (
     batch_size,
+    fleet_replicas,
     kv_usage,
     latency_cdf,
     queue_length,
@@ -30,6 +31,7 @@ __all__ = [
     "SweepFolder",
     "batch_size",
     "cost_frontier",
+    "fleet_replicas",
     "kv_usage",
     "latency_cdf",
     "load",

@@ -250,6 +250,35 @@ def queue_length(requests: pd.DataFrame, *, max_points: int = MAX_POINTS) -> go.
     return style(fig, title="Queue length")
 
 
+FLEET_TRACES: tuple[tuple[str, str, dict[str, Any]], ...] = (  # column, legend, line
+    ("serving", "serving", {"width": 2.5}),
+    ("loading", "loading weights", {"dash": "dot"}),
+    ("draining", "draining", {"dash": "dash"}),
+    ("wanted", "wanted by the autoscaler", {"dash": "longdash", "width": 1}),
+)
+
+
+def fleet_replicas(fleet: pd.DataFrame) -> go.Figure:
+    """An autoscaled group's replicas over time (`fleet.csv`, `RunResult.sim.fleet`): serving,
+    loading their weights, draining, and the autoscaler's want, as steps (each count holds
+    from its row until the next)."""
+    require(fleet, ("time_s", *(c for c, _, _ in FLEET_TRACES)), what="the fleet table")
+    fig = go.Figure()
+    for i, (column, name, line) in enumerate(FLEET_TRACES):
+        fig.add_trace(
+            go.Scatter(
+                x=fleet["time_s"],
+                y=fleet[column],
+                name=name,
+                mode="lines",
+                line={"shape": "hv", "color": COLORS[i], **line},
+            )
+        )
+    fig.update_xaxes(title_text="time (s)")
+    fig.update_yaxes(title_text="replicas", rangemode="tozero", dtick=1)
+    return style(fig, title="Autoscaled replicas over time")
+
+
 # -- a sweep --------------------------------------------------------------------------------------
 def ok_runs(results: pd.DataFrame) -> pd.DataFrame:
     """The rows of a sweep's results that finished (`status` ok; every row without one)."""

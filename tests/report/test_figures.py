@@ -13,6 +13,7 @@ from simulator.errors import SpecError
 from simulator.report import (
     batch_size,
     cost_frontier,
+    fleet_replicas,
     kv_usage,
     latency_cdf,
     op_breakdown,
@@ -267,3 +268,22 @@ def test_plan_slo_matches_the_frontier_percentile() -> None:
     assert plan_slo_ms(slo, "p99_tpot_ms") == 50.0
     assert plan_slo_ms(slo, "p99_ttft_ms") is None
     assert plan_slo_ms(slo, "p90_ttft_ms") == 800.0
+
+
+def test_fleet_replicas_draws_each_count_as_steps() -> None:
+    fleet = pd.DataFrame(
+        {
+            "time_s": [0.0, 5.0, 7.5, 30.0],
+            "serving": [1, 1, 2, 1],
+            "loading": [0, 1, 0, 0],
+            "draining": [0, 0, 0, 1],
+            "wanted": [1, 2, 2, 1],
+        }
+    )
+    fig = fleet_replicas(fleet)
+    names = [t.name for t in fig.data]
+    assert names == ["serving", "loading weights", "draining", "wanted by the autoscaler"]
+    assert all(t.line.shape == "hv" for t in fig.data)  # a count holds until the next row
+    assert list(fig.data[0].y) == [1, 1, 2, 1] and list(fig.data[1].x) == [0.0, 5.0, 7.5, 30.0]
+    with pytest.raises(SpecError, match="wanted"):
+        fleet_replicas(fleet.drop(columns="wanted"))
