@@ -32,6 +32,7 @@ from simulator.metrics.summary import (
 from simulator.outputs import atomic_folder
 from simulator.runs import sizes
 from simulator.runs.energy import EnergyAccumulator, GroupAccount, fleet_energy
+from simulator.runs.power_budget import power_budget, power_summary
 from simulator.serving.cluster import (
     ReplicaGroup,
     SimResult,
@@ -64,7 +65,7 @@ OUTPUT_LEVELS: tuple[RunOutputs, ...] = ("summary", "requests", "steps", "all")
 # "stream" runs without rows (`run`): it writes what "summary" does
 TABLE_LEVEL: dict[str, RunOutputs] = {
     "requests": "requests", "steps": "steps", "kv_tiers": "steps", "itl": "all",
-    "fleet": "requests",
+    "fleet": "requests", "power": "requests",
 }  # fmt: skip
 TABLE_SUFFIX: dict[OutputFormat, str] = {"csv": ".csv", "parquet": ".parquet"}
 # What `save_run` writes, beside its manifest.json.
@@ -240,8 +241,16 @@ def _simulate(
     outputs: RunOutputs | None = None,
 ) -> RunResult:
     stream = (outputs or scenario.outputs) == "stream"
-    if stream and (scenario.disaggregated or scenario.autoscale is not None):
-        what = "a disaggregated" if scenario.disaggregated else "an autoscaled"
+    if stream and (
+        scenario.disaggregated or scenario.autoscale is not None or scenario.power_budget
+    ):
+        what = (
+            "a disaggregated"
+            if scenario.disaggregated
+            else "an autoscaled"
+            if scenario.autoscale is not None
+            else "a power-budgeted"
+        )
         raise SpecError(f"stream is not built for {what} run (use summary)", field="outputs")
     model = load_model(scenario.model)
     if requests is None:
@@ -278,6 +287,14 @@ def _simulate(
             max_concurrency=scenario.max_concurrency,
             seed=scenario.seed,
             autoscale=fleet_scaling(scenario, plans, deps),
+            power=power_budget(
+                scenario,
+                deps,
+                plans,
+                lambda spec: build_group(
+                    model, spec, requests, sampling=scenario.workload.sampling
+                ),
+            ),
         )
     goodput = scenario.slo.goodput() if scenario.slo else None
     # tokens after the first: one per decode at its step's end (a speculative step's decodes
@@ -303,6 +320,8 @@ def _simulate(
         summary["lora"] = sim.lora
     if scenario.autoscale is not None:
         summary.update(fleet_summary(scenario, sim, plans, deps, goodput or {}))
+    if sim.power is not None:
+        summary.update(power_summary(scenario, deps, sim.power, sim.power_capped_replica_s or 0.0))
     summary.update(
         bound_summary(
             scenario, plans, deps, sim.requests, tokens_per_s=summary.get("total_token_throughput")
@@ -536,6 +555,7 @@ def save_run(
         "steps": lambda: sim.steps,
         "kv_tiers": lambda: sim.kv_tiers,
         "fleet": lambda: sim.fleet,
+        "power": lambda: sim.power,
         "itl": lambda: pd.DataFrame({"itl_s": sim.itl_s, "weight": sim.itl_weight}, copy=False),
     }
     with atomic_folder(out, "run", RUN_FILES) as folder:
