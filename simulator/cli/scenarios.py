@@ -29,6 +29,12 @@ class Outputs(str, Enum):
     stream = "stream"
 
 
+class PowerPolicy(str, Enum):
+    none = "none"
+    static = "static"
+    dynamic = "dynamic"
+
+
 class OutputFormat(str, Enum):
     csv = "csv"
     parquet = "parquet"
@@ -66,6 +72,23 @@ def run_cmd(
     ] = False,
     report: ReportOpt = False,
     interval_coverage: IntervalOpt = 0.8,
+    power_budget: Annotated[
+        float | None,
+        typer.Option(
+            "--power-budget",
+            metavar="W",
+            help="the fleet's GPU power budget in watts (replaces the scenario's "
+            "power_budget.budget_w; adds a dynamic budget to a scenario without one)",
+        ),
+    ] = None,
+    power_policy: Annotated[
+        PowerPolicy | None,
+        typer.Option(
+            "--power-policy",
+            help="none (sample the draw only), static (every GPU capped at budget / GPUs) or "
+            "dynamic (POLCA-like caps when the windowed draw nears the budget)",
+        ),
+    ] = None,
 ) -> None:
     """A full what-if from a scenario file: replica groups, router, workload, SLOs."""
     from simulator.metrics.summary import format_serve_summary
@@ -98,7 +121,14 @@ def run_cmd(
                 "(use --outputs steps or all)",
                 field="outputs",
             )
-    result = runner.run(scenario, outputs="stream" if level == "stream" else None)
+    if power_budget is not None and not power_budget > 0:
+        raise SpecError(f"must be above 0 W, got {power_budget:g}", field="--power-budget")
+    result = runner.run(
+        scenario,
+        outputs="stream" if level == "stream" else None,
+        power_budget_w=power_budget,
+        power_policy=power_policy.value if power_policy else None,
+    )
     if out:
         runner.save_run(
             result,

@@ -20,6 +20,7 @@ from simulator.errors import SpecError
 from simulator.runs.energy import GroupAccount, step_power_w
 from simulator.serving.group import ReplicaGroup
 from simulator.serving.power import PowerBudget
+from simulator.specs.loader import validate
 from simulator.specs.scenario import ReplicaGroupSpec, Scenario
 
 POWER_KEYS = (
@@ -31,6 +32,26 @@ POWER_KEYS = (
     "power_over_budget_share",
     "power_capped_share",
 )
+
+
+def with_power_budget(
+    scenario: Scenario, budget_w: float | None, policy: str | None, *, source: str
+) -> Scenario:
+    """`scenario` with its power budget's `budget_w` and `policy` replaced (`llmsim run
+    --power-budget W --power-policy P`): a scenario without the block gains one (policy
+    dynamic unless given). Checked as the scenario's own block is (errors name `source`)."""
+    if budget_w is None and policy is None:
+        return scenario
+    data = scenario.model_dump(mode="json", exclude_unset=True)
+    block = dict(data.get("power_budget") or {})
+    if budget_w is not None:
+        block["budget_w"] = budget_w
+    if policy is not None:
+        block["policy"] = policy
+    if "budget_w" not in block:
+        raise SpecError("--power-policy needs a budget (--power-budget W)", field="power_budget")
+    data["power_budget"] = block
+    return validate(Scenario, data, source=source)
 
 
 def fleet_gpus(scenario: Scenario, deps: Sequence[Deployment]) -> int:
@@ -80,8 +101,16 @@ def power_budget(
         built = build(group.model_copy(update={"power_cap_w": limit}))
         timers.append(built[0].timer)
         capped_deps.append(built[2])
-    if spec.policy == "none":
-        timers = []
+    parked = sum(
+        g.count * d.layout.devices_per_replica * d.hardware.power.between_steps_w
+        for g, d in zip(scenario.replicas, capped_deps, strict=True)
+    )
+    if not spec.budget_w > parked:
+        raise SpecError(
+            f"{spec.budget_w:g} W is not above what the fleet draws with no step running "
+            f"({parked:g} W{' capped' if spec.policy != 'none' else ''})",
+            field="power_budget.budget_w",
+        )
 
     def accounts(ds: Sequence[Deployment]) -> list[GroupAccount]:
         return [

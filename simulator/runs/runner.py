@@ -32,7 +32,7 @@ from simulator.metrics.summary import (
 from simulator.outputs import atomic_folder
 from simulator.runs import sizes
 from simulator.runs.energy import EnergyAccumulator, GroupAccount, fleet_energy
-from simulator.runs.power_budget import power_budget, power_summary
+from simulator.runs.power_budget import power_budget, power_summary, with_power_budget
 from simulator.serving.cluster import (
     ReplicaGroup,
     SimResult,
@@ -210,6 +210,8 @@ def run(
     percentiles: Sequence[float] = PERCENTILES,
     requests: RequestTable | None = None,
     outputs: RunOutputs | None = None,
+    power_budget_w: float | None = None,
+    power_policy: str | None = None,
 ) -> RunResult:
     """Simulate a scenario (a Scenario, or a path to its YAML: bad input then names the file
     and, for a replica group's impossible layout, the group). `percentiles`: those the
@@ -218,13 +220,19 @@ def run(
     and arrivals from elsewhere, e.g. a published run's histogram). `outputs`: "stream" (or
     the scenario's `outputs: stream` when None) keeps running aggregates instead of rows
     (`metrics.stream`): the result's tables are empty and the summary lacks
-    `metrics.stream.STREAM_ABSENT`; other levels only choose what `save_run` writes."""
+    `metrics.stream.STREAM_ABSENT`; other levels only choose what `save_run` writes.
+    `power_budget_w`, `power_policy`: replace the scenario's power budget's (`power_budget:`,
+    `runs.power_budget.with_power_budget`)."""
     percentiles = tuple(sorted({*PERCENTILES, *percentiles}))
     if isinstance(scenario, Scenario):
+        scenario = with_power_budget(scenario, power_budget_w, power_policy, source="scenario")
         return _simulate(scenario, percentiles=percentiles, requests=requests, outputs=outputs)
     with naming(str(scenario)):
+        loaded = with_power_budget(
+            load_scenario(scenario), power_budget_w, power_policy, source=str(scenario)
+        )
         return _simulate(
-            load_scenario(scenario),
+            loaded,
             name_groups=True,
             percentiles=percentiles,
             requests=requests,
@@ -322,6 +330,8 @@ def _simulate(
         summary.update(fleet_summary(scenario, sim, plans, deps, goodput or {}))
     if sim.power is not None:
         summary.update(power_summary(scenario, deps, sim.power, sim.power_capped_replica_s or 0.0))
+        if goodput and "slo_attainment" not in summary:
+            summary["slo_attainment"] = slo_attainment(sim.requests, goodput)
     summary.update(
         bound_summary(
             scenario, plans, deps, sim.requests, tokens_per_s=summary.get("total_token_throughput")

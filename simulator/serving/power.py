@@ -6,16 +6,23 @@ decode steps) draws, per GPU, the power of that step's shape (`draw_w`, the ener
 draw; times its GPUs. `window_w` is the mean of the samples of the last `window_s`.
 
 `static` caps every replica from the start (the run builds its timers under
-budget / GPUs per GPU). `dynamic` is POLCA's control loop (arXiv:2308.12908, section 6: power
-capping of low-priority servers first when the row's draw crosses a threshold, of all when it
-crosses a second, uncapping when it falls back): when `window_w` exceeds cap_threshold x budget,
+budget / GPUs per GPU). `dynamic` follows POLCA's control loop (arXiv:2308.12908; as its
+patent application US 2025/0377708 A1 words it: above a first threshold of the servers' draw
+cap low-priority workloads' frequency, above a second cap all, uncap once the draw is a
+margin below): when `window_w` exceeds cap_threshold x budget,
 it picks replicas, lowest priority first (the last group's, highest index first), until their
 windowed draw above `cap_w` per GPU, taken off, brings the estimate under the threshold, and
 caps them `reaction_s` later; when `window_w` falls below release_threshold x budget it lifts
-every cap, `reaction_s` later. After an action is in place it waits one window (whose samples
-predate it) before the next decision. A replica is capped by swapping its step timer for one
-built on `with_power_cap(hardware, cap)` (built once per group), and woken, so a decode run in
-progress stops at its current step and the next step is timed capped.
+the cap of the highest-priority capped replica, `reaction_s` later (one at a time: lifting
+all at once swings the fleet back over the threshold). Once an action is in place the window
+restarts from the samples taken since: capping more needs one sample over the threshold
+(safety first), lifting a cap a full window under the release threshold. Each round of caps
+takes reaction_s + sample_s and caps at least one replica, so when capping every replica
+fits the budget (GPUs x cap_w <= budget) the draw stays over the budget no longer than
+window_s + replicas x (reaction_s + sample_s) per excursion: the overshoot the policy states.
+A replica is capped by swapping its step timer for one built on `with_power_cap(hardware,
+cap)` (built once per group), and woken, so a decode run in progress stops at its current
+step and the next step is timed capped.
 
 `policy: none` samples the draw and never caps: the run's requests and steps are those of a run
 without the block (the sampler only reads).
@@ -77,7 +84,6 @@ class PowerController:
         # lowest priority first: the last group's replicas, highest index first
         self.order = sorted(range(len(self.replicas)), key=lambda i: (-self.groups[i], -i))
         self.pending = False  # an action decided, not yet in place
-        self.hold_until = 0.0  # no decision before (the window predates the last action)
         self.rows: list[tuple[float, float, float, int]] = []
         self._draws: list[np.ndarray] = []  # per-replica watts of the samples in the window
         self.capped_replica_s = 0.0
@@ -98,8 +104,8 @@ class PowerController:
             self.rows.append(
                 (self.env.now, float(draws.sum()), float(window.sum()), sum(self.capped))
             )
-            if spec.policy == "dynamic" and not self.pending and self.env.now >= self.hold_until:
-                self.decide(window)
+            if spec.policy == "dynamic" and not self.pending:
+                self.decide(window, full=len(self._draws) >= keep)
 
     def sample(self) -> np.ndarray:
         """Each replica's draw now, in watts (all its GPUs)."""
@@ -121,7 +127,9 @@ class PowerController:
             watts[[i for i, _ in rows]] = per_gpu
         return watts * self.gpus
 
-    def decide(self, window: np.ndarray) -> None:
+    def decide(self, window: np.ndarray, *, full: bool) -> None:
+        """Cap or release by the windowed draw (`full`: the window holds only samples since
+        the last action, as many as it keeps; a release waits for that, a cap does not)."""
         spec, budget_w = self.spec, self.spec.budget_w
         total = float(window.sum())
         if total > spec.cap_threshold * budget_w:
@@ -137,15 +145,16 @@ class PowerController:
             if chosen:
                 self.pending = True
                 self.env.process(self._later(chosen, capped=True))
-        elif total < spec.release_threshold * budget_w and any(self.capped):
+        elif full and total < spec.release_threshold * budget_w and any(self.capped):
+            first = next(i for i in reversed(self.order) if self.capped[i])
             self.pending = True
-            self.env.process(self._later(range(len(self.replicas)), capped=False))
+            self.env.process(self._later([first], capped=False))
 
     def _later(self, which: Sequence[int], *, capped: bool) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(self.spec.reaction_s)
         self._apply(which, capped=capped)
         self.pending = False
-        self.hold_until = self.env.now + self.spec.window_s
+        self._draws.clear()  # the next decisions read samples taken since
 
     def _apply(self, which: Sequence[int] | range, *, capped: bool) -> None:
         for i in which:

@@ -337,7 +337,8 @@ class PowerBudgetSpec(Frozen):
     replicas at `cap_w` per GPU, lowest priority first (the last replica group's, highest
     index first), as many as it takes for the estimate to fit under the threshold; each cap
     takes effect `reaction_s` after the decision. Once the windowed draw is below
-    release_threshold x budget_w it lifts every cap (after `reaction_s` too)."""
+    release_threshold x budget_w it lifts one cap, highest priority first (after `reaction_s`
+    too)."""
 
     budget_w: Watts = Field(gt=0, description="the fleet's GPU power budget")
     policy: Literal["none", "static", "dynamic"] = "dynamic"

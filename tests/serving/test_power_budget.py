@@ -1,0 +1,168 @@
+"""A fleet power budget (`power_budget:`, serving.power): none, static and dynamic caps."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.runs import runner
+from simulator.specs.hardware import with_power_cap
+from simulator.specs.loader import load_hardware
+from simulator.specs.scenario import Scenario
+from tests.clitools import one_line_error, run_cli
+
+BUDGET = 2000.0  # W for 4 H100s (TDP 700 W each): 2800 W at full load
+CAP = 400.0  # W per GPU under dynamic: 4 x 400 W fits the budget
+
+
+def scenario(power: dict[str, Any] | None = None, **update: Any) -> Scenario:
+    base: dict[str, Any] = {
+        "name": "power-test",
+        "model": "llama-3.1-8b",
+        "replicas": [{"hardware": "h100_sxm", "count": 4}],
+        "router": {"kind": "least_outstanding"},
+        "workload": {
+            "dataset": {"name": "random", "input_len": 2048, "output_len": 128},
+            "num_prompts": 1600,
+            "request_rate": 40,
+        },
+        "slo": {"ttft_ms": 1000, "tpot_ms": 50},
+    }
+    if power is not None:
+        base["power_budget"] = power
+    return Scenario.model_validate({**base, **update})
+
+
+@cache
+def result(policy: str | None) -> runner.RunResult:
+    power = None
+    if policy is not None:
+        power = {"budget_w": BUDGET, "policy": policy, "cap_w": CAP}
+        power |= {"reaction_s": 0.5, "window_s": 1.0, "sample_s": 0.25}
+    return runner.run(scenario(power))
+
+
+def test_policy_none_is_bit_identical_to_no_budget() -> None:
+    plain, none = result(None), result("none")
+    pd.testing.assert_frame_equal(plain.sim.requests, none.sim.requests)
+    pd.testing.assert_frame_equal(plain.sim.steps, none.sim.steps)
+    assert plain.sim.power is None and none.sim.power is not None
+    assert none.summary["power_capped_share"] == 0.0
+    # this load needs more than the budget: what the dynamic policy has to hold down
+    assert none.summary["power_peak_window_w"] > BUDGET
+    assert none.summary["power_over_budget_share"] > 0.2
+
+
+def test_capped_steps_are_slower_than_uncapped() -> None:
+    from simulator.costmodel.deployment import deployment
+    from simulator.serving.group import replica_group
+    from simulator.workload.requests import generate_requests
+
+    hw = load_hardware("h100_sxm")
+    base = scenario()
+    requests = generate_requests(base.workload, rng=np.random.default_rng(0))
+    timers = []
+    for h in (hw, with_power_cap(hw, CAP)):
+        dep = deployment(model=runner.load_model("llama-3.1-8b"), hardware=h, engine="vllm")
+        group, _ = replica_group(dep, requests=requests)
+        timers.append(group.timer)
+    free, capped = timers
+    prefill = [(2048, 0, True)] * 4
+    assert capped.mixed(chunks=prefill, decode_contexts=[]) > 1.2 * free.mixed(
+        chunks=prefill, decode_contexts=[]
+    )
+    decode_free = free.mixed(chunks=[], decode_contexts=[2048] * 64)
+    assert capped.mixed(chunks=[], decode_contexts=[2048] * 64) >= decode_free
+    # and the run: capping the whole fleet (static) lengthens the requests' latencies
+    assert result("static").summary["mean_ttft_ms"] > result("none").summary["mean_ttft_ms"]
+
+
+def longest_run(over: np.ndarray) -> int:
+    best = run = 0
+    for flag in over:
+        run = run + 1 if flag else 0
+        best = max(best, run)
+    return best
+
+
+def test_dynamic_holds_the_draw_to_the_budget_within_its_stated_overshoot() -> None:
+    none, dynamic = result("none"), result("dynamic")
+    spec = dynamic.scenario.power_budget
+    assert spec is not None and 4 * CAP <= BUDGET
+    frame = dynamic.sim.power
+    assert frame is not None
+    # the policy's bound: window_s + replicas x (reaction_s + sample_s) per excursion
+    bound_s = spec.window_s + 4 * (spec.reaction_s + spec.sample_s)
+    limit = math.ceil(bound_s / spec.sample_s)
+    assert longest_run(frame["draw_w"].to_numpy() > BUDGET) <= limit
+    assert none.sim.power is not None  # uncontrolled, the same load breaks it
+    assert longest_run(none.sim.power["draw_w"].to_numpy() > BUDGET) > limit
+    # a capped GPU draws at most the cap, an uncapped one at most its TDP (700 W)
+    capped = frame["capped_replicas"]
+    assert capped.max() >= 1
+    assert (frame["draw_w"] <= capped * CAP + (4 - capped) * 700.0 + 1e-6).all()
+    assert frame.loc[capped >= 1, "draw_w"].max() < 4 * 700.0
+    s = dynamic.summary
+    assert 0 < s["power_capped_share"] < 1  # caps come and go with the load
+    assert s["power_over_budget_share"] < none.summary["power_over_budget_share"]
+
+
+def test_static_caps_every_gpu_at_an_even_share() -> None:
+    s = result("static").summary
+    assert s["power_cap_w"] == BUDGET / 4 and s["power_capped_share"] == pytest.approx(1.0)
+    assert s["power_peak_draw_w"] <= BUDGET + 1e-6
+
+
+def test_cli_power_budget_flag_and_power_csv(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: p\nmodel: llama-3.1-8b\nreplicas: [{hardware: h100_sxm, count: 2}]\n"
+        "workload: {dataset: {name: random, input_len: 1024, output_len: 32}, num_prompts: 40, "
+        "request_rate: 20}\n"
+    )
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(
+        capsys, "run", str(path), "--power-budget", "1000", "--power-policy", "dynamic",
+        "--out", str(out), "--outputs", "requests",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "Power budget" in stdout and "Replica-time capped (%)" in stdout
+    frame = pd.read_csv(out / "power.csv")
+    assert list(frame.columns) == ["time_s", "draw_w", "window_w", "capped_replicas"]
+    assert (frame["draw_w"] > 0).all()
+
+
+@pytest.mark.parametrize(
+    ("block", "words"),
+    [
+        ("{budget_w: -5}", "power_budget.budget_w"),
+        ("{budget_w: 1000, policy: lots}", "power_budget.policy"),
+        ("{budget_w: 1000, cap_threshold: 0.8, release_threshold: 0.9}", "release_threshold"),
+        ("{budget_w: 100}", "power_budget.budget_w"),  # below the parked fleet
+        ("{budget_w: 1000, cap_w: 50}", "power_budget.cap_w"),  # below idle
+    ],
+)
+def test_bad_power_budget_exits_2_naming_the_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, block: str, words: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "name: p\nmodel: llama-3.1-8b\nreplicas: [{hardware: h100_sxm, count: 2}]\n"
+        "workload: {dataset: {name: random, input_len: 64, output_len: 8}, num_prompts: 4}\n"
+        f"power_budget: {block}\n"
+    )
+    err = one_line_error(capsys, "run", str(path))
+    assert str(path) in err and words in err
+
+
+def test_bad_power_budget_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line_error(capsys, "run", "scenarios/quickstart.yaml", "--power-budget", "0")
+    assert "--power-budget" in err
