@@ -108,7 +108,14 @@ def _run(run: RunFolder) -> tuple[str, str, list[Section]]:
     return (
         f"llmsim run: {s.get('scenario', run.folder.name)}",
         str(run.folder),
-        [top, latency, load_section, *_fleet_sections(run), *_operator_sections(run)],
+        [
+            top,
+            latency,
+            load_section,
+            *_fleet_sections(run),
+            *_power_sections(run),
+            *_operator_sections(run),
+        ],
     )
 
 
@@ -131,6 +138,34 @@ def _fleet_sections(run: RunFolder) -> list[Section]:
             text=["The autoscaled group's replicas at each evaluation and change (fleet.csv)."],
             tables=[table_html(rows)] if rows else [],
             figures=[fg.fleet_replicas(run.fleet)],
+        )
+    ]
+
+
+def _power_sections(run: RunFolder) -> list[Section]:
+    """A power-budgeted run's fleet draw over time, with its budget and caps."""
+    if run.power is None:
+        return []
+    s = run.summary
+    facts = [
+        ("power_budget_w", "budget (W)", ".0f"),
+        ("power_cap_w", "cap of a capped GPU (W)", ".0f"),
+        ("power_peak_draw_w", "fleet draw, peak sample (W)", ".0f"),
+        ("power_peak_window_w", "fleet draw, peak window (W)", ".0f"),
+        ("power_mean_draw_w", "fleet draw, mean (W)", ".0f"),
+        ("power_over_budget_share", "windows over budget", ".1%"),
+        ("power_capped_share", "replica-time capped", ".1%"),
+    ]
+    rows = [(label, _fmt(s[key], spec)) for key, label, spec in facts if s.get(key) is not None]
+    budget = s.get("power_budget_w")
+    return [
+        Section(
+            "Power budget",
+            text=[
+                "The fleet's estimated GPU draw at each sample and the replicas capped (power.csv)."
+            ],
+            tables=[table_html(rows)] if rows else [],
+            figures=[fg.power_trace(run.power, budget_w=None if budget is None else float(budget))],
         )
     ]
 

@@ -464,12 +464,12 @@ class Scenario(Frozen):
         if budget is not None and budget.policy != "none":
             if self.disaggregated or self.autoscale is not None:
                 raise ValueError(
-                    "a power budget applies to fixed colocated fleets (no disaggregation or "
+                    "power_budget: applies to fixed colocated fleets (no disaggregation or "
                     "autoscale)"
                 )
             if any(g.data_parallel_size > 1 or g.pipeline_micro_batching for g in self.replicas):
                 raise ValueError(
-                    "a power budget caps plain replicas (no data_parallel_size > 1 or "
+                    "power_budget: caps plain replicas (no data_parallel_size > 1 or "
                     "pipeline_micro_batching)"
                 )
         return self

@@ -17,6 +17,7 @@ from simulator.report import (
     kv_usage,
     latency_cdf,
     op_breakdown,
+    power_trace,
     queue_length,
     rate_latency,
     roofline,
@@ -287,3 +288,22 @@ def test_fleet_replicas_draws_each_count_as_steps() -> None:
     assert list(fig.data[0].y) == [1, 1, 2, 1] and list(fig.data[1].x) == [0.0, 5.0, 7.5, 30.0]
     with pytest.raises(SpecError, match="wanted"):
         fleet_replicas(fleet.drop(columns="wanted"))
+
+
+def test_power_trace_draws_the_draw_the_budget_and_the_caps() -> None:
+    power = pd.DataFrame(
+        {
+            "time_s": [0.25, 0.5, 0.75, 1.0],
+            "draw_w": [1500.0, 2600.0, 2100.0, 1400.0],
+            "window_w": [1500.0, 2050.0, 2066.7, 2033.3],
+            "capped_replicas": [0, 0, 2, 2],
+        }
+    )
+    fig = power_trace(power, budget_w=2000.0)
+    names = [t.name for t in fig.data]
+    assert names == ["fleet draw (sampled)", "windowed mean", "budget", "replicas capped"]
+    assert list(fig.data[2].y) == [2000.0, 2000.0] and list(fig.data[2].x) == [0.25, 1.0]
+    assert fig.data[3].line.shape == "hv" and list(fig.data[3].y) == [0, 0, 2, 2]
+    assert len(power_trace(power).data) == 3  # no budget line without one
+    with pytest.raises(SpecError, match="capped_replicas"):
+        power_trace(power.drop(columns="capped_replicas"))

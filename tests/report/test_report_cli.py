@@ -142,3 +142,24 @@ def test_report_of_an_autoscaled_run_shows_its_replicas_over_time(
     html = (out / "report.html").read_text()
     assert "Autoscaled replicas over time" in html and "replicas added" in html
     assert len(figures(html)) == 7  # the six of a run, and the replicas over time
+
+
+def test_report_of_a_power_budgeted_run_shows_its_draw_over_time(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = scenario_data(
+        name="budgeted",
+        input_len=1024,
+        output_len=64,
+        num_prompts=200,
+        request_rate=40,
+        power_budget={"budget_w": 600, "policy": "dynamic"},
+    )
+    out = tmp_path / "run"
+    code, _, stderr = run_cli(
+        capsys, "run", str(write_yaml(tmp_path / "s.yaml", data)), "--out", str(out), "--report"
+    )
+    assert code == 0, stderr
+    html = (out / "report.html").read_text()
+    assert "Fleet power draw over time" in html and "replica-time capped" in html
+    assert len(figures(html)) == 7  # the six of a run, and the power trace

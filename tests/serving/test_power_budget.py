@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from clitools import one_line_error, run_cli
 
 from simulator.runs import runner
 from simulator.specs.hardware import with_power_cap
 from simulator.specs.loader import load_hardware
 from simulator.specs.scenario import Scenario
-from tests.clitools import one_line_error, run_cli
 
 BUDGET = 2000.0  # W for 4 H100s (TDP 700 W each): 2800 W at full load
 CAP = 400.0  # W per GPU under dynamic: 4 x 400 W fits the budget
