@@ -8,6 +8,7 @@ the energy model's (`runs.energy.step_power_w`) on the capped or uncapped hardwa
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from simulator.errors import SpecError
 from simulator.runs.energy import GroupAccount, step_power_w
 from simulator.serving.group import ReplicaGroup
 from simulator.serving.power import PowerBudget
+from simulator.specs.hardware import with_power_cap
 from simulator.specs.loader import validate
 from simulator.specs.scenario import ReplicaGroupSpec, Scenario
 
@@ -70,6 +72,16 @@ def per_gpu_cap(scenario: Scenario, deps: Sequence[Deployment]) -> float:
     if spec.policy == "dynamic" and spec.cap_w is not None:
         return spec.cap_w
     return even
+
+
+def capped_deployments(scenario: Scenario, deps: Sequence[Deployment]) -> list[Deployment]:
+    """Each group's deployment on the hardware its capped replicas ran on."""
+    cap = per_gpu_cap(scenario, deps)
+    out = []
+    for group, dep in zip(scenario.replicas, deps, strict=True):
+        limit = cap if group.power_cap_w is None else min(cap, group.power_cap_w)
+        out.append(dataclasses.replace(dep, hardware=with_power_cap(dep.hardware, limit)))
+    return out
 
 
 def power_budget(

@@ -32,7 +32,12 @@ from simulator.metrics.summary import (
 from simulator.outputs import atomic_folder
 from simulator.runs import sizes
 from simulator.runs.energy import EnergyAccumulator, GroupAccount, fleet_energy
-from simulator.runs.power_budget import power_budget, power_summary, with_power_budget
+from simulator.runs.power_budget import (
+    capped_deployments,
+    power_budget,
+    power_summary,
+    with_power_budget,
+)
 from simulator.serving.cluster import (
     ReplicaGroup,
     SimResult,
@@ -43,6 +48,7 @@ from simulator.serving.cluster import (
 from simulator.serving.disagg import pool_summary, prefill_view, serve_scenario
 from simulator.serving.fleet import FleetScaling
 from simulator.serving.loops import engine_loop, expert_layout
+from simulator.serving.power import capped_steps
 from simulator.specs import ModelSpec, load_hardware, load_model
 from simulator.specs.engine import Entrypoint
 from simulator.specs.engine_args import EngineArgs
@@ -712,7 +718,16 @@ def energy_summary(result: RunResult) -> dict[str, float]:
         raise ValueError("the run result carries no deployments (build it with runner.run)")
     on_s = [scaled_on_s(result, i) for i in range(len(result.scenario.replicas))]
     groups = group_accounts(result.scenario, result.deployments, result.memory, on_s)
-    return fleet_energy(steps=result.sim.steps, requests=result.sim.requests, groups=groups)
+    sim, capped = result.sim, None
+    if sim.power_caps is not None and len(sim.power_caps):  # a power budget capped replicas
+        groups = [
+            dataclasses.replace(g, capped=d)
+            for g, d in zip(
+                groups, capped_deployments(result.scenario, result.deployments), strict=True
+            )
+        ]
+        capped = capped_steps(sim.steps, sim.power_caps)
+    return fleet_energy(steps=sim.steps, requests=sim.requests, groups=groups, capped=capped)
 
 
 def group_accounts(

@@ -80,6 +80,7 @@ class SimResult:
     # with a power budget (serving.power): the fleet's sampled draw, and replica-seconds capped
     power: pd.DataFrame | None = None
     power_capped_replica_s: float | None = None
+    power_caps: pd.DataFrame | None = None  # when each replica was capped, released
 
 
 def simulate(
@@ -211,7 +212,10 @@ def serve(
     )
     if controller is not None:
         result = dataclasses.replace(
-            result, power=controller.frame(), power_capped_replica_s=controller.capped_replica_s
+            result,
+            power=controller.frame(),
+            power_capped_replica_s=controller.capped_replica_s,
+            power_caps=controller.caps(),
         )
     if scaler is None:
         return result

@@ -43,6 +43,7 @@ from simulator.serving.steptime import StepTimer
 from simulator.specs.scenario import PowerBudgetSpec
 
 POWER_COLUMNS = ("time_s", "draw_w", "window_w", "capped_replicas")
+CAP_COLUMNS = ("time_s", "replica", "capped")
 # What the draw estimate reads of a replica's step: a steps table's columns (metrics.recorder)
 STEP_COLUMNS = ("start_s", "end_s", "num_seqs", "prefill_tokens", "decode_tokens", "kv_used_blocks")
 
@@ -87,6 +88,7 @@ class PowerController:
         self.rows: list[tuple[float, float, float, int]] = []
         self._draws: list[np.ndarray] = []  # per-replica watts of the samples in the window
         self.capped_replica_s = 0.0
+        self.events: list[tuple[float, int, bool]] = []  # (time_s, replica index, capped)
         if self.spec.policy == "static":
             self._apply(range(len(self.replicas)), capped=True)
 
@@ -160,9 +162,30 @@ class PowerController:
         for i in which:
             rep = self.replicas[i]
             self.capped[i] = capped
+            self.events.append((self.env.now, rep.index, capped))
             rep.timer = self.budget.capped_timers[self.groups[i]] if capped else self.uncapped[i]
             rep.wake()
 
     def frame(self) -> pd.DataFrame:
         """The samples: the fleet's draw, its windowed mean, the replicas capped (POWER_COLUMNS)."""
         return pd.DataFrame(self.rows, columns=list(POWER_COLUMNS))
+
+    def caps(self) -> pd.DataFrame:
+        """When each replica was capped or released (CAP_COLUMNS), in time order."""
+        return pd.DataFrame(self.events, columns=list(CAP_COLUMNS))
+
+
+def capped_steps(steps: pd.DataFrame, caps: pd.DataFrame) -> np.ndarray:
+    """Which of `steps` (a steps table) started on a capped replica, by the cap events."""
+    out = np.zeros(len(steps), dtype=bool)
+    if not len(caps) or not len(steps):
+        return out
+    replica = steps["replica"].to_numpy()
+    start = steps["start_s"].to_numpy(dtype=float)
+    for r, events in caps.groupby("replica", sort=False):
+        mine = np.flatnonzero(replica == r)
+        times = events["time_s"].to_numpy(dtype=float)
+        state = events["capped"].to_numpy(dtype=bool)
+        last = np.searchsorted(times, start[mine], side="right") - 1  # the event in force
+        out[mine] = np.where(last >= 0, state[np.maximum(last, 0)], False)
+    return out

@@ -13,6 +13,7 @@ import pytest
 from clitools import one_line_error, run_cli
 
 from simulator.runs import runner
+from simulator.serving.power import capped_steps
 from simulator.specs.hardware import with_power_cap
 from simulator.specs.loader import load_hardware
 from simulator.specs.scenario import Scenario
@@ -166,3 +167,27 @@ def test_bad_power_budget_exits_2_naming_the_field(
 def test_bad_power_budget_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     err = one_line_error(capsys, "run", "scenarios/quickstart.yaml", "--power-budget", "0")
     assert "--power-budget" in err
+
+
+def test_capped_steps_are_priced_on_the_capped_hardware() -> None:
+    static, dynamic = result("static"), result("dynamic")
+    # every GPU capped at 500 W from the start: no step draws more
+    assert static.energy["avg_power_w_per_gpu"] <= BUDGET / 4
+    caps = dynamic.sim.power_caps
+    assert caps is not None and len(caps)
+    flags = capped_steps(dynamic.sim.steps, caps)
+    assert 0 < flags.mean() < 1
+    # a step is capped from the first cap event of its replica at or before its start
+    first = caps.sort_values("time_s").iloc[0]
+    rows = dynamic.sim.steps
+    mine = (rows["replica"] == first["replica"]).to_numpy()
+    before = mine & (rows["start_s"] < first["time_s"]).to_numpy()
+    assert not flags[before].any()
+
+
+def test_capped_steps_follows_each_replicas_events() -> None:
+    steps = pd.DataFrame({"replica": [0, 0, 0, 1, 1], "start_s": [0.5, 1.5, 3.0, 0.5, 2.5]})
+    caps = pd.DataFrame(
+        {"time_s": [1.0, 2.0, 2.5], "replica": [0, 0, 1], "capped": [True, False, True]}
+    )
+    assert capped_steps(steps, caps).tolist() == [False, True, False, False, True]
