@@ -191,3 +191,19 @@ def test_capped_steps_follows_each_replicas_events() -> None:
         {"time_s": [1.0, 2.0, 2.5], "replica": [0, 0, 1], "capped": [True, False, True]}
     )
     assert capped_steps(steps, caps).tolist() == [False, True, False, False, True]
+
+
+def test_python_api_overrides_the_budget() -> None:
+    import simulator
+
+    small = scenario(
+        workload={
+            "dataset": {"name": "random", "input_len": 512, "output_len": 16},
+            "num_prompts": 40,
+            "request_rate": 40,
+        }
+    )
+    res = simulator.run(small, power_budget_w=1600, power_policy="static")
+    assert res.scenario.power_budget is not None
+    assert res.summary["power_budget_w"] == 1600 and res.summary["power_cap_w"] == 400
+    assert "power_budget_w" not in simulator.run(small).summary
