@@ -30,6 +30,12 @@ class Outputs(str, Enum):
     stream = "stream"
 
 
+class PowerPolicy(str, Enum):
+    none = "none"
+    static = "static"
+    dynamic = "dynamic"
+
+
 class OutputFormat(str, Enum):
     csv = "csv"
     parquet = "parquet"
@@ -68,6 +74,23 @@ def run_cmd(
     report: ReportOpt = False,
     interval_coverage: IntervalOpt = 0.8,
     pd_partition: PdPartitionOpt = None,
+    power_budget: Annotated[
+        float | None,
+        typer.Option(
+            "--power-budget",
+            metavar="W",
+            help="the fleet's GPU power budget in watts (replaces the scenario's "
+            "power_budget.budget_w; adds a dynamic budget to a scenario without one)",
+        ),
+    ] = None,
+    power_policy: Annotated[
+        PowerPolicy | None,
+        typer.Option(
+            "--power-policy",
+            help="none (sample the draw only), static (every GPU capped at budget / GPUs) or "
+            "dynamic (POLCA-like caps when the windowed draw nears the budget)",
+        ),
+    ] = None,
 ) -> None:
     """A full what-if from a scenario file: replica groups, router, workload, SLOs."""
     from simulator.metrics.summary import format_serve_summary
@@ -104,8 +127,14 @@ def run_cmd(
         from simulator.specs.serving import parse_pd_partition
 
         parse_pd_partition(pd_partition)
+    if power_budget is not None and not power_budget > 0:
+        raise SpecError(f"must be above 0 W, got {power_budget:g}", field="--power-budget")
     result = runner.run(
-        scenario, outputs="stream" if level == "stream" else None, pd_partition=pd_partition
+        scenario,
+        outputs="stream" if level == "stream" else None,
+        pd_partition=pd_partition,
+        power_budget_w=power_budget,
+        power_policy=power_policy.value if power_policy else None,
     )
     if out:
         runner.save_run(

@@ -262,6 +262,7 @@ def format_serve_summary(
         lines.append("{s:{c}^{n}}".format(s="LoRA adapters", n=WIDTH, c="-"))
         lines += lora
     lines += _fleet_section(s)
+    lines += _power_section(s)
     lines += bound_lines(s)
     lines.append("=" * WIDTH)
     return "\n".join(lines + band_lines(s))
@@ -281,6 +282,29 @@ def _fleet_section(s: Mapping[str, Any]) -> list[str]:
         _row("Weight load per replica (s):", s["fleet_load_s"], ".2f"),
     ]
     if s.get("slo_attainment") is not None:
+        lines.append(_row("SLO attainment (%):", 100 * _num(s["slo_attainment"]), ".2f"))
+    return lines
+
+
+def _power_section(s: Mapping[str, Any]) -> list[str]:
+    """A power-budgeted run's figures (runs.power_budget.power_summary), where the summary has
+    them."""
+    if "power_budget_w" not in s:
+        return []
+    lines = [
+        "{s:{c}^{n}}".format(s="Power budget", n=WIDTH, c="-"),
+        _row("Budget (W):", s["power_budget_w"], ".0f"),
+    ]
+    if s.get("power_cap_w") is not None:
+        lines.append(_row("Cap of a capped GPU (W):", s["power_cap_w"], ".0f"))
+    lines += [
+        _row("Fleet draw, peak sample (W):", s["power_peak_draw_w"], ".0f"),
+        _row("Fleet draw, peak window (W):", s["power_peak_window_w"], ".0f"),
+        _row("Fleet draw, mean (W):", s["power_mean_draw_w"], ".0f"),
+        _row("Windows over budget (%):", 100 * _num(s["power_over_budget_share"]), ".2f"),
+        _row("Replica-time capped (%):", 100 * _num(s["power_capped_share"]), ".2f"),
+    ]
+    if "fleet_gpu_hours" not in s and s.get("slo_attainment") is not None:
         lines.append(_row("SLO attainment (%):", 100 * _num(s["slo_attainment"]), ".2f"))
     return lines
 

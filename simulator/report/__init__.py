@@ -14,8 +14,10 @@ from simulator.report.build import write_report
 from simulator.report.costfigures import cost_frontier, op_breakdown, roofline
 from simulator.report.figures import (
     batch_size,
+    fleet_replicas,
     kv_usage,
     latency_cdf,
+    power_trace,
     queue_length,
     rate_latency,
     throughput_latency_pareto,
@@ -30,10 +32,12 @@ __all__ = [
     "SweepFolder",
     "batch_size",
     "cost_frontier",
+    "fleet_replicas",
     "kv_usage",
     "latency_cdf",
     "load",
     "op_breakdown",
+    "power_trace",
     "queue_length",
     "rate_latency",
     "roofline",

@@ -108,8 +108,66 @@ def _run(run: RunFolder) -> tuple[str, str, list[Section]]:
     return (
         f"llmsim run: {s.get('scenario', run.folder.name)}",
         str(run.folder),
-        [top, latency, load_section, *_operator_sections(run)],
+        [
+            top,
+            latency,
+            load_section,
+            *_fleet_sections(run),
+            *_power_sections(run),
+            *_operator_sections(run),
+        ],
     )
+
+
+def _fleet_sections(run: RunFolder) -> list[Section]:
+    """An autoscaled run's replicas over time, with its GPU-hours and scale-ups."""
+    if run.fleet is None:
+        return []
+    s = run.summary
+    facts = [
+        ("fleet_gpu_hours", "GPU-hours", ".3f"),
+        ("fleet_replicas_mean", "replicas serving (time-weighted mean)", ".2f"),
+        ("fleet_replicas_peak", "replicas serving (peak)", ".0f"),
+        ("fleet_scale_ups", "replicas added", ".0f"),
+        ("fleet_load_s", "weight load per added replica (s)", ".2f"),
+    ]
+    rows = [(label, _fmt(s[key], spec)) for key, label, spec in facts if key in s]
+    return [
+        Section(
+            "Autoscaling",
+            text=["The autoscaled group's replicas at each evaluation and change (fleet.csv)."],
+            tables=[table_html(rows)] if rows else [],
+            figures=[fg.fleet_replicas(run.fleet)],
+        )
+    ]
+
+
+def _power_sections(run: RunFolder) -> list[Section]:
+    """A power-budgeted run's fleet draw over time, with its budget and caps."""
+    if run.power is None:
+        return []
+    s = run.summary
+    facts = [
+        ("power_budget_w", "budget (W)", ".0f"),
+        ("power_cap_w", "cap of a capped GPU (W)", ".0f"),
+        ("power_peak_draw_w", "fleet draw, peak sample (W)", ".0f"),
+        ("power_peak_window_w", "fleet draw, peak window (W)", ".0f"),
+        ("power_mean_draw_w", "fleet draw, mean (W)", ".0f"),
+        ("power_over_budget_share", "windows over budget", ".1%"),
+        ("power_capped_share", "replica-time capped", ".1%"),
+    ]
+    rows = [(label, _fmt(s[key], spec)) for key, label, spec in facts if s.get(key) is not None]
+    budget = s.get("power_budget_w")
+    return [
+        Section(
+            "Power budget",
+            text=[
+                "The fleet's estimated GPU draw at each sample and the replicas capped (power.csv)."
+            ],
+            tables=[table_html(rows)] if rows else [],
+            figures=[fg.power_trace(run.power, budget_w=None if budget is None else float(budget))],
+        )
+    ]
 
 
 def _kv_capacity(run: RunFolder) -> dict[int, int] | None:
@@ -119,8 +177,11 @@ def _kv_capacity(run: RunFolder) -> dict[int, int] | None:
     if len(run.memory) != len(run.scenario.replicas):
         return None
     caps: dict[int, int] = {}
-    for spec, plan in zip(run.scenario.replicas, run.memory, strict=True):
-        for _ in range(spec.num_replicas):  # DP attention: each rank is a replica
+    scale = run.scenario.autoscale
+    for g, (spec, plan) in enumerate(zip(run.scenario.replicas, run.memory, strict=True)):
+        # an autoscaled group is built with max_replicas (serving.fleet)
+        count = scale.max_replicas if scale is not None and scale.group == g else spec.num_replicas
+        for _ in range(count):  # DP attention: each rank is a replica
             caps[len(caps)] = int(plan["kv_capacity_blocks"])
     return caps
 

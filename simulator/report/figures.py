@@ -30,6 +30,7 @@ from plotly.subplots import make_subplots
 from simulator.errors import SpecError
 from simulator.report.labels import series_columns, series_label
 from simulator.report.series import MAX_POINTS, Binned, ecdf, piecewise, waiting
+from simulator.serving.power import POWER_COLUMNS
 
 MAX_REPLICA_TRACES = 8
 TEMPLATE = "plotly_white"
@@ -248,6 +249,87 @@ def queue_length(requests: pd.DataFrame, *, max_points: int = MAX_POINTS) -> go.
     signal = piecewise(times[:-1], times[1:], counts[:-1], max_points=max_points)
     fig = _signal_traces(go.Figure(), {"waiting": signal}, unit="requests waiting", many=False)
     return style(fig, title="Queue length")
+
+
+FLEET_TRACES: tuple[tuple[str, str, dict[str, Any]], ...] = (  # column, legend, line
+    ("serving", "serving", {"width": 2.5}),
+    ("loading", "loading weights", {"dash": "dot"}),
+    ("draining", "draining", {"dash": "dash"}),
+    ("wanted", "wanted by the autoscaler", {"dash": "longdash", "width": 1}),
+)
+
+
+def fleet_replicas(fleet: pd.DataFrame) -> go.Figure:
+    """An autoscaled group's replicas over time (`fleet.csv`, `RunResult.sim.fleet`): serving,
+    loading their weights, draining, and the autoscaler's want, as steps (each count holds
+    from its row until the next)."""
+    require(fleet, ("time_s", *(c for c, _, _ in FLEET_TRACES)), what="the fleet table")
+    fig = go.Figure()
+    for i, (column, name, line) in enumerate(FLEET_TRACES):
+        fig.add_trace(
+            go.Scatter(
+                x=fleet["time_s"],
+                y=fleet[column],
+                name=name,
+                mode="lines",
+                line={"shape": "hv", "color": COLORS[i], **line},
+            )
+        )
+    fig.update_xaxes(title_text="time (s)")
+    fig.update_yaxes(title_text="replicas", rangemode="tozero", dtick=1)
+    return style(fig, title="Autoscaled replicas over time")
+
+
+def power_trace(power: pd.DataFrame, *, budget_w: float | None = None) -> go.Figure:
+    """A power-budgeted fleet's draw over time (`power.csv`, `RunResult.sim.power`): each
+    sample and the windowed mean the controller reads, the budget as a line, and below, the
+    replicas capped (as steps: a count holds until the next sample)."""
+    require(power, POWER_COLUMNS, what="the power table")
+    fig = make_subplots(
+        rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06
+    )
+    for i, (column, name, line) in enumerate(
+        (("draw_w", "fleet draw (sampled)", {"width": 1}), ("window_w", "windowed mean", {}))
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=power["time_s"],
+                y=power[column],
+                name=name,
+                mode="lines",
+                line={"color": COLORS[i], **line},
+            ),
+            row=1,
+            col=1,
+        )
+    if budget_w is not None and len(power):
+        times = power["time_s"]
+        fig.add_trace(
+            go.Scatter(
+                x=[float(times.min()), float(times.max())],
+                y=[budget_w, budget_w],
+                name="budget",
+                mode="lines",
+                line={"color": "black", "dash": "dash"},
+            ),
+            row=1,
+            col=1,
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=power["time_s"],
+            y=power["capped_replicas"],
+            name="replicas capped",
+            mode="lines",
+            line={"shape": "hv", "color": COLORS[2]},
+        ),
+        row=2,
+        col=1,
+    )
+    fig.update_xaxes(title_text="time (s)", row=2, col=1)
+    fig.update_yaxes(title_text="W", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="capped", rangemode="tozero", row=2, col=1)
+    return style(fig, title="Fleet power draw over time")
 
 
 # -- a sweep --------------------------------------------------------------------------------------

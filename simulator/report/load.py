@@ -23,6 +23,8 @@ from simulator.outputs import check_manifest
 from simulator.planning.report import PLAN_FILES as PLAN_OUTPUTS
 from simulator.report.figures import require
 from simulator.runs.runner import RUN_FILES as RUN_OUTPUTS
+from simulator.serving.fleet import FLEET_COLUMNS
+from simulator.serving.power import POWER_COLUMNS
 from simulator.specs.loader import read_yaml, validate
 from simulator.specs.scenario import Scenario
 
@@ -48,6 +50,8 @@ class RunFolder:
     itl: pd.DataFrame | None
     scenario: Scenario | None
     memory: list[dict[str, Any]] | None
+    fleet: pd.DataFrame | None = None  # an autoscaled run's replica counts over time
+    power: pd.DataFrame | None = None  # a power-budgeted run's sampled fleet draw
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,8 @@ def _run(folder: Path) -> RunFolder:
     requests = _needed_table(folder, "requests", REQUEST_COLUMNS)
     steps = _needed_table(folder, "steps", STEP_COLUMNS)
     itl = _table(folder, "itl", ("itl_s", "weight"))
+    fleet = _table(folder, "fleet", FLEET_COLUMNS)
+    power = _table(folder, "power", POWER_COLUMNS)
     scenario_path = _optional(folder, "scenario.json")
     memory_path = _optional(folder, "memory.json")
     scenario = (
@@ -204,6 +210,8 @@ def _run(folder: Path) -> RunFolder:
         itl=itl,
         scenario=scenario,
         memory=memory,
+        fleet=fleet,
+        power=power,
     )
 
 

@@ -34,6 +34,7 @@ step less the chunks' own tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -172,6 +173,8 @@ class GroupAccount:
     # replica-seconds its replicas were on (an autoscaled group, serving.fleet); None: all
     # `count` for the whole run
     on_s: float | None = None
+    # under a fleet power budget (serving.power): the deployment its capped replicas ran on
+    capped: Deployment | None = None
 
     @property
     def gpus_per_replica(self) -> int:
@@ -221,14 +224,22 @@ CHUNK_STEPS = 100_000  # steps costed at once: the cost model's arrays stay smal
 
 
 def fleet_energy(
-    *, steps: pd.DataFrame, requests: pd.DataFrame, groups: Sequence[GroupAccount]
+    *,
+    steps: pd.DataFrame,
+    requests: pd.DataFrame,
+    groups: Sequence[GroupAccount],
+    capped: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Energy and cost of every GPU of `groups` (replicas numbered in group order, as
     `serving.cluster.serve` numbers them) from the run's start (t = 0, the benchmark's start,
     as the summary's duration) to the last finish: steps at their modelled power, the rest at
     parked power (`PowerSpec.between_steps_w`); `parked_energy_j` is that part (a pipeline
     stage waiting for the others included). Keys: ENERGY_KEYS. Per-token and per-request
-    figures are 0 when nothing completed (as the summary's rates are)."""
+    figures are 0 when nothing completed (as the summary's rates are). `capped`: which steps
+    ran capped (a fleet power budget, `serving.power.capped_steps`): costed on their group's
+    `capped` deployment."""
+    if capped is not None and capped.any():
+        steps = steps.assign(_capped=capped)
     account = EnergyAccumulator(groups)
     replica = steps["replica"].to_numpy()
     first = 0
@@ -276,7 +287,15 @@ class EnergyAccumulator:
     def add_group(self, g: int, part: pd.DataFrame) -> None:
         """Steps of group `g`'s replicas only."""
         duration = (part["end_s"] - part["start_s"]).to_numpy(dtype=float)
-        busy_w = step_power_w(part, self.groups[g])
+        group = self.groups[g]
+        if "_capped" in part.columns and group.capped is not None:
+            capped = part["_capped"].to_numpy(dtype=bool)
+            busy_w = np.empty(len(part))
+            busy_w[~capped] = step_power_w(part[~capped], group)
+            under = dataclasses.replace(group, deployment=group.capped, capped=None)
+            busy_w[capped] = step_power_w(part[capped], under)
+        else:
+            busy_w = step_power_w(part, group)
         # a busy stage runs 1/pp of the step
         self.step_j[g] += float(np.sum(duration * busy_w)) / self.groups[g].deployment.layout.pp
         self.busy_s[g] += float(duration.sum())

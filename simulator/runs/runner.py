@@ -32,6 +32,12 @@ from simulator.metrics.summary import (
 from simulator.outputs import atomic_folder
 from simulator.runs import sizes
 from simulator.runs.energy import EnergyAccumulator, GroupAccount, fleet_energy
+from simulator.runs.power_budget import (
+    capped_deployments,
+    power_budget,
+    power_summary,
+    with_power_budget,
+)
 from simulator.serving.cluster import (
     ReplicaGroup,
     SimResult,
@@ -43,6 +49,7 @@ from simulator.serving.disagg import pool_summary, prefill_view, serve_scenario
 from simulator.serving.fleet import FleetScaling
 from simulator.serving.kv_pool import pool_plan
 from simulator.serving.loops import engine_loop, expert_layout
+from simulator.serving.power import capped_steps
 from simulator.specs import ModelSpec, load_hardware, load_model
 from simulator.specs.engine import Entrypoint
 from simulator.specs.engine_args import EngineArgs
@@ -65,7 +72,7 @@ OUTPUT_LEVELS: tuple[RunOutputs, ...] = ("summary", "requests", "steps", "all")
 # "stream" runs without rows (`run`): it writes what "summary" does
 TABLE_LEVEL: dict[str, RunOutputs] = {
     "requests": "requests", "steps": "steps", "kv_tiers": "steps", "itl": "all",
-    "fleet": "requests",
+    "fleet": "requests", "power": "requests",
 }  # fmt: skip
 TABLE_SUFFIX: dict[OutputFormat, str] = {"csv": ".csv", "parquet": ".parquet"}
 # What `save_run` writes, beside its manifest.json.
@@ -247,6 +254,8 @@ def run(
     requests: RequestTable | None = None,
     outputs: RunOutputs | None = None,
     pd_partition: str | None = None,
+    power_budget_w: float | None = None,
+    power_policy: str | None = None,
 ) -> RunResult:
     """Simulate a scenario (a Scenario, or a path to its YAML: bad input then names the file
     and, for a replica group's impossible layout, the group). `pd_partition`: every
@@ -257,9 +266,12 @@ def run(
     and arrivals from elsewhere, e.g. a published run's histogram). `outputs`: "stream" (or
     the scenario's `outputs: stream` when None) keeps running aggregates instead of rows
     (`metrics.stream`): the result's tables are empty and the summary lacks
-    `metrics.stream.STREAM_ABSENT`; other levels only choose what `save_run` writes."""
+    `metrics.stream.STREAM_ABSENT`; other levels only choose what `save_run` writes.
+    `power_budget_w`, `power_policy`: replace the scenario's power budget's (`power_budget:`,
+    `runs.power_budget.with_power_budget`)."""
     percentiles = tuple(sorted({*PERCENTILES, *percentiles}))
     if isinstance(scenario, Scenario):
+        scenario = with_power_budget(scenario, power_budget_w, power_policy, source="scenario")
         return _simulate(
             partitioned(scenario, pd_partition),
             percentiles=percentiles,
@@ -267,8 +279,11 @@ def run(
             outputs=outputs,
         )
     with naming(str(scenario)):
+        loaded = with_power_budget(
+            load_scenario(scenario), power_budget_w, power_policy, source=str(scenario)
+        )
         return _simulate(
-            partitioned(load_scenario(scenario), pd_partition),
+            partitioned(loaded, pd_partition),
             name_groups=True,
             percentiles=percentiles,
             requests=requests,
@@ -285,8 +300,16 @@ def _simulate(
     outputs: RunOutputs | None = None,
 ) -> RunResult:
     stream = (outputs or scenario.outputs) == "stream"
-    if stream and (scenario.disaggregated or scenario.autoscale is not None):
-        what = "a disaggregated" if scenario.disaggregated else "an autoscaled"
+    if stream and (
+        scenario.disaggregated or scenario.autoscale is not None or scenario.power_budget
+    ):
+        what = (
+            "a disaggregated"
+            if scenario.disaggregated
+            else "an autoscaled"
+            if scenario.autoscale is not None
+            else "a power-budgeted"
+        )
         raise SpecError(f"stream is not built for {what} run (use summary)", field="outputs")
     pooled = scenario.kv_pool is not None and scenario.kv_pool.mode == "distributed"
     if stream and pooled:
@@ -341,6 +364,14 @@ def _simulate(
                 scenario.kv_pool,
                 [(dep, g.count) for dep, g in zip(deps, scenario.replicas, strict=True)],
             ),
+            power=power_budget(
+                scenario,
+                deps,
+                plans,
+                lambda spec: build_group(
+                    model, spec, requests, sampling=scenario.workload.sampling
+                ),
+            ),
         )
     goodput = scenario.slo.goodput() if scenario.slo else None
     # tokens after the first: one per decode at its step's end (a speculative step's decodes
@@ -368,6 +399,10 @@ def _simulate(
         summary["kv_pool"] = sim.kv_pool
     if scenario.autoscale is not None:
         summary.update(fleet_summary(scenario, sim, plans, deps, goodput or {}))
+    if sim.power is not None:
+        summary.update(power_summary(scenario, deps, sim.power, sim.power_capped_replica_s or 0.0))
+        if goodput and "slo_attainment" not in summary:
+            summary["slo_attainment"] = slo_attainment(sim.requests, goodput)
     summary.update(
         bound_summary(
             scenario, plans, deps, sim.requests, tokens_per_s=summary.get("total_token_throughput")
@@ -601,6 +636,7 @@ def save_run(
         "steps": lambda: sim.steps,
         "kv_tiers": lambda: sim.kv_tiers,
         "fleet": lambda: sim.fleet,
+        "power": lambda: sim.power,
         "itl": lambda: pd.DataFrame({"itl_s": sim.itl_s, "weight": sim.itl_weight}, copy=False),
     }
     with atomic_folder(out, "run", RUN_FILES) as folder:
@@ -750,7 +786,16 @@ def energy_summary(result: RunResult) -> dict[str, float]:
         raise ValueError("the run result carries no deployments (build it with runner.run)")
     on_s = [scaled_on_s(result, i) for i in range(len(result.scenario.replicas))]
     groups = group_accounts(result.scenario, result.deployments, result.memory, on_s)
-    return fleet_energy(steps=result.sim.steps, requests=result.sim.requests, groups=groups)
+    sim, capped = result.sim, None
+    if sim.power_caps is not None and len(sim.power_caps):  # a power budget capped replicas
+        groups = [
+            dataclasses.replace(g, capped=d)
+            for g, d in zip(
+                groups, capped_deployments(result.scenario, result.deployments), strict=True
+            )
+        ]
+        capped = capped_steps(sim.steps, sim.power_caps)
+    return fleet_energy(steps=sim.steps, requests=sim.requests, groups=groups, capped=capped)
 
 
 def group_accounts(

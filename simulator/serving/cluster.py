@@ -47,6 +47,7 @@ from simulator.serving.kv_tiers import (
     TieredBlockManager,
 )
 from simulator.serving.lora import AdapterCache, lora_summary
+from simulator.serving.power import PowerBudget, PowerController
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 from simulator.serving.router import Router
@@ -79,6 +80,10 @@ class SimResult:
     fleet_gpu_seconds: float | None = None
     # with a distributed KV pool (serving.kv_pool): what it lent and what that cost
     kv_pool: dict[str, float] | None = None
+    # with a power budget (serving.power): the fleet's sampled draw, and replica-seconds capped
+    power: pd.DataFrame | None = None
+    power_capped_replica_s: float | None = None
+    power_caps: pd.DataFrame | None = None  # when each replica was capped, released
 
 
 def simulate(
@@ -133,12 +138,15 @@ def serve(
     autoscale: FleetScaling | None = None,
     recorder: Recorder | None = None,
     kv_pool: PoolPlan | None = None,
+    power: PowerBudget | None = None,
 ) -> SimResult:
     """The event simulation itself: `requests` routed over the replicas of all `groups`;
     with `autoscale`, group `autoscale.spec.group` built with max_replicas replicas, scaled
-    over the run (`serving.fleet`). `recorder`: what records the rows (a fresh `Recorder`
-    when None; a `metrics.stream.StreamRecorder` folds them into aggregates instead).
-    `kv_pool`: the replicas' KV caches pooled (`serving.kv_pool`; None: each its own)."""
+    over the run (`serving.fleet`); with `power`, the fleet's draw sampled and its replicas
+    capped by the budget's policy (`serving.power`). `recorder`: what records the rows (a
+    fresh `Recorder` when None; a `metrics.stream.StreamRecorder` folds them into aggregates
+    instead). `kv_pool`: the replicas' KV caches pooled (`serving.kv_pool`; None: each its
+    own)."""
     if max_concurrency is not None and max_concurrency < 1:
         raise SpecError(f"must be at least 1, got {max_concurrency}", field="max_concurrency")
     check_budgets(requests, groups)
@@ -196,6 +204,16 @@ def serve(
             finished=lambda: client.completed == len(requests),
         )
         env.process(scaler.run())
+    controller = None
+    if power is not None:
+        controller = PowerController(
+            env,
+            power,
+            replicas=replicas,
+            group_of=group_of,
+            finished=lambda: client.completed == len(requests),
+        )
+        env.process(controller.run())
     env.process(client.send(requests, route))
     run_to_end(env, client, replicas)
     result = sim_result(
@@ -203,6 +221,13 @@ def serve(
     )
     if pool is not None:
         result = dataclasses.replace(result, kv_pool=pool.summary())
+    if controller is not None:
+        result = dataclasses.replace(
+            result,
+            power=controller.frame(),
+            power_capped_replica_s=controller.capped_replica_s,
+            power_caps=controller.caps(),
+        )
     if scaler is None:
         return result
     scaler.close(client.last_done_s)

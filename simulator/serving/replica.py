@@ -98,6 +98,9 @@ class Replica:
         self._verify = 1 + scheduler.num_speculative_tokens
         self._segments = speculator is None
         self._last_end = math.nan  # when the last step ended
+        # The step (or decode run) in progress, for a fleet power budget (serving.power):
+        # (start_s, end_s, one step's seconds, num_seqs, prefill_tokens, decode_tokens)
+        self.activity: tuple[float, float, float, int, int, int] | None = None
         # KV tiers loading between steps: requests whose blocks are on the way, and when the
         # host link is next free (loads queue on it)
         self._loading = 0
@@ -215,6 +218,15 @@ class Replica:
             distinct = len({r.adapter for r, _ in plan.entries if r.adapter >= 0})
             step_s += self.lora.step_s(tokens, distinct)
             self.lora.count(distinct)
+        prefill = sum([c[0] for c in chunks])
+        self.activity = (
+            start,
+            start + swaps + step_s,
+            step_s,
+            len(plan.entries),
+            prefill,
+            len(decodes),
+        )
         yield self.env.timeout(swaps + step_s)
         self.apply(plan, chunks=chunks, decodes=decodes, start=start, end=self.env.now)
 
@@ -370,6 +382,7 @@ class Replica:
                 durations = durations - np.where(starts, 0.0, self.timer.cpu_s(n))
             ends = (start + np.cumsum(durations)).tolist()  # floats: the rest is Python
         last = ends[-1]
+        self.activity = (start, last, (last - start) / steps, n, 0, n)
         if self.waiting and not self._loading:  # head blocked: arrivals cannot change it
             yield self.env.timeout(last - start)
             done = steps

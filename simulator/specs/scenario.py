@@ -21,6 +21,7 @@ from simulator.specs._base import (
     MAX_REQUESTS,
     MAX_TOKENS,
     Frozen,
+    Seconds,
     Watts,
 )
 from simulator.specs.deployment import KvEvictionPolicy, ShadowKV, SwiftKV, check_quantization
@@ -352,6 +353,55 @@ class AutoscaleSpec(Frozen):
         return self
 
 
+class PowerBudgetSpec(Frozen):
+    """A power budget for the fleet's GPUs (serving.power). `policy: none` runs as without it;
+    `static` caps every GPU at budget_w / the fleet's GPUs, so that all of them at full load
+    fit; `dynamic` (POLCA, arXiv:2308.12908: cap when the cluster's draw crosses a threshold,
+    low-priority servers first, uncap when it falls back) samples the fleet's estimated draw
+    every `sample_s`, and when its mean over `window_s` exceeds cap_threshold x budget_w caps
+    replicas at `cap_w` per GPU, lowest priority first (the last replica group's, highest
+    index first), as many as it takes for the estimate to fit under the threshold; each cap
+    takes effect `reaction_s` after the decision. Once the windowed draw is below
+    release_threshold x budget_w it lifts one cap, highest priority first (after `reaction_s`
+    too)."""
+
+    budget_w: Watts = Field(gt=0, description="the fleet's GPU power budget")
+    policy: Literal["none", "static", "dynamic"] = "dynamic"
+    cap_w: Watts | None = Field(
+        default=None,
+        gt=0,
+        description="dynamic: the per-GPU cap on a capped replica (default: budget_w / GPUs)",
+    )
+    cap_threshold: float = Field(
+        default=0.95, gt=0, le=1, description="dynamic: cap above this share of the budget"
+    )
+    release_threshold: float = Field(
+        default=0.85, gt=0, le=1, description="dynamic: uncap below this share of the budget"
+    )
+    reaction_s: Seconds = Field(
+        default=1.0, ge=0, description="dynamic: from a decision to the cap (or release) in place"
+    )
+    window_s: Seconds = Field(
+        default=2.0, gt=0, description="dynamic: the draw is averaged over this window"
+    )
+    sample_s: Seconds = Field(
+        default=0.25, gt=0, description="seconds between samples of the fleet's draw"
+    )
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> PowerBudgetSpec:
+        if self.release_threshold >= self.cap_threshold:
+            raise ValueError(
+                f"release_threshold {self.release_threshold:g} must be below cap_threshold "
+                f"{self.cap_threshold:g}"
+            )
+        if self.window_s < self.sample_s:
+            raise ValueError(
+                f"window_s {self.window_s:g} is shorter than sample_s {self.sample_s:g}"
+            )
+        return self
+
+
 class Scenario(Frozen):
     name: str
     model: str = Field(description="catalogue id or path to a Hugging Face config.json")
@@ -384,6 +434,10 @@ class Scenario(Frozen):
         default=None,
         description="the replicas' KV caches pooled: distributed lets a full replica borrow "
         "other replicas' free blocks (Infinite-LLM, serving.kv_pool)",
+    )
+    power_budget: PowerBudgetSpec | None = Field(
+        default=None,
+        description="a power budget for the fleet's GPUs, static or dynamic caps (serving.power)",
     )
 
     @field_validator("replicas")
@@ -434,6 +488,18 @@ class Scenario(Frozen):
             if spec.data_parallel_size > 1 or spec.pipeline_micro_batching:
                 raise ValueError(
                     "an autoscaled group is of plain replicas (no data_parallel_size > 1 or "
+                    "pipeline_micro_batching)"
+                )
+        budget = self.power_budget
+        if budget is not None and budget.policy != "none":
+            if self.disaggregated or self.autoscale is not None:
+                raise ValueError(
+                    "power_budget: applies to fixed colocated fleets (no disaggregation or "
+                    "autoscale)"
+                )
+            if any(g.data_parallel_size > 1 or g.pipeline_micro_batching for g in self.replicas):
+                raise ValueError(
+                    "power_budget: caps plain replicas (no data_parallel_size > 1 or "
                     "pipeline_micro_batching)"
                 )
         return self

@@ -94,6 +94,22 @@ def test_the_run_report_renders(run_folder: Path, tmp_path: Path) -> None:
     assert dom.count('class="trace bars') >= 10  # the breakdown's ops, stacked
 
 
+@pytest.mark.slow  # about 5 s: the bundled autoscaled run, and a chromium start
+def test_the_autoscaled_run_report_draws_its_replicas_over_time(tmp_path: Path) -> None:
+    from simulator.runs import runner
+
+    folder = runner.save_run(runner.run(SCENARIOS / "fleet_autoscale.yaml"), tmp_path / "run")
+    dom, console = render(write_report(folder, tmp_path / "report.html"), tmp_path / "profile")
+    assert console == []
+    ids = FIGURE.findall(dom)
+    assert ids == [f"fig-{i}" for i in range(7)]
+    part = dom[dom.index('id="fig-4"') : dom.index('id="fig-5"')]  # after the load figures
+    assert "Autoscaled replicas over time" in part
+    assert len(re.findall(r'class="trace scatter', part)) == 4
+    names = set(re.findall(r'class="legendtext"[^>]*>([^<]*)<', dom))
+    assert {"serving", "loading weights", "draining", "wanted by the autoscaler"} <= names
+
+
 LEGEND = re.compile(r'class="legendtext"[^>]*>([^<]*)<')
 PLOT_AREA = re.compile(r'class="nsewdrag drag"[^>]*?width="([\d.]+)"')
 

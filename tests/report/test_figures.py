@@ -13,9 +13,11 @@ from simulator.errors import SpecError
 from simulator.report import (
     batch_size,
     cost_frontier,
+    fleet_replicas,
     kv_usage,
     latency_cdf,
     op_breakdown,
+    power_trace,
     queue_length,
     rate_latency,
     roofline,
@@ -267,3 +269,41 @@ def test_plan_slo_matches_the_frontier_percentile() -> None:
     assert plan_slo_ms(slo, "p99_tpot_ms") == 50.0
     assert plan_slo_ms(slo, "p99_ttft_ms") is None
     assert plan_slo_ms(slo, "p90_ttft_ms") == 800.0
+
+
+def test_fleet_replicas_draws_each_count_as_steps() -> None:
+    fleet = pd.DataFrame(
+        {
+            "time_s": [0.0, 5.0, 7.5, 30.0],
+            "serving": [1, 1, 2, 1],
+            "loading": [0, 1, 0, 0],
+            "draining": [0, 0, 0, 1],
+            "wanted": [1, 2, 2, 1],
+        }
+    )
+    fig = fleet_replicas(fleet)
+    names = [t.name for t in fig.data]
+    assert names == ["serving", "loading weights", "draining", "wanted by the autoscaler"]
+    assert all(t.line.shape == "hv" for t in fig.data)  # a count holds until the next row
+    assert list(fig.data[0].y) == [1, 1, 2, 1] and list(fig.data[1].x) == [0.0, 5.0, 7.5, 30.0]
+    with pytest.raises(SpecError, match="wanted"):
+        fleet_replicas(fleet.drop(columns="wanted"))
+
+
+def test_power_trace_draws_the_draw_the_budget_and_the_caps() -> None:
+    power = pd.DataFrame(
+        {
+            "time_s": [0.25, 0.5, 0.75, 1.0],
+            "draw_w": [1500.0, 2600.0, 2100.0, 1400.0],
+            "window_w": [1500.0, 2050.0, 2066.7, 2033.3],
+            "capped_replicas": [0, 0, 2, 2],
+        }
+    )
+    fig = power_trace(power, budget_w=2000.0)
+    names = [t.name for t in fig.data]
+    assert names == ["fleet draw (sampled)", "windowed mean", "budget", "replicas capped"]
+    assert list(fig.data[2].y) == [2000.0, 2000.0] and list(fig.data[2].x) == [0.25, 1.0]
+    assert fig.data[3].line.shape == "hv" and list(fig.data[3].y) == [0, 0, 2, 2]
+    assert len(power_trace(power).data) == 3  # no budget line without one
+    with pytest.raises(SpecError, match="capped_replicas"):
+        power_trace(power.drop(columns="capped_replicas"))

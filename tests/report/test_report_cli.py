@@ -120,3 +120,46 @@ def test_bad_input_exits_2_with_one_line(
     assert code == 2
     assert stderr.count("\n") == 1 and message in stderr
     assert "Traceback" not in stderr
+
+
+def test_report_of_an_autoscaled_run_shows_its_replicas_over_time(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = scenario_data(
+        name="scaled",
+        input_len=512,
+        output_len=128,
+        num_prompts=300,
+        request_rate=30,
+        router={"kind": "least_outstanding"},
+        autoscale={"min_replicas": 1, "max_replicas": 3, "target": 8, "interval_s": 1},
+    )
+    out = tmp_path / "run"
+    code, _, stderr = run_cli(
+        capsys, "run", str(write_yaml(tmp_path / "s.yaml", data)), "--out", str(out), "--report"
+    )
+    assert code == 0, stderr
+    html = (out / "report.html").read_text()
+    assert "Autoscaled replicas over time" in html and "replicas added" in html
+    assert len(figures(html)) == 7  # the six of a run, and the replicas over time
+
+
+def test_report_of_a_power_budgeted_run_shows_its_draw_over_time(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = scenario_data(
+        name="budgeted",
+        input_len=1024,
+        output_len=64,
+        num_prompts=200,
+        request_rate=40,
+        power_budget={"budget_w": 600, "policy": "dynamic"},
+    )
+    out = tmp_path / "run"
+    code, _, stderr = run_cli(
+        capsys, "run", str(write_yaml(tmp_path / "s.yaml", data)), "--out", str(out), "--report"
+    )
+    assert code == 0, stderr
+    html = (out / "report.html").read_text()
+    assert "Fleet power draw over time" in html and "replica-time capped" in html
+    assert len(figures(html)) == 7  # the six of a run, and the power trace
