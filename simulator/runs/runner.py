@@ -311,6 +311,14 @@ def _simulate(
             else "a power-budgeted"
         )
         raise SpecError(f"stream is not built for {what} run (use summary)", field="outputs")
+    budget = scenario.power_budget
+    capped = budget is not None and budget.policy != "none"
+    if capped and any(g.pd_partition is not None for g in scenario.replicas):
+        # a cap swaps a replica's step timer; a partitioned replica runs two of its own
+        raise SpecError(
+            "caps plain replicas, not intra-GPU prefill/decode partitions (pd_partition)",
+            field="power_budget",
+        )
     pooled = scenario.kv_pool is not None and scenario.kv_pool.mode == "distributed"
     if stream and pooled:
         raise SpecError(

@@ -207,3 +207,17 @@ def test_python_api_overrides_the_budget() -> None:
     assert res.scenario.power_budget is not None
     assert res.summary["power_budget_w"] == 1600 and res.summary["power_cap_w"] == 400
     assert "power_budget_w" not in simulator.run(small).summary
+
+
+def test_a_budget_refuses_partitioned_replicas(capsys: pytest.CaptureFixture[str]) -> None:
+    # a cap swaps a replica's step timer; a pd_partition replica runs a timer per stream
+    err = one_line_error(
+        capsys,
+        "run",
+        "scenarios/quickstart.yaml",
+        "--power-budget",
+        "5000",
+        "--pd-partition",
+        "dynamic:50",
+    )
+    assert "power_budget" in err and "pd_partition" in err
