@@ -16,7 +16,7 @@ shapes) are not read here.
 from __future__ import annotations
 
 from simulator.calibrate.families import FLOP_KNOTS, MEASURED_DEVICE_FP8_FAMILY, Family
-from simulator.calibrate.fit import FitReport, fit_family
+from simulator.calibrate.fit import FitReport, fit_family, print_gemm_fit
 from simulator.specs import load_hardware
 from simulator.specs.hardware import GemmLibrary, HardwareSpec
 from simulator.validate.amd import DEVICE, device_groups
@@ -59,13 +59,7 @@ def fit_mi300x_a8w8() -> tuple[GemmLibrary, HardwareSpec, FitReport]:
 
 def main() -> None:
     library, _, report = fit_mi300x_a8w8()
-    print(
-        f"{report.family}: {report.rows} rows, MAPE {report.mape_before_pct:.2f}% -> "
-        f"{report.mape_after_pct:.2f}%"
-    )
-    print("peak_fraction.fp8:", library.peak_fraction["fp8"])
-    print("extra_latency_s.fp8:", library.extra_latency_s["fp8"])
-    print("size_curves.fp8:", library.size_curves["fp8"])
+    print_gemm_fit(report, library, "fp8")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,13 @@ from simulator.calibrate.families import (
     TILE_MARGIN_PCT,
     Family,
 )
-from simulator.specs.hardware import ComputeDtype, EfficiencySpec, GemmLibrary, HardwareSpec
+from simulator.specs.hardware import (
+    ComputeDtype,
+    EfficiencySpec,
+    GemmEfficiency,
+    GemmLibrary,
+    HardwareSpec,
+)
 from simulator.specs.loader import load_hardware
 from simulator.validate.gemm_library import device_groups
 from simulator.validate.layers import LIBRARY
@@ -87,6 +93,19 @@ class FitReport:
     rows: int
     mape_before_pct: float
     mape_after_pct: float
+
+
+def print_gemm_fit(
+    report: FitReport, factors: GemmEfficiency | GemmLibrary, dtype: ComputeDtype
+) -> None:
+    """What a device's fitting entry point prints (`python -m simulator.calibrate.amd`,
+    `.nvfp4`): the fit's error and `dtype`'s fitted GEMM factors, to copy into its YAML."""
+    print(
+        f"{report.family}: {report.rows} rows, MAPE {report.mape_before_pct:.2f}% -> "
+        f"{report.mape_after_pct:.2f}%"
+    )
+    for name in ("peak_fraction", "extra_latency_s", "size_curves"):
+        print(f"{name}.{dtype}:", getattr(factors, name)[dtype])
 
 
 def predict(groups: list[Group], hw: HardwareSpec) -> np.ndarray:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from simulator.calibrate.families import FLOP_KNOTS, Family, Param, _knots
-from simulator.calibrate.fit import FitReport, fit_family
+from simulator.calibrate.fit import FitReport, fit_family, print_gemm_fit
 from simulator.specs import load_hardware
 from simulator.specs.hardware import HardwareSpec
 from simulator.validate.nvfp4 import DEVICE, device_groups
@@ -78,14 +78,7 @@ def fit_b200_nvfp4() -> tuple[HardwareSpec, FitReport]:
 
 def main() -> None:
     fitted, report = fit_b200_nvfp4()
-    gemm = fitted.efficiency.gemm
-    print(
-        f"{report.family}: {report.rows} rows, MAPE {report.mape_before_pct:.2f}% -> "
-        f"{report.mape_after_pct:.2f}%"
-    )
-    print("peak_fraction.fp4:", gemm.peak_fraction["fp4"])
-    print("extra_latency_s.fp4:", gemm.extra_latency_s["fp4"])
-    print("size_curves.fp4:", gemm.size_curves["fp4"])
+    print_gemm_fit(report, fitted.efficiency.gemm, "fp4")
 
 
 if __name__ == "__main__":
