@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 from simulator.costmodel.deployment import Deployment
 from simulator.errors import SpecError
 from simulator.serving.kv_cache import BlockManager
-from simulator.serving.kv_transfer import _link, _resolve_kind, link_factors
+from simulator.serving.kv_transfer import device_link, link_factors, resolve_link_kind
 from simulator.serving.request import Request
 from simulator.specs.model import MLAttention
 from simulator.specs.serving import KvPoolSpec
@@ -114,11 +114,11 @@ def pool_link(spec: KvPoolSpec, deps: Sequence[tuple[Deployment, int]]) -> list[
     """Each replica group's link to the pool (`deps`: each group's deployment and replica
     count). The slower end sets the bandwidth as `kv_transfer` resolves its links."""
     try:
-        kind = _resolve_kind(spec.link, deps)
+        kind = resolve_link_kind(spec.link, deps)
     except SpecError as exc:
         raise SpecError(exc.reason, field="kv_pool.link") from None
     factors = link_factors()
-    ends = [_link(kind, dep.hardware, factors) for dep, _ in deps]
+    ends = [device_link(kind, dep.hardware, factors) for dep, _ in deps]
     bandwidth = min(bw for bw, _ in ends)
     latency = max(lat for _, lat in ends)
     return [

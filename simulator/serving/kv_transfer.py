@@ -123,7 +123,7 @@ def _gpus(dep: Deployment) -> int:
     return dep.layout.devices_per_replica
 
 
-def _link(kind: str, hw: HardwareSpec, factors: LinkFactors) -> tuple[float, float]:
+def device_link(kind: str, hw: HardwareSpec, factors: LinkFactors) -> tuple[float, float]:
     """(achieved bandwidth per GPU and direction, latency) of `kind` on `hw`."""
     net = hw.interconnect
     match kind:
@@ -136,7 +136,7 @@ def _link(kind: str, hw: HardwareSpec, factors: LinkFactors) -> tuple[float, flo
             return net.scale_out_bw_bytes_per_s * factors.network_fraction, net.scale_out_latency_s
 
 
-def _resolve_kind(kind: LinkKind, pools: Sequence[tuple[Deployment, int]]) -> str:
+def resolve_link_kind(kind: LinkKind, pools: Sequence[tuple[Deployment, int]]) -> str:
     """The link `kind` names, `auto` resolved over every group of the deployment."""
     ids = {dep.hardware.id for dep, _ in pools}
     first = pools[0][0].hardware
@@ -166,7 +166,7 @@ def transfer_links(
     deployment, replica count) per replica group, in scenario order."""
     spec = spec or KVTransferSpec()
     factors = link_factors()
-    kind = _resolve_kind(spec.kind, [(dep, count) for _, dep, count in pools])
+    kind = resolve_link_kind(spec.kind, [(dep, count) for _, dep, count in pools])
     links = {}
     for i, (role_p, prefill, _) in enumerate(pools):
         for j, (role_d, decode, _) in enumerate(pools):
@@ -179,7 +179,7 @@ def transfer_links(
                     field=f"replicas.{j}.kv_cache_dtype",
                 )
             (bw_p, lat_p), (bw_d, lat_d) = (
-                _link(kind, d.hardware, factors) for d in (prefill, decode)
+                device_link(kind, d.hardware, factors) for d in (prefill, decode)
             )
             per_gpu = kv_bytes_per_token_per_device(decode.model, decode.layout, decode.precision)
             links[i, j] = TransferModel(
