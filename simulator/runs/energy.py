@@ -175,6 +175,9 @@ class GroupAccount:
     on_s: float | None = None
     # under a fleet power budget (serving.power): the deployment its capped replicas ran on
     capped: Deployment | None = None
+    # each replica runs two streams of steps at once on shares of its GPU (intra-GPU
+    # prefill/decode partitioning, serving.pd_partition): its step rows overlap in time
+    streams_overlap: bool = False
 
     @property
     def gpus_per_replica(self) -> int:
@@ -218,6 +221,47 @@ def step_power_w(steps: pd.DataFrame, group: GroupAccount) -> np.ndarray:
     )
     watts = PowerModel.from_hardware(dep.hardware).power_w(u_compute=u_compute, u_memory=u_memory)
     return np.broadcast_to(watts, u_compute.shape)
+
+
+def stream_overlap(
+    steps: pd.DataFrame, watts: np.ndarray, power: PowerModel
+) -> tuple[float, float]:
+    """(seconds, joules) by which summing `steps` one by one over-counts a replica that runs
+    two streams at once (`serving.pd_partition`: each stream's steps follow one another, the
+    two streams' overlap). While two steps run, the GPU is busy once and draws its idle and
+    `active` terms once, plus both steps' compute and memory terms (each step's utilisation
+    is already a share of the whole GPU's peaks), clamped to [parked, ceiling]:
+
+        P = clip(P_a + P_b - (idle + (tdp - idle) x active), parked, ceiling)
+
+    The seconds are the overlaps (the replica's busy time is the union of its steps), the
+    joules P_a + P_b - P over them. `watts[i]` is the draw of `steps.iloc[i]` alone. Each
+    overlapping pair is found once: sorted by start, a step's partner is the earlier step
+    with the latest end (the other stream's running step; a stream's own steps never
+    overlap). Pairs split across two chunks of an accumulated run are not seen."""
+    if len(steps) < 2:
+        return 0.0, 0.0
+    replica = steps["replica"].to_numpy()
+    start = steps["start_s"].to_numpy(dtype=float)
+    end = steps["end_s"].to_numpy(dtype=float)
+    order = np.lexsort((start, replica))
+    replica, start, end, watts = replica[order], start[order], end[order], watts[order]
+    shared = power.idle_w + (power.tdp_w - power.idle_w) * power.active_fraction
+    cuts = np.flatnonzero(np.diff(replica)) + 1
+    overlap_s = excess_j = 0.0
+    for lo, hi in zip([0, *cuts], [*cuts, len(start)], strict=True):
+        s, e, w = start[lo:hi], end[lo:hi], watts[lo:hi]
+        latest = np.maximum.accumulate(e)
+        holder = np.maximum.accumulate(np.where(e >= latest, np.arange(len(e)), 0))
+        overlap = np.minimum(e[1:], latest[:-1]) - s[1:]
+        hit = np.flatnonzero(overlap > 0)
+        if not len(hit):
+            continue
+        both = w[1:][hit] + w[holder[:-1][hit]]
+        together = np.clip(both - shared, power.parked_w, power.ceiling_w)
+        overlap_s += float(overlap[hit].sum())
+        excess_j += float(np.sum(overlap[hit] * (both - together)))
+    return overlap_s, excess_j
 
 
 CHUNK_STEPS = 100_000  # steps costed at once: the cost model's arrays stay small
@@ -296,6 +340,13 @@ class EnergyAccumulator:
             busy_w[capped] = step_power_w(part[capped], under)
         else:
             busy_w = step_power_w(part, group)
+        if group.streams_overlap:
+            power = PowerModel.from_hardware(group.deployment.hardware)
+            overlap_s, excess_j = stream_overlap(part, busy_w, power)
+            pp = group.deployment.layout.pp
+            self.step_j[g] += (float(np.sum(duration * busy_w)) - excess_j) / pp
+            self.busy_s[g] += float(duration.sum()) - overlap_s
+            return
         # a busy stage runs 1/pp of the step
         self.step_j[g] += float(np.sum(duration * busy_w)) / self.groups[g].deployment.layout.pp
         self.busy_s[g] += float(duration.sum())

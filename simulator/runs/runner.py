@@ -822,6 +822,7 @@ def group_accounts(
             usd_per_gpu_hour=spec.usd_per_gpu_hour or dep.hardware.price.usd_per_hour,
             sampling=scenario.workload.sampling,
             on_s=on[i],
+            streams_overlap=spec.pd_partition is not None,
         )
         for i, (spec, dep, plan) in enumerate(zip(scenario.replicas, deps, plans, strict=True))
     ]

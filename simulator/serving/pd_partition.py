@@ -29,8 +29,8 @@ A stream alone on the replica has the whole GPU, priced exactly as today's repli
 Not modelled: the paper's hysteresis and its phase-specific schedulers (each stream here keeps
 the engine's scheduler), kernel-level interference beyond the bandwidth shares, the SM split's
 switching cost. Both streams' steps are recorded under the replica's index, so they overlap in
-time in the step rows.
-"""
+time in the step rows; the energy account counts the GPU once while both run
+(`runs.energy.stream_overlap`)."""
 
 from __future__ import annotations
 
