@@ -106,6 +106,7 @@ def default_scheduler(
         "chunked_prefill": chunked,
         "watermark": sched.watermark,
         "admission": sched.new_token_ratio if not mixed else None,
+        "schedule_ahead": sched.schedule_ahead,
     }
     return SchedulerSpec(**(values | given))
 

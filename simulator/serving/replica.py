@@ -19,6 +19,13 @@ block runs on with the rest. Tokens are timed per step, as vLLM streams them wit
 --multi-step-stream-outputs (on by default from 0.6.2); 0.6.0 returned a block's tokens at its
 end, which is not modelled.
 
+Scheduling one batch ahead (`SchedulerSpec.schedule_ahead`, SGLang's overlap scheduler): the
+engine forms batch N+1 while step N runs, so a request that arrives during a step is held out
+of the queue until the step after it has started (`_held`), and can join the batch after that;
+a decode run it cuts goes on one step more. An idle replica (nothing running or queued) takes
+it at once. The loop's CPU work running under the GPU's is the step timer's
+(`EngineSpec.overhead`), not this.
+
 Multi-LoRA (an `AdapterCache`, serving/lora.py): the scheduler keeps the running requests
 within max_loras distinct adapters; a step first waits for the adapters it lacks to load into
 their GPU slots, and its batched LoRA kernels (`costmodel.lora`) add to its time, in decode
@@ -90,6 +97,11 @@ class Replica:
         self.between_steps = between_steps
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
+        # Scheduling one batch ahead: arrivals during a step, with their arrival times, and
+        # when the last step started (the batch after it was formed then)
+        self._ahead = scheduler.schedule_ahead
+        self._held: deque[tuple[float, Request]] = deque()
+        self._last_start = -math.inf
         self._wakeup = env.event()
         self._decoding = False  # every running request is decoding (no prompt left)
         # Speculative decoding: decodes verify 1 + k tokens and accept a random number of them,
@@ -119,7 +131,9 @@ class Replica:
     # -- the router's view ----------------------------------------------------------------------
     @property
     def outstanding(self) -> int:
-        return len(self.running) + len(self.waiting) + self.incoming + self._loading
+        return (
+            len(self.running) + len(self.waiting) + len(self._held) + self.incoming + self._loading
+        )
 
     def wake(self) -> None:
         """Let an idle loop look again (blocks were freed from outside it)."""
@@ -128,15 +142,30 @@ class Replica:
 
     def submit(self, req: Request) -> None:
         req.replica = self.index
-        enqueue(req, self.waiting, self.spec, front=False)
+        step = self.activity  # the step in flight, if any
+        if self._ahead and step is not None and step[0] < self.env.now < step[1]:
+            self._held.append((self.env.now, req))  # the next batch is formed: the one after
+        else:
+            enqueue(req, self.waiting, self.spec, front=False)
         if not self._wakeup.triggered:
             self._wakeup.succeed()
+
+    def _release_held(self) -> None:
+        """Queue the held arrivals the next batch is formed with: those that came before the
+        last step started, or all of them when nothing runs or waits (an idle engine forms
+        its batch at once)."""
+        held = self._held
+        idle = not self.running and not self.waiting
+        while held and (idle or held[0][0] <= self._last_start):
+            enqueue(held.popleft()[1], self.waiting, self.spec, front=False)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, None]:
         while True:
             if self.between_steps is not None:
                 self.between_steps(self)
+            if self._held:
+                self._release_held()
             if not self.running and not self.waiting:
                 self._wakeup = self.env.event()
                 yield self._wakeup
@@ -204,7 +233,7 @@ class Replica:
 
     def _step(self, plan: StepPlan) -> Generator[simpy.Event, Any, None]:
         self._block_left = 0  # a step the scheduler planned: the next decodes start a block
-        start = self.env.now
+        start = self._last_start = self.env.now
         chunks, decodes = self.batch_of(plan)
         swaps = (plan.swapped_out + plan.swapped_in) * self.swap_s_per_block + plan.load_s
         # the sampler's host work for penalties grows with the output tokens
@@ -357,6 +386,8 @@ class Replica:
         left = self._block_left or block  # steps to the end of the block in progress
         if block > 1 and self.waiting:  # the block's end is the next chance to admit
             steps = min(steps, left)
+        if self._held:  # formed without the held arrivals: one step, then they may join
+            steps = 1
         total = sum([r.num_computed for r in reqs]) + n
         if self._eviction is not None:  # what the sequences keep (the timer caps its growth)
             total = sum([self._eviction.held(r.num_computed + 1, r.prompt_len) for r in reqs])
@@ -399,6 +430,7 @@ class Replica:
                 if self.env.now < ends[done - 1]:
                     yield self.env.timeout(ends[done - 1] - self.env.now)
         self._block_left = (left - done) % block
+        self._last_start = ends[done - 2] if done > 1 else start
         if self.lora is not None:
             self.lora.count(len({r.adapter for r in reqs if r.adapter >= 0}), done)
         if self.admission is not None and self.spec.admission is not None:

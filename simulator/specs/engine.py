@@ -195,6 +195,12 @@ class SchedulerDefaults(Frozen):
         "in-flight batching); false: without chunking a step is all prefill or all decode, "
         "prefill first (vLLM V0, SGLang)",
     )
+    schedule_ahead: bool = Field(
+        default=False,
+        description="the scheduler forms the next batch while a step runs (SGLang's overlap "
+        "scheduler, on by default from 0.4): a request that arrives during step N can join "
+        "step N+2 at the earliest; false: it can join step N+1 (serving.replica)",
+    )
     block_size: int = Field(gt=0)
     gpu_memory_utilization: float = Field(gt=0, le=1)
     kv_budget: KvBudget = Field(
@@ -477,14 +483,19 @@ class EngineSpec(Frozen):
     def with_async_scheduling(self) -> EngineSpec:
         """The profile with async scheduling on (vLLM's --async-scheduling): a step takes
         max(GPU + `overhead.async_residual_s`, launches + CPU) instead of max(GPU, launches) +
-        CPU (`costmodel.step.engine_time`); SpecError if the engine has none."""
+        CPU (`costmodel.step.engine_time`), and its scheduler forms the next batch while a step
+        runs (`SchedulerDefaults.schedule_ahead`: vLLM V1's engine core keeps a queue of
+        `max_concurrent_batches` and schedules the next batch while the queue has room,
+        vllm-project/vllm@00080ee1 vllm/v1/engine/core.py `step_with_batch_queue`); SpecError
+        if the engine has none."""
         if self.overhead.async_residual_s is None:
             raise SpecError(
                 f"engine {self.id or self.name} has no async scheduling (vLLM V1's "
                 "--async-scheduling; try --engine vllm)",
                 field="async_scheduling",
             )
-        return self.model_copy(update={"async_scheduling": True})
+        ahead = self.scheduler.model_copy(update={"schedule_ahead": True})
+        return self.model_copy(update={"async_scheduling": True, "scheduler": ahead})
 
     def with_tp_comm_overlap(self, fraction: float) -> EngineSpec:
         """The profile with its tensor-parallel all-reduces overlapped with their producer

@@ -62,6 +62,11 @@ class SchedulerOverrides(Frozen):
     num_scheduler_steps: int | None = Field(
         default=None, ge=1, description="vLLM V0's --num-scheduler-steps (multi-step scheduling)"
     )
+    schedule_ahead: bool | None = Field(
+        default=None,
+        description="the next batch formed while a step runs (SGLang's overlap scheduler; "
+        "false: SGLang's --disable-overlap-schedule, as far as admission goes)",
+    )
 
 
 class ReplicaGroupSpec(Frozen):

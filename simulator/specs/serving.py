@@ -31,6 +31,9 @@ class SchedulerSpec(Frozen):
     # Multi-step scheduling (vLLM V0's --num-scheduler-steps): decode batches run in blocks of
     # this many steps per scheduler call; see serving/replica.py.
     num_scheduler_steps: int = Field(default=1, ge=1)
+    # The next batch is formed while a step runs (SGLang's overlap scheduler): an arrival
+    # during step N joins step N+2 at the earliest (serving/replica.py).
+    schedule_ahead: bool = False
     # SGLang's admission by new_token_ratio (prefill_first only); None: a request joins when
     # its prompt's KV blocks fit (vLLM).
     admission: NewTokenRatio | None = None
