@@ -151,6 +151,7 @@ def power_budget(
         capped_timers=timers,
         cap_w=cap,
         draw_w=draw_w,
+        priorities=[g.power_priority for g in scenario.replicas],
     )
 
 

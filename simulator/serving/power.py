@@ -10,7 +10,8 @@ budget / GPUs per GPU). `dynamic` follows POLCA's control loop (arXiv:2308.12908
 patent application US 2025/0377708 A1 words it: above a first threshold of the servers' draw
 cap low-priority workloads' frequency, above a second cap all, uncap once the draw is a
 margin below): when `window_w` exceeds cap_threshold x budget,
-it picks replicas, lowest priority first (the last group's, highest index first), until their
+it picks replicas, lowest priority first (the groups' `power_priority`, then the last group's,
+highest index first), until their
 windowed draw above `cap_w` per GPU, taken off, brings the estimate under the threshold, and
 caps them `reaction_s` later; when `window_w` falls below release_threshold x budget it lifts
 the cap of the highest-priority capped replica, `reaction_s` later (one at a time: lifting
@@ -63,6 +64,7 @@ class PowerBudget:
     capped_timers: Sequence[StepTimer]
     cap_w: float
     draw_w: DrawFn
+    priorities: Sequence[int] = ()  # per group, lower capped first (empty: all equal)
 
 
 class PowerController:
@@ -82,8 +84,12 @@ class PowerController:
         self.finished = finished
         self.uncapped = [r.timer for r in self.replicas]
         self.capped = [False] * len(self.replicas)
-        # lowest priority first: the last group's replicas, highest index first
-        self.order = sorted(range(len(self.replicas)), key=lambda i: (-self.groups[i], -i))
+        # lowest priority first: the groups' priorities, then the last group's replicas,
+        # highest index first
+        prio = budget.priorities or [0] * len(budget.gpus)
+        self.order = sorted(
+            range(len(self.replicas)), key=lambda i: (prio[self.groups[i]], -self.groups[i], -i)
+        )
         self.pending = False  # an action decided, not yet in place
         self.rows: list[tuple[float, float, float, int]] = []
         self._draws: list[np.ndarray] = []  # per-replica watts of the samples in the window

@@ -214,6 +214,11 @@ class ReplicaGroupSpec(Frozen):
         gt=0,
         description="per-GPU power limit; lowers the clock (simulator.runs.energy)",
     )
+    power_priority: int = Field(
+        default=0,
+        description="under a dynamic power_budget: groups of lower priority are capped first "
+        "and released last (POLCA's low-priority workloads); equal: the later group first",
+    )
     host_cpu: str | None = Field(
         default=None,
         description="the node's CPU where it is not the hardware's (an id of "
@@ -364,11 +369,11 @@ class PowerBudgetSpec(Frozen):
     fit; `dynamic` (POLCA, arXiv:2308.12908: cap when the cluster's draw crosses a threshold,
     low-priority servers first, uncap when it falls back) samples the fleet's estimated draw
     every `sample_s`, and when its mean over `window_s` exceeds cap_threshold x budget_w caps
-    replicas at `cap_w` per GPU, lowest priority first (the last replica group's, highest
-    index first), as many as it takes for the estimate to fit under the threshold; each cap
-    takes effect `reaction_s` after the decision. Once the windowed draw is below
-    release_threshold x budget_w it lifts one cap, highest priority first (after `reaction_s`
-    too)."""
+    replicas at `cap_w` per GPU, lowest priority first (the groups' `power_priority`, then the
+    last replica group's, highest index first), as many as it takes for the estimate to fit
+    under the threshold; each cap takes effect `reaction_s` after the decision. Once the
+    windowed draw is below release_threshold x budget_w it lifts one cap, highest priority
+    first (after `reaction_s` too)."""
 
     budget_w: Watts = Field(gt=0, description="the fleet's GPU power budget")
     policy: Literal["none", "static", "dynamic"] = "dynamic"

@@ -221,3 +221,21 @@ def test_a_budget_refuses_partitioned_replicas(capsys: pytest.CaptureFixture[str
         "dynamic:50",
     )
     assert "power_budget" in err and "pd_partition" in err
+
+
+def _first_capped(priorities: list[int]) -> int:
+    """The group of the replica the dynamic policy capped first, with two groups of two H100s
+    at these power priorities (a round of caps is taken in order of priority)."""
+    groups = [{"hardware": "h100_sxm", "count": 2, "power_priority": p} for p in priorities]
+    power = {"budget_w": BUDGET, "policy": "dynamic", "cap_w": CAP}
+    power |= {"reaction_s": 0.5, "window_s": 1.0, "sample_s": 0.25}
+    sim = runner.run(scenario(power, replicas=groups)).sim
+    caps = sim.power_caps
+    first = caps[caps["capped"]].iloc[0]
+    return int(first["replica"]) // 2
+
+
+def test_power_priority_decides_which_group_is_capped_first() -> None:
+    assert _first_capped([0, 0]) == 1  # equal: the later group first
+    assert _first_capped([0, 5]) == 0  # the first group is the low-priority one
+    assert _first_capped([1, 0]) == 1
