@@ -135,7 +135,7 @@ def _fleet_sections(run: RunFolder) -> list[Section]:
     return [
         Section(
             "Autoscaling",
-            text=["The autoscaled group's replicas at each evaluation and change (fleet.csv)."],
+            text=["Each autoscaled group's replicas at each evaluation and change (fleet.csv)."],
             tables=[table_html(rows)] if rows else [],
             figures=[fg.fleet_replicas(run.fleet)],
         )
@@ -177,10 +177,10 @@ def _kv_capacity(run: RunFolder) -> dict[int, int] | None:
     if len(run.memory) != len(run.scenario.replicas):
         return None
     caps: dict[int, int] = {}
-    scale = run.scenario.autoscale
     for g, (spec, plan) in enumerate(zip(run.scenario.replicas, run.memory, strict=True)):
         # an autoscaled group is built with max_replicas (serving.fleet)
-        count = scale.max_replicas if scale is not None and scale.group == g else spec.num_replicas
+        scale = run.scenario.autoscaled(g)
+        count = scale.max_replicas if scale is not None else spec.num_replicas
         for _ in range(count):  # DP attention: each rank is a replica
             caps[len(caps)] = int(plan["kv_capacity_blocks"])
     return caps

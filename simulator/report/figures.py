@@ -262,19 +262,34 @@ FLEET_TRACES: tuple[tuple[str, str, dict[str, Any]], ...] = (  # column, legend,
 def fleet_replicas(fleet: pd.DataFrame) -> go.Figure:
     """An autoscaled group's replicas over time (`fleet.csv`, `RunResult.sim.fleet`): serving,
     loading their weights, draining, and the autoscaler's want, as steps (each count holds
-    from its row until the next)."""
+    from its row until the next). With more than one autoscaled group (a `group` column),
+    each group's serving replicas and want, one color a group."""
     require(fleet, ("time_s", *(c for c, _, _ in FLEET_TRACES)), what="the fleet table")
     fig = go.Figure()
-    for i, (column, name, line) in enumerate(FLEET_TRACES):
-        fig.add_trace(
-            go.Scatter(
-                x=fleet["time_s"],
-                y=fleet[column],
-                name=name,
-                mode="lines",
-                line={"shape": "hv", "color": COLORS[i], **line},
+    groups = sorted(fleet["group"].unique()) if "group" in fleet else [None]
+    if len(groups) == 1:
+        for i, (column, name, line) in enumerate(FLEET_TRACES):
+            fig.add_trace(
+                go.Scatter(
+                    x=fleet["time_s"],
+                    y=fleet[column],
+                    name=name,
+                    mode="lines",
+                    line={"shape": "hv", "color": COLORS[i], **line},
+                )
             )
-        )
+    for i, g in enumerate(groups if len(groups) > 1 else []):
+        rows = fleet[fleet["group"] == g]
+        for column, name, line in (FLEET_TRACES[0], FLEET_TRACES[-1]):
+            fig.add_trace(
+                go.Scatter(
+                    x=rows["time_s"],
+                    y=rows[column],
+                    name=f"group {g}: {name}",
+                    mode="lines",
+                    line={"shape": "hv", "color": COLORS[i % len(COLORS)], **line},
+                )
+            )
     fig.update_xaxes(title_text="time (s)")
     fig.update_yaxes(title_text="replicas", rangemode="tozero", dtick=1)
     return style(fig, title="Autoscaled replicas over time")

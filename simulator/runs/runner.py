@@ -465,18 +465,18 @@ def _stream(
 def built_replicas(scenario: Scenario, group: int) -> int:
     """Replica indices group `group` takes in the run: its num_replicas, or max_replicas when
     autoscaled (the replicas that are off count in energy and cost as parked)."""
-    scale = scenario.autoscale
-    if scale is not None and scale.group == group:
+    scale = scenario.autoscaled(group)
+    if scale is not None:
         return scale.max_replicas
     return scenario.replicas[group].num_replicas
 
 
 def scaled_on_s(result: RunResult, group: int) -> float | None:
     """Replica-seconds group `group` was on, when it was autoscaled (else None)."""
-    scale, sim = result.scenario.autoscale, result.sim
-    if scale is None or scale.group != group or sim.fleet_gpu_seconds is None:
+    seconds = result.sim.fleet_gpu_seconds or {}
+    if group not in seconds:
         return None
-    return sim.fleet_gpu_seconds / result.deployments[group].layout.devices_per_replica
+    return seconds[group] / result.deployments[group].layout.devices_per_replica
 
 
 def load_seconds(dep: Deployment, plan: MemoryPlan, source: str) -> float:
@@ -495,18 +495,17 @@ def load_seconds(dep: Deployment, plan: MemoryPlan, source: str) -> float:
 
 def fleet_scaling(
     scenario: Scenario, plans: Sequence[MemoryPlan], deps: Sequence[Deployment]
-) -> FleetScaling | None:
-    """The scenario's autoscaled group as the serving loop takes it (None: no autoscale)."""
-    scale = scenario.autoscale
-    if scale is None:
-        return None
-    dep = deps[scale.group]
-    return FleetScaling(
-        spec=scale,
-        initial=scenario.replicas[scale.group].count,
-        load_s=load_seconds(dep, plans[scale.group], scale.weights_from),
-        gpus_per_replica=dep.layout.devices_per_replica,
-    )
+) -> list[FleetScaling]:
+    """The scenario's autoscaled groups as the serving loop takes them (none: no autoscale)."""
+    return [
+        FleetScaling(
+            spec=scale,
+            initial=scenario.replicas[scale.group].count,
+            load_s=load_seconds(deps[scale.group], plans[scale.group], scale.weights_from),
+            gpus_per_replica=deps[scale.group].layout.devices_per_replica,
+        )
+        for scale in scenario.autoscale or ()
+    ]
 
 
 def fleet_summary(
@@ -515,33 +514,60 @@ def fleet_summary(
     plans: Sequence[MemoryPlan],
     deps: Sequence[Deployment],
     slos: Mapping[str, float],
-) -> dict[str, float | None]:
-    """An autoscaled run's fleet figures: GPU-hours (the autoscaled group's replicas while
-    loading, serving or draining, the other groups' for the whole run, both until the last
-    request ends), the autoscaled group's replicas serving (time-weighted mean and peak), the
-    scale-ups, the load time of one, and the share of requests meeting every SLO."""
+) -> dict[str, Any]:
+    """An autoscaled run's fleet figures: GPU-hours (the autoscaled groups' replicas while
+    loading, serving or draining, the other groups' for the whole run, all until the last
+    request ends), the autoscaled groups' replicas serving together (time-weighted mean and
+    peak), the scale-ups, the load time of one replica (the longest of the groups'), and the
+    share of requests meeting every SLO. With more than one autoscaled group,
+    `fleet_by_group` has each group's figures."""
     assert scenario.autoscale is not None and sim.fleet is not None
-    group = scenario.autoscale.group
     end = float(sim.requests["finish_s"].max()) if len(sim.requests) else 0.0
-    gpu_s = float(sim.fleet_gpu_seconds or 0.0)
+    seconds = sim.fleet_gpu_seconds or {}
+    gpu_s = float(sum(seconds.values()))
     for i, (spec, dep) in enumerate(zip(scenario.replicas, deps, strict=True)):
-        if i != group:
+        if scenario.autoscaled(i) is None:
             gpu_s += spec.num_replicas * dep.layout.devices_per_replica * end
     frame = sim.fleet
-    times = frame["time_s"].to_numpy(float)
-    serving = frame["serving"].to_numpy(float)
-    spans = np.diff(times)
-    mean = float(np.sum(serving[:-1] * spans) / times[-1]) if times[-1] > 0 else serving[0]
-    ups = np.diff(frame["serving"].to_numpy() + frame["loading"].to_numpy())
-    scaling = load_seconds(deps[group], plans[group], scenario.autoscale.weights_from)
-    return {
+    by_group = []
+    for scale in scenario.autoscale:
+        rows = frame[frame["group"] == scale.group] if "group" in frame else frame
+        times = rows["time_s"].to_numpy(float)
+        serving = rows["serving"].to_numpy(float)
+        spans = np.diff(times)
+        mean = float(np.sum(serving[:-1] * spans) / times[-1]) if times[-1] > 0 else serving[0]
+        ups = np.diff(rows["serving"].to_numpy() + rows["loading"].to_numpy())
+        by_group.append(
+            {
+                "group": scale.group,
+                "gpu_hours": seconds.get(scale.group, 0.0) / 3600.0,
+                "replicas_mean": mean,
+                "replicas_peak": float(serving.max()),
+                "scale_ups": float(np.sum(ups[ups > 0])),
+                "load_s": load_seconds(deps[scale.group], plans[scale.group], scale.weights_from),
+                "_times": times,
+                "_serving": serving,
+            }
+        )
+    # the groups' serving replicas together: each a step function, summed at every change
+    at = np.unique(np.concatenate([g["_times"] for g in by_group]))
+    together = sum(
+        g["_serving"][np.maximum(np.searchsorted(g["_times"], at, side="right") - 1, 0)]
+        for g in by_group
+    )
+    summary: dict[str, Any] = {
         "fleet_gpu_hours": gpu_s / 3600.0,
-        "fleet_replicas_mean": mean,
-        "fleet_replicas_peak": float(serving.max()),
-        "fleet_scale_ups": float(np.sum(ups[ups > 0])),
-        "fleet_load_s": scaling,
+        "fleet_replicas_mean": float(sum(g["replicas_mean"] for g in by_group)),
+        "fleet_replicas_peak": float(np.max(together)),
+        "fleet_scale_ups": float(sum(g["scale_ups"] for g in by_group)),
+        "fleet_load_s": max(g["load_s"] for g in by_group),
         "slo_attainment": slo_attainment(sim.requests, slos) if slos else None,
     }
+    if len(by_group) > 1:
+        summary["fleet_by_group"] = [
+            {k: v for k, v in g.items() if not k.startswith("_")} for g in by_group
+        ]
+    return summary
 
 
 def fleet_bound(

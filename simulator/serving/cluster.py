@@ -40,7 +40,7 @@ from simulator.errors import SpecError
 from simulator.metrics.phases import with_phases
 from simulator.metrics.recorder import Recorder
 from simulator.serving.dp_group import with_dp_attention
-from simulator.serving.fleet import Autoscaler, FleetScaling
+from simulator.serving.fleet import Fleet, FleetScaling
 from simulator.serving.group import ReplicaGroup, default_scheduler, replica_group
 from simulator.serving.kv_pool import PoolPlan, install
 from simulator.serving.kv_tiers import (
@@ -74,10 +74,10 @@ class SimResult:
     wall_s: float
     kv_tiers: pd.DataFrame | None = None
     lora: dict[str, float] | None = None  # multi-LoRA: adapter loads (serving.lora_summary)
-    # with an autoscaled group (serving.fleet): its replica counts over time, and its GPU
-    # seconds from the start to the last request's end
+    # with autoscaled groups (serving.fleet): their replica counts over time, and each one's
+    # GPU seconds (by group index) from the start to the last request's end
     fleet: pd.DataFrame | None = None
-    fleet_gpu_seconds: float | None = None
+    fleet_gpu_seconds: dict[int, float] | None = None
     # with a distributed KV pool (serving.kv_pool): what it lent and what that cost
     kv_pool: dict[str, float] | None = None
     # with a power budget (serving.power): the fleet's sampled draw, and replica-seconds capped
@@ -135,14 +135,14 @@ def serve(
     router: RouterSpec | None = None,
     max_concurrency: int | None = None,
     seed: int = 0,
-    autoscale: FleetScaling | None = None,
+    autoscale: Sequence[FleetScaling] = (),
     recorder: Recorder | None = None,
     kv_pool: PoolPlan | None = None,
     power: PowerBudget | None = None,
 ) -> SimResult:
     """The event simulation itself: `requests` routed over the replicas of all `groups`;
-    with `autoscale`, group `autoscale.spec.group` built with max_replicas replicas, scaled
-    over the run (`serving.fleet`); with `power`, the fleet's draw sampled and its replicas
+    with `autoscale`, each of its groups (`spec.group`) built with max_replicas replicas,
+    scaled over the run (`serving.fleet`); with `power`, the fleet's draw sampled and its replicas
     capped by the budget's policy (`serving.power`). `recorder`: what records the rows (a
     fresh `Recorder` when None; a `metrics.stream.StreamRecorder` folds them into aggregates
     instead). `kv_pool`: the replicas' KV caches pooled (`serving.kv_pool`; None: each its
@@ -156,12 +156,13 @@ def serve(
     client = _Clients(env, max_concurrency, recorder)
     replicas: list[Replica] = []
     group_of: dict[int, int] = {}
+    scaled = {s.spec.group: s.spec for s in autoscale}
     for g, group in enumerate(groups):
         count = group.count
-        if autoscale is not None and g == autoscale.spec.group:
+        if g in scaled:
             if group.loop is not None:
                 raise SpecError("an autoscaled group is of plain replicas", field="autoscale.group")
-            count = autoscale.spec.max_replicas
+            count = scaled[g].max_replicas
         for _ in range(count):
             first = len(replicas)
             if group.loop is not None:
@@ -192,18 +193,16 @@ def serve(
         longest = int((requests.prompt_len + requests.output_len).max()) if len(requests) else 0
         pool = install(kv_pool, replicas, groups, group_of, longest=longest)
     route = Router(router or RouterSpec(), replicas, np.random.default_rng(seed), group_of=group_of)
-    scaler = None
-    if autoscale is not None:
-        scaled = [r for r in replicas if group_of[r.index] == autoscale.spec.group]
-        scaler = Autoscaler(
+    fleet = None
+    if autoscale:
+        fleet = Fleet(
             env,
             autoscale,
             router=route,
-            fixed=[r for r in replicas if group_of[r.index] != autoscale.spec.group],
-            scaled=scaled,
+            replicas=replicas,
+            group_of=group_of,
             finished=lambda: client.completed == len(requests),
         )
-        env.process(scaler.run())
     controller = None
     if power is not None:
         controller = PowerController(
@@ -228,10 +227,10 @@ def serve(
             power_capped_replica_s=controller.capped_replica_s,
             power_caps=controller.caps(),
         )
-    if scaler is None:
+    if fleet is None:
         return result
-    scaler.close(client.last_done_s)
-    return dataclasses.replace(result, fleet=scaler.frame(), fleet_gpu_seconds=scaler.gpu_seconds)
+    fleet.close(client.last_done_s)
+    return dataclasses.replace(result, fleet=fleet.frame(), fleet_gpu_seconds=fleet.gpu_seconds())
 
 
 def run_to_end(env: simpy.Environment, client: _Clients, replicas: Sequence[Replica]) -> None:

@@ -1,4 +1,6 @@
-"""Autoscaling one replica group over a run (a scenario's `autoscale:`, `AutoscaleSpec`).
+"""Autoscaling replica groups over a run (a scenario's `autoscale:`, one `AutoscaleSpec` per
+group). `Fleet` routes to every fixed group's replicas and to the serving replicas of each
+autoscaled group; an `Autoscaler` scales one group, on its own metric and limits.
 
 The group's replicas are built up to `max_replicas`; its first `count` serve from the start,
 the others are off. Every `interval_s` the autoscaler wants ceil(load / target) replicas,
@@ -6,7 +8,8 @@ clamped to [min_replicas, max_replicas], where the load is the outstanding reque
 group's replicas or the sum of their KV usage: Kubernetes' Horizontal Pod Autoscaler rule
 (desired = ceil(current x metric / target), kubernetes.io/docs/tasks/run-application/
 horizontal-pod-autoscale/). It scales up at once and down to the largest want of the last
-`scale_down_delay_s` (the HPA's stabilization window, 300 s by default there).
+`scale_down_delay_s` (the HPA's stabilization window, 300 s by default there). Each group is
+one HPA of its own: its load is its own replicas'.
 
 Scaling up revives a draining replica first (its weights are still loaded); otherwise an off
 replica loads its weights for `load_s` (bytes per GPU / the source's bandwidth, from the run)
@@ -32,6 +35,8 @@ from simulator.serving.router import Router
 from simulator.specs.scenario import AutoscaleSpec
 
 FLEET_COLUMNS = ("time_s", "serving", "loading", "draining", "wanted")
+# A fleet frame also has a `group` column (the autoscaled group of each row); tables saved
+# before it had one group and no such column.
 
 
 @dataclass(frozen=True)
@@ -45,22 +50,77 @@ class FleetScaling:
     gpus_per_replica: int
 
 
+class Fleet:
+    """Every autoscaled group of a run and the router's view of them: the fixed groups'
+    replicas and each group's serving ones."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        scalings: Sequence[FleetScaling],
+        *,
+        router: Router,
+        replicas: Sequence[Replica],
+        group_of: dict[int, int],
+        finished: Callable[[], bool],
+    ) -> None:
+        self.router = router
+        self._ready = False
+        scaled = {s.spec.group for s in scalings}
+        self.fixed = [r for r in replicas if group_of[r.index] not in scaled]
+        self.scalers = [
+            Autoscaler(
+                env,
+                s,
+                scaled=[r for r in replicas if group_of[r.index] == s.spec.group],
+                finished=finished,
+                on_change=self.route,
+            )
+            for s in scalings
+        ]
+        self._ready = True
+        self.route()
+        for scaler in self.scalers:
+            env.process(scaler.run())
+
+    def route(self) -> None:
+        """Route to the fixed replicas and every group's serving ones."""
+        if not self._ready:
+            return
+        serving = [r for s in self.scalers for r in s.serving()]
+        self.router.replicas = sorted([*self.fixed, *serving], key=lambda r: r.index)
+
+    def close(self, end_s: float) -> None:
+        for scaler in self.scalers:
+            scaler.close(end_s)
+
+    def frame(self) -> pd.DataFrame:
+        """Each group's replica counts over time (FLEET_COLUMNS and `group`), by group."""
+        frames = [s.frame().assign(group=s.spec.group) for s in self.scalers]
+        frame = pd.concat(frames, ignore_index=True)
+        return frame[["time_s", "group", *FLEET_COLUMNS[1:]]]
+
+    def gpu_seconds(self) -> dict[int, float]:
+        """Each autoscaled group's GPU-seconds on (loading, serving or draining)."""
+        return {s.spec.group: s.gpu_seconds for s in self.scalers}
+
+
 class Autoscaler:
     def __init__(
         self,
         env: simpy.Environment,
         scaling: FleetScaling,
         *,
-        router: Router,
-        fixed: Sequence[Replica],
         scaled: Sequence[Replica],
         finished: Callable[[], bool],
+        on_change: Callable[[], None],
     ) -> None:
-        """`fixed`: the replicas of the other groups (always routed to); `scaled`: the
-        group's, max_replicas of them; `finished`: whether every request is done."""
+        """`scaled`: the group's replicas, max_replicas of them; `finished`: whether every
+        request is done; `on_change`: called when the serving replicas change (routing)."""
         self.env, self.scaling, self.spec = env, scaling, scaling.spec
-        self.router, self.fixed, self.scaled = router, list(fixed), list(scaled)
+        self.scaled = list(scaled)
         self.finished = finished
+        self.on_change = on_change
         self.state = ["serving" if i < scaling.initial else "off" for i in range(len(scaled))]
         self.on_since: list[float | None] = [
             0.0 if i < scaling.initial else None for i in range(len(scaled))
@@ -74,13 +134,15 @@ class Autoscaler:
     def count(self, state: str) -> int:
         return self.state.count(state)
 
+    def serving(self) -> list[Replica]:
+        return [r for r, s in zip(self.scaled, self.state, strict=True) if s == "serving"]
+
     def _update(self) -> None:
-        """Route to the fixed replicas and the serving ones; record the counts now."""
-        serving = [r for r, s in zip(self.scaled, self.state, strict=True) if s == "serving"]
-        self.router.replicas = sorted([*self.fixed, *serving], key=lambda r: r.index)
+        """Route to the serving replicas; record the counts now."""
+        self.on_change()
         row = (
             self.env.now,
-            len(serving),
+            self.count("serving"),
             self.count("loading"),
             self.count("draining"),
             self.wanted,

@@ -8,7 +8,7 @@ against optional SLOs. The JSON schema is `Scenario.model_json_schema()`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -326,10 +326,11 @@ OutputFormat = Literal["csv", "parquet"]
 
 class AutoscaleSpec(Frozen):
     """Scale one replica group between `min_replicas` and `max_replicas` (it starts with its
-    `count`). Every `interval_s` the autoscaler wants ceil(load / target) replicas, where the
-    load is the group's outstanding requests (`metric: outstanding`) or the sum of its
-    replicas' KV usage (`kv_usage`), as Kubernetes' HPA sizes to a target per pod; it adds
-    replicas at once and removes one only after the want stayed lower for
+    `count`; a scenario's `autoscale:` holds one, or a list of them, one per group, each
+    scaled on its own). Every `interval_s` the autoscaler wants ceil(load / target)
+    replicas, where the load is the group's outstanding requests (`metric: outstanding`) or
+    the sum of its replicas' KV usage (`kv_usage`), as Kubernetes' HPA sizes to a target per
+    pod; it adds replicas at once and removes one only after the want stayed lower for
     `scale_down_delay_s` (the HPA's stabilization window). A new replica loads its weights
     (bytes per GPU / the bandwidth of `weights_from`: NVMe `storage`, or `host` memory over
     the host link) and serves nothing meanwhile; a removed one takes no new request and
@@ -437,8 +438,10 @@ class Scenario(Frozen):
     output_format: OutputFormat = Field(
         default="csv", description="the tables' format: csv, or parquet (needs pyarrow)"
     )
-    autoscale: AutoscaleSpec | None = Field(
-        default=None, description="scale one replica group with its load (serving.fleet)"
+    autoscale: tuple[AutoscaleSpec, ...] | None = Field(
+        default=None,
+        description="scale replica groups with their load (serving.fleet): one mapping, or a "
+        "list of them, one per group",
     )
     kv_pool: KvPoolSpec | None = Field(
         default=None,
@@ -449,6 +452,20 @@ class Scenario(Frozen):
         default=None,
         description="a power budget for the fleet's GPUs, static or dynamic caps (serving.power)",
     )
+
+    @field_validator("autoscale", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        """One autoscale mapping is a list of one."""
+        if isinstance(value, Mapping | AutoscaleSpec):
+            return (value,)
+        if isinstance(value, list | tuple) and not value:
+            raise ValueError("an empty list: leave autoscale out, or name a group to scale")
+        return value
+
+    def autoscaled(self, group: int) -> AutoscaleSpec | None:
+        """The autoscale entry of replica group `group` (None: it has a fixed count)."""
+        return next((s for s in self.autoscale or () if s.group == group), None)
 
     @field_validator("replicas")
     @classmethod
@@ -483,12 +500,15 @@ class Scenario(Frozen):
                     f"long_group {self.router.long_group} is not a replica group "
                     f"(there are {groups})"
                 )
-        scale = self.autoscale
-        if scale is not None:
+        scaled: set[int] = set()
+        for scale in self.autoscale or ():
             if self.disaggregated:
                 raise ValueError("autoscale applies to colocated scenarios only")
             if scale.group >= groups:
                 raise ValueError(f"group {scale.group} is not a replica group (there are {groups})")
+            if scale.group in scaled:
+                raise ValueError(f"replica group {scale.group} is autoscaled twice")
+            scaled.add(scale.group)
             spec = self.replicas[scale.group]
             if not scale.min_replicas <= spec.count <= scale.max_replicas:
                 raise ValueError(

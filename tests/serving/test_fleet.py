@@ -203,3 +203,117 @@ def test_bad_router_config_is_refused() -> None:
         scenario(router={"kind": "length"})
     with pytest.raises(ValueError, match="two or more"):
         scenario(router={"kind": "length", "length_threshold": 100})
+
+
+def test_one_autoscale_mapping_is_a_list_of_one(tmp_path: Path) -> None:
+    block = {"min_replicas": 1, "max_replicas": 2, "target": 4, "interval_s": 2}
+    base: dict[str, Any] = {
+        "replicas": [{"hardware": "h100_sxm"}],
+        "router": {"kind": "least_outstanding"},
+        "workload": {
+            "dataset": {"name": "trace", "path": str(diurnal_trace(tmp_path))},
+            "arrival": "trace",
+            "num_prompts": 600,
+        },
+    }
+    one = runner.run(scenario(autoscale=block, **base)).summary
+    listed = runner.run(scenario(autoscale=[block], **base)).summary
+    for s in (one, listed):
+        s.pop("wall_time_s", None)
+    assert one == listed
+
+
+def two_groups(folder: Path) -> runner.RunResult:
+    """The diurnal trace on an H100 group and an A100 group, each scaled on its own: the
+    H100s on outstanding requests between 1 and 3, the A100s on KV usage between 1 and 2."""
+    return runner.run(
+        scenario(
+            replicas=[{"hardware": "h100_sxm"}, {"hardware": "a100_sxm_80gb"}],
+            router={"kind": "least_outstanding"},
+            autoscale=[
+                {
+                    "group": 0,
+                    "min_replicas": 1,
+                    "max_replicas": 3,
+                    "target": 8,
+                    "interval_s": 2,
+                    "scale_down_delay_s": 10,
+                },
+                {
+                    "group": 1,
+                    "min_replicas": 1,
+                    "max_replicas": 2,
+                    "metric": "kv_usage",
+                    "target": 0.02,
+                    "interval_s": 3,
+                    "scale_down_delay_s": 10,
+                    "weights_from": "host",
+                },
+            ],
+            workload={
+                "dataset": {"name": "trace", "path": str(diurnal_trace(folder))},
+                "arrival": "trace",
+            },
+            slo={"ttft_ms": 2000},
+        )
+    )
+
+
+def test_two_groups_scale_each_within_its_own_limits(tmp_path: Path) -> None:
+    result = two_groups(tmp_path)
+    fleet, s, rows = result.sim.fleet, result.summary, result.sim.requests
+    assert fleet is not None and set(fleet["group"]) == {0, 1}
+    limits = {0: 3, 1: 2}
+    for g, most in limits.items():
+        mine = fleet[fleet["group"] == g]
+        on = mine["serving"] + mine["loading"] + mine["draining"]
+        assert on.max() <= most and mine["serving"].min() >= 1
+        assert mine["serving"].max() == most  # the noon peak needs every replica of both
+    by_group = {g["group"]: g for g in s["fleet_by_group"]}
+    assert set(by_group) == {0, 1}
+    assert s["fleet_gpu_hours"] == pytest.approx(sum(g["gpu_hours"] for g in by_group.values()))
+    assert s["fleet_replicas_peak"] <= 5
+    assert s["fleet_scale_ups"] == sum(g["scale_ups"] for g in by_group.values())
+    # group 1's replicas are indices 3 and 4 (group 0 is built with its max_replicas, 3)
+    assert set(rows["replica"]) == {0, 1, 2, 3, 4}
+    assert result.energy["gpu_hours"] == pytest.approx(s["fleet_gpu_hours"], rel=0.05)
+
+
+@pytest.mark.parametrize(
+    ("block", "reason"),
+    [
+        ("[]", "empty list"),
+        (
+            "[{group: 0, min_replicas: 1, max_replicas: 2, target: 8}, "
+            "{group: 0, min_replicas: 1, max_replicas: 3, target: 4}]",
+            "autoscaled twice",
+        ),
+    ],
+)
+def test_bad_autoscale_lists_exit_2_with_one_line(tmp_path: Path, block: str, reason: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "name: bad\nmodel: llama-3.1-8b\nreplicas: [{hardware: h100_sxm}]\n"
+        f"autoscale: {block}\n"
+        "workload: {dataset: {name: random, input_len: 8, output_len: 8}, num_prompts: 4}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "simulator", "run", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.yaml" in lines[0] and reason in lines[0], lines
+
+
+@pytest.mark.slow
+def test_the_bundled_two_group_fleet_saves_gpu_hours() -> None:
+    scaled_run = runner.run(ROOT / "scenarios/autoscale_two_groups.yaml")
+    fixed_run = runner.run(ROOT / "scenarios/autoscale_two_groups_fixed.yaml")
+    scaled, fixed = scaled_run.summary, fixed_run.summary
+    assert scaled["completed"] == fixed["completed"] == 3000
+    assert scaled_run.energy["gpu_hours"] < 0.9 * fixed_run.energy["gpu_hours"]
+    assert scaled["request_goodput"] > 0.9 * fixed["request_goodput"]
+    assert {g["group"] for g in scaled["fleet_by_group"]} == {0, 1}
