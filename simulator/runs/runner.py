@@ -357,7 +357,13 @@ def _simulate(
     plans = [plan for _, plan, _ in built]
     deps = [dep for _, _, dep in built]
     if scenario.disaggregated:
-        sim = serve_scenario(scenario, requests, groups=groups, deployments=deps)
+        sim = serve_scenario(
+            scenario,
+            requests,
+            groups=groups,
+            deployments=deps,
+            autoscale=fleet_scaling(scenario, plans, deps),
+        )
     elif stream:
         return _stream(scenario, requests, groups, plans, deps, percentiles)
     else:

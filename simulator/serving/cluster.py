@@ -198,7 +198,7 @@ def serve(
         fleet = Fleet(
             env,
             autoscale,
-            router=route,
+            routers=[route],
             replicas=replicas,
             group_of=group_of,
             finished=lambda: client.completed == len(requests),

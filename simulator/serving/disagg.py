@@ -57,6 +57,7 @@ from simulator.serving.cluster import (
     run_to_end,
     sim_result,
 )
+from simulator.serving.fleet import Fleet, FleetScaling
 from simulator.serving.kv_transfer import TransferModel, transfer_links
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
@@ -208,10 +209,13 @@ def serve_disaggregated(
     decode_router: RouterSpec | None = None,
     max_concurrency: int | None = None,
     seed: int = 0,
+    autoscale: Sequence[FleetScaling] = (),
 ) -> SimResult:
     """Serve `requests` on the prefill and decode pools (`roles[i]` of `groups[i]`); `links`
     maps (prefill group, decode group) indices to their KV transfer. `router` routes arrivals
-    over the prefill pool, `decode_router` (default: `router`) hand-offs over the decode pool."""
+    over the prefill pool, `decode_router` (default: `router`) hand-offs over the decode pool.
+    `autoscale`: groups built with max_replicas replicas and scaled over the run, each pool's
+    router sending to its serving ones (`serving.fleet`)."""
     problem = role_problem(roles)
     if problem or not is_disaggregated(roles):
         raise SpecError(problem or "no prefill/decode groups", field="replicas")
@@ -229,8 +233,10 @@ def serve_disaggregated(
     handoff = _Handoff(env, links=links, client=client, num_requests=len(requests))
     replicas: list[Replica] = []
     group_of: list[int] = []
+    scaled = {s.spec.group: s.spec.max_replicas for s in autoscale}
+    counts = [scaled.get(g, group.count) for g, group in enumerate(groups)]
     for g, (group, role) in enumerate(zip(groups, roles, strict=True)):
-        for _ in range(group.count):
+        for _ in range(counts[g]):
             replicas.append(
                 build_replica(
                     env,
@@ -246,11 +252,22 @@ def serve_disaggregated(
             group_of.append(g)
             if role == "prefill" and group.frontend is not None:  # arrivals enter here
                 client.frontends[len(replicas) - 1] = FrontEndQueue(group.frontend)
-    pools = pool_replicas(roles, [g.count for g in groups])
+    pools = pool_replicas(roles, counts)
     rng = np.random.default_rng(seed)
     prefill_router = Router(router or RouterSpec(), [replicas[i] for i in pools["prefill"]], rng)
     decode = [replicas[i] for i in pools["decode"]]
-    handoff.bind(replicas, group_of, Router(decode_router or router or RouterSpec(), decode, rng))
+    decode_route = Router(decode_router or router or RouterSpec(), decode, rng)
+    handoff.bind(replicas, group_of, decode_route)  # every decode replica, off ones too
+    fleet = None
+    if autoscale:
+        fleet = Fleet(
+            env,
+            autoscale,
+            routers=[prefill_router, decode_route],
+            replicas=replicas,
+            group_of=group_of,
+            finished=lambda: client.completed == len(requests),
+        )
     env.process(client.send(requests, prefill_router))
     run_to_end(env, client, replicas)
     frame = with_phases(
@@ -260,7 +277,11 @@ def serve_disaggregated(
         kv_ready_s=handoff.kv_ready_s,
         prefill_end_s=handoff.prefill_end_s,
     )
-    return sim_result(recorder, replicas, requests=frame, wall=wall)
+    result = sim_result(recorder, replicas, requests=frame, wall=wall)
+    if fleet is None:
+        return result
+    fleet.close(client.last_done_s)
+    return dataclasses.replace(result, fleet=fleet.frame(), fleet_gpu_seconds=fleet.gpu_seconds())
 
 
 def serve_scenario(
@@ -269,9 +290,10 @@ def serve_scenario(
     *,
     groups: Sequence[ReplicaGroup],
     deployments: Sequence[Deployment],
+    autoscale: Sequence[FleetScaling] = (),
 ) -> SimResult:
     """`serve_disaggregated` as a disaggregated scenario describes it (groups and their
-    deployments built in scenario order)."""
+    deployments built in scenario order; `autoscale`: its autoscaled groups)."""
     specs = scenario.replicas
     links = transfer_links(
         scenario.kv_transfer,
@@ -286,12 +308,21 @@ def serve_scenario(
         decode_router=scenario.decode_router,
         max_concurrency=scenario.max_concurrency,
         seed=scenario.seed,
+        autoscale=autoscale,
     )
+
+
+def built_counts(scenario: Scenario) -> list[int]:
+    """Replicas each group is built with: its count, or max_replicas when autoscaled."""
+    return [
+        scale.max_replicas if (scale := scenario.autoscaled(g)) is not None else spec.count
+        for g, spec in enumerate(scenario.replicas)
+    ]
 
 
 def pool_summary(scenario: Scenario, sim: SimResult) -> dict[str, float]:
     """The summary keys of a disaggregated run: `metrics.phases.phase_summary` over its pools."""
-    pools = pool_replicas([s.role for s in scenario.replicas], [s.count for s in scenario.replicas])
+    pools = pool_replicas([s.role for s in scenario.replicas], built_counts(scenario))
     return phase_summary(
         sim.requests,
         sim.steps,

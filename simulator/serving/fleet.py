@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,23 +51,32 @@ class FleetScaling:
 
 
 class Fleet:
-    """Every autoscaled group of a run and the router's view of them: the fixed groups'
-    replicas and each group's serving ones."""
+    """Every autoscaled group of a run and the routers' view of them: each router (a
+    colocated fleet's one; a disaggregated one's prefill and decode routers) routes to the
+    fixed replicas of its groups and the serving ones of its autoscaled groups."""
 
     def __init__(
         self,
         env: simpy.Environment,
         scalings: Sequence[FleetScaling],
         *,
-        router: Router,
+        routers: Sequence[Router],
         replicas: Sequence[Replica],
-        group_of: dict[int, int],
+        group_of: Mapping[int, int] | Sequence[int],
         finished: Callable[[], bool],
     ) -> None:
-        self.router = router
+        """`routers`: each routing over all the replicas of its groups, off ones included."""
         self._ready = False
         scaled = {s.spec.group for s in scalings}
-        self.fixed = [r for r in replicas if group_of[r.index] not in scaled]
+        # per router: its fixed replicas, and the groups of it that are autoscaled
+        self.routes = [
+            (
+                router,
+                [r for r in router.replicas if group_of[r.index] not in scaled],
+                {group_of[r.index] for r in router.replicas} & scaled,
+            )
+            for router in routers
+        ]
         self.scalers = [
             Autoscaler(
                 env,
@@ -87,8 +96,9 @@ class Fleet:
         """Route to the fixed replicas and every group's serving ones."""
         if not self._ready:
             return
-        serving = [r for s in self.scalers for r in s.serving()]
-        self.router.replicas = sorted([*self.fixed, *serving], key=lambda r: r.index)
+        for router, fixed, groups in self.routes:
+            serving = [r for s in self.scalers if s.spec.group in groups for r in s.serving()]
+            router.replicas = sorted([*fixed, *serving], key=lambda r: r.index)
 
     def close(self, end_s: float) -> None:
         for scaler in self.scalers:

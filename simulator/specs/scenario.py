@@ -502,8 +502,6 @@ class Scenario(Frozen):
                 )
         scaled: set[int] = set()
         for scale in self.autoscale or ():
-            if self.disaggregated:
-                raise ValueError("autoscale applies to colocated scenarios only")
             if scale.group >= groups:
                 raise ValueError(f"group {scale.group} is not a replica group (there are {groups})")
             if scale.group in scaled:

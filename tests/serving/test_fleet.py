@@ -317,3 +317,77 @@ def test_the_bundled_two_group_fleet_saves_gpu_hours() -> None:
     assert scaled_run.energy["gpu_hours"] < 0.9 * fixed_run.energy["gpu_hours"]
     assert scaled["request_goodput"] > 0.9 * fixed["request_goodput"]
     assert {g["group"] for g in scaled["fleet_by_group"]} == {0, 1}
+
+
+def disaggregated(folder: Path) -> runner.RunResult:
+    """The diurnal trace on a prefill pool of L40S scaled 1-3 on outstanding requests and a
+    decode pool of H100 scaled 1-2 on KV usage, each its own autoscaler."""
+    return runner.run(
+        scenario(
+            replicas=[
+                {"hardware": "l40s", "role": "prefill"},
+                {"hardware": "h100_sxm", "role": "decode"},
+            ],
+            router={"kind": "least_outstanding"},
+            decode_router={"kind": "least_kv"},
+            autoscale=[
+                {
+                    "group": 0,
+                    "min_replicas": 1,
+                    "max_replicas": 3,
+                    "target": 2,
+                    "interval_s": 2,
+                    "scale_down_delay_s": 10,
+                },
+                {
+                    "group": 1,
+                    "min_replicas": 1,
+                    "max_replicas": 2,
+                    "metric": "kv_usage",
+                    "target": 0.05,
+                    "interval_s": 2,
+                    "scale_down_delay_s": 10,
+                },
+            ],
+            workload={
+                "dataset": {"name": "trace", "path": str(diurnal_trace(folder))},
+                "arrival": "trace",
+            },
+            slo={"ttft_ms": 2000},
+        )
+    )
+
+
+def test_prefill_and_decode_pools_scale_apart(tmp_path: Path) -> None:
+    result = disaggregated(tmp_path)
+    fleet, s, rows = result.sim.fleet, result.summary, result.sim.requests
+    assert fleet is not None and set(fleet["group"]) == {0, 1}
+    assert s["completed"] == len(rows) and rows["finish_s"].notna().all()
+    for g, most in {0: 3, 1: 2}.items():
+        mine = fleet[fleet["group"] == g]
+        on = mine["serving"] + mine["loading"] + mine["draining"]
+        assert on.max() <= most and mine["serving"].min() >= 1
+        assert mine["serving"].max() > 1  # the noon peak needs more of each pool
+    # prefill replicas are 0-2, decode replicas 3-4; a request is prefilled on one and
+    # decoded on the other, and an added replica gets work only once its weights are in
+    assert set(rows["prefill_replica"]) <= {0, 1, 2} and set(rows["replica"]) <= {3, 4}
+    load = {g["group"]: g["load_s"] for g in s["fleet_by_group"]}
+    steps = result.sim.steps
+    for g, added in ((0, 1), (1, 4)):  # the first replica each pool adds
+        mine = fleet[fleet["group"] == g]
+        started = float(mine.loc[mine["loading"].diff() > 0, "time_s"].iloc[0])
+        first_step = steps.loc[steps["replica"] == added, "start_s"].min()
+        assert first_step >= started + load[g] - 1e-9
+    assert 0 < result.energy["gpu_hours"] < 5 * float(rows["finish_s"].max()) / 3600
+
+
+@pytest.mark.slow
+def test_the_bundled_disaggregated_fleet_scales_its_pools() -> None:
+    scaled_run = runner.run(ROOT / "scenarios/autoscale_disagg.yaml")
+    fixed_run = runner.run(ROOT / "scenarios/autoscale_disagg_fixed.yaml")
+    scaled, fixed = scaled_run.summary, fixed_run.summary
+    assert scaled["completed"] == fixed["completed"] == 3000
+    assert scaled_run.energy["gpu_hours"] < 0.6 * fixed_run.energy["gpu_hours"]
+    assert scaled["request_goodput"] > 0.95 * fixed["request_goodput"]
+    prefill = next(g for g in scaled["fleet_by_group"] if g["group"] == 0)
+    assert prefill["replicas_peak"] > 1  # the prefill pool grows with the trace
