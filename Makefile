@@ -11,7 +11,7 @@ DEVSTAMP := $(VENV)/.installed-dev
 # 99 s). A value set in the environment wins.
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: demo test test-fast lint typecheck unit unit-fast notebooks regress bench clean
+.PHONY: demo test test-fast lint typecheck unit unit-fast notebooks regress bench bench-doc clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_costmodel.py
 	$(BIN)/python benchmarks/bench_startup.py
 	$(BIN)/python benchmarks/bench_serving.py $(BENCH_SERVING)
+
+# Rewrites docs/speed.md's table of the serving simulator's current figures on this machine
+# (three runs of each case, the least CPU kept; a few minutes).
+bench-doc: $(STAMP)
+	$(BIN)/python benchmarks/bench_serving.py --repeat 3 --write-doc docs/speed.md $(BENCH_SERVING)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_serving.py [--synthetic N | --million] [--root DIR ...]
                                        [--repeat K] [--cases NAME,...] [--json]
+                                       [--write-doc docs/speed.md]
 
 Cases (Llama-3.1-8B on H100s, vLLM profile, energy and summary included), each in a fresh
 interpreter:
@@ -16,7 +17,9 @@ memory (the kernel's ru_maxrss of that child); with `--repeat K`, of the run of 
 (the one the machine disturbed least). CPU and wall move with the machine's load; the peak
 memory does not. `--root` measures checkouts side by side, their runs interleaved (a
 before and an after: compare their ratios, the noise is shared); a case a checkout cannot run
-(a flag it lacks) shows "n/a".
+(a flag it lacks) shows "n/a". `--write-doc FILE` (one checkout) rewrites the block between
+`<!-- speed:begin -->` and `<!-- speed:end -->` in FILE with the table, the machine, its load
+and the targets: docs/speed.md's current figures come from it (`make bench-doc`).
 """
 
 from __future__ import annotations
@@ -135,6 +138,69 @@ def machine() -> dict[str, Any]:
     }
 
 
+# The targets of each case (docs/speed.md): CPU seconds, peak MiB; None: no target.
+TARGETS: dict[str, tuple[float | None, float | None]] = {
+    "azure": (2.0, None),
+    "azure-cli": (3.0, None),
+    "synthetic-1000000": (120.0, 2000 / 1.048576),  # 2 GB
+}
+BEGIN, END = "<!-- speed:begin -->", "<!-- speed:end -->"
+
+
+def doc_block(
+    host: dict[str, Any], figures: dict[str, Any], labels: dict[str, str], n: int, repeat: int
+) -> str:
+    """The markdown of one checkout's figures, its machine and load, and the targets."""
+    load = "/".join(f"{x:.2f}" for x in host["load_average"])
+    after = "/".join(f"{x:.2f}" for x in host["load_average_after"])
+    lines = [
+        f"Written by `python benchmarks/bench_serving.py --write-doc docs/speed.md` "
+        f"(`make bench-doc`) on {host['date']}: {host['cpu_model']}, {host['cores']} cores, "
+        f"Python {host['python']}; load average (1/5/15 min) {load} before, {after} after; "
+        f"each figure the run of least CPU of {repeat}.",
+        "",
+        "| what | CPU (s) | wall (s) | peak memory (MiB) | written (MB) | target |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for name, label in labels.items():
+        f = next(iter(figures[name].values()))
+        key = f"synthetic-{n}" if name == "synthetic" else name
+        cpu, mib = TARGETS.get(key, (None, None))
+        goal = ", ".join(
+            t for t in (
+                f"<= {cpu:g} s CPU" if cpu else "",
+                f"< {mib * 1.048576:,.0f} MB" if mib else "",
+            ) if t
+        ) or "-"  # fmt: skip
+        if f is None:
+            lines.append(f"| {label} | n/a | n/a | n/a | - | {goal} |")
+            continue
+        met = "" if goal == "-" else (
+            " (met)" if (cpu is None or f["cpu_s"] <= cpu) and (mib is None or f["peak_mib"] < mib)
+            else " (not met)"
+        )  # fmt: skip
+        written = f"{f['written_mb']:.1f}" if "written_mb" in f else "-"
+        lines.append(
+            f"| {label} | {f['cpu_s']:.2f} | {f['wall_s']:.2f} | {f['peak_mib']:,.0f} | "
+            f"{written} | {goal}{met} |"
+        )
+    for name in ("azure", "synthetic"):
+        f = next(iter(figures[name].values())) if name in figures else None
+        if f is not None and "steps" in f:
+            lines.append(f"\n{labels[name]}: {f['requests']:,} requests, {f['steps']:,} steps.")
+    return "\n".join(lines)
+
+
+def write_doc(path: Path, block: str) -> None:
+    """Replace the text between BEGIN and END in `path` with `block`."""
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path}: no {BEGIN} ... {END} block to write")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}")
+
+
 def cell(f: dict[str, Any] | None) -> str:
     if f is None:
         return "n/a"
@@ -152,8 +218,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs per case and checkout")
     parser.add_argument("--cases", help="comma-separated cases (default all)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--write-doc", type=Path, help="rewrite the speed block of this file")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # a child's one case
     args = parser.parse_args()
+    if args.write_doc and args.root and len(args.root) > 1:
+        parser.error("--write-doc measures one checkout")
     n = 1_000_000 if args.million else args.synthetic
     if args.case:
         print(json.dumps(case(args.case, n)))
@@ -184,6 +253,8 @@ def main() -> None:
         for name, by_root in runs.items()
     }
     host["load_average_after"] = os.getloadavg()
+    if args.write_doc:
+        write_doc(args.write_doc, doc_block(host, figures, labels, n, args.repeat))
     if args.json:
         print(json.dumps({"machine": host, "figures": figures}, indent=2))
         return
