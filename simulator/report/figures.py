@@ -266,30 +266,32 @@ def fleet_replicas(fleet: pd.DataFrame) -> go.Figure:
     each group's serving replicas and want, one color a group."""
     require(fleet, ("time_s", *(c for c, _, _ in FLEET_TRACES)), what="the fleet table")
     fig = go.Figure()
-    groups = sorted(fleet["group"].unique()) if "group" in fleet else [None]
-    if len(groups) == 1:
-        for i, (column, name, line) in enumerate(FLEET_TRACES):
-            fig.add_trace(
-                go.Scatter(
-                    x=fleet["time_s"],
-                    y=fleet[column],
-                    name=name,
-                    mode="lines",
-                    line={"shape": "hv", "color": COLORS[i], **line},
-                )
+    groups = sorted(fleet["group"].unique()) if "group" in fleet else []
+    # (rows, column, legend, line style, color) of each trace
+    if len(groups) > 1:
+        traces = [
+            (
+                fleet[fleet["group"] == g],
+                column,
+                f"group {g}: {name}",
+                line,
+                COLORS[i % len(COLORS)],
             )
-    for i, g in enumerate(groups if len(groups) > 1 else []):
-        rows = fleet[fleet["group"] == g]
-        for column, name, line in (FLEET_TRACES[0], FLEET_TRACES[-1]):
-            fig.add_trace(
-                go.Scatter(
-                    x=rows["time_s"],
-                    y=rows[column],
-                    name=f"group {g}: {name}",
-                    mode="lines",
-                    line={"shape": "hv", "color": COLORS[i % len(COLORS)], **line},
-                )
+            for i, g in enumerate(groups)
+            for column, name, line in (FLEET_TRACES[0], FLEET_TRACES[-1])
+        ]
+    else:
+        traces = [(fleet, c, n, line, COLORS[i]) for i, (c, n, line) in enumerate(FLEET_TRACES)]
+    for rows, column, name, line, color in traces:
+        fig.add_trace(
+            go.Scatter(
+                x=rows["time_s"],
+                y=rows[column],
+                name=name,
+                mode="lines",
+                line={"shape": "hv", "color": color, **line},
             )
+        )
     fig.update_xaxes(title_text="time (s)")
     fig.update_yaxes(title_text="replicas", rangemode="tozero", dtick=1)
     return style(fig, title="Autoscaled replicas over time")

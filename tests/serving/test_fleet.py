@@ -176,6 +176,12 @@ def test_the_bundled_trace_autoscales_with_fewer_gpu_hours() -> None:
         ("{min_replicas: 1, max_replicas: 2, target: 0}", "target"),
         ("{group: 4, min_replicas: 1, max_replicas: 2, target: 8}", "not a replica group"),
         ("{min_replicas: 1, max_replicas: 2, metric: kv_usage, target: 3}", "fraction"),
+        ("[]", "empty list"),
+        (
+            "[{group: 0, min_replicas: 1, max_replicas: 2, target: 8}, "
+            "{group: 0, min_replicas: 1, max_replicas: 3, target: 4}]",
+            "autoscaled twice",
+        ),
     ],
 )
 def test_bad_autoscale_config_exits_2_with_one_line(
@@ -223,52 +229,55 @@ def test_one_autoscale_mapping_is_a_list_of_one(tmp_path: Path) -> None:
     assert one == listed
 
 
+def scaler(group: int, max_replicas: int, target: float, **more: Any) -> dict[str, Any]:
+    """An autoscale entry scaling `group` from 1 replica, evaluated every 2 s, down after 10."""
+    return {
+        "group": group,
+        "min_replicas": 1,
+        "max_replicas": max_replicas,
+        "target": target,
+        "interval_s": 2,
+        "scale_down_delay_s": 10,
+        **more,
+    }
+
+
+def diurnal_fleet(folder: Path, **update: Any) -> runner.RunResult:
+    """The diurnal trace, least-outstanding routing and a 2 s TTFT SLO, on `update`'s fleet."""
+    workload = {"dataset": {"name": "trace", "path": str(diurnal_trace(folder))}}
+    base = {"router": {"kind": "least_outstanding"}, "slo": {"ttft_ms": 2000}}
+    return runner.run(scenario(workload={**workload, "arrival": "trace"}, **(base | update)))
+
+
+def assert_within(fleet: Any, limits: dict[int, int]) -> None:
+    """Each autoscaled group of `fleet` (its frame) stays within 1 .. its limit replicas."""
+    assert fleet is not None and set(fleet["group"]) == set(limits)
+    for g, most in limits.items():
+        mine = fleet[fleet["group"] == g]
+        on = mine["serving"] + mine["loading"] + mine["draining"]
+        assert on.max() <= most and mine["serving"].min() >= 1
+
+
 def two_groups(folder: Path) -> runner.RunResult:
     """The diurnal trace on an H100 group and an A100 group, each scaled on its own: the
     H100s on outstanding requests between 1 and 3, the A100s on KV usage between 1 and 2."""
-    return runner.run(
-        scenario(
-            replicas=[{"hardware": "h100_sxm"}, {"hardware": "a100_sxm_80gb"}],
-            router={"kind": "least_outstanding"},
-            autoscale=[
-                {
-                    "group": 0,
-                    "min_replicas": 1,
-                    "max_replicas": 3,
-                    "target": 8,
-                    "interval_s": 2,
-                    "scale_down_delay_s": 10,
-                },
-                {
-                    "group": 1,
-                    "min_replicas": 1,
-                    "max_replicas": 2,
-                    "metric": "kv_usage",
-                    "target": 0.02,
-                    "interval_s": 3,
-                    "scale_down_delay_s": 10,
-                    "weights_from": "host",
-                },
-            ],
-            workload={
-                "dataset": {"name": "trace", "path": str(diurnal_trace(folder))},
-                "arrival": "trace",
-            },
-            slo={"ttft_ms": 2000},
-        )
+    return diurnal_fleet(
+        folder,
+        replicas=[{"hardware": "h100_sxm"}, {"hardware": "a100_sxm_80gb"}],
+        autoscale=[
+            scaler(0, 3, 8),
+            scaler(1, 2, 0.02, metric="kv_usage", interval_s=3, weights_from="host"),
+        ],
     )
 
 
 def test_two_groups_scale_each_within_its_own_limits(tmp_path: Path) -> None:
     result = two_groups(tmp_path)
     fleet, s, rows = result.sim.fleet, result.summary, result.sim.requests
-    assert fleet is not None and set(fleet["group"]) == {0, 1}
     limits = {0: 3, 1: 2}
-    for g, most in limits.items():
-        mine = fleet[fleet["group"] == g]
-        on = mine["serving"] + mine["loading"] + mine["draining"]
-        assert on.max() <= most and mine["serving"].min() >= 1
-        assert mine["serving"].max() == most  # the noon peak needs every replica of both
+    assert_within(fleet, limits)
+    for g, most in limits.items():  # the noon peak needs every replica of both
+        assert fleet[fleet["group"] == g]["serving"].max() == most
     by_group = {g["group"]: g for g in s["fleet_by_group"]}
     assert set(by_group) == {0, 1}
     assert s["fleet_gpu_hours"] == pytest.approx(sum(g["gpu_hours"] for g in by_group.values()))
@@ -279,95 +288,46 @@ def test_two_groups_scale_each_within_its_own_limits(tmp_path: Path) -> None:
     assert result.energy["gpu_hours"] == pytest.approx(s["fleet_gpu_hours"], rel=0.05)
 
 
-@pytest.mark.parametrize(
-    ("block", "reason"),
-    [
-        ("[]", "empty list"),
-        (
-            "[{group: 0, min_replicas: 1, max_replicas: 2, target: 8}, "
-            "{group: 0, min_replicas: 1, max_replicas: 3, target: 4}]",
-            "autoscaled twice",
-        ),
-    ],
-)
-def test_bad_autoscale_lists_exit_2_with_one_line(tmp_path: Path, block: str, reason: str) -> None:
-    path = tmp_path / "bad.yaml"
-    path.write_text(
-        "name: bad\nmodel: llama-3.1-8b\nreplicas: [{hardware: h100_sxm}]\n"
-        f"autoscale: {block}\n"
-        "workload: {dataset: {name: random, input_len: 8, output_len: 8}, num_prompts: 4}\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "simulator", "run", str(path)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "bad.yaml" in lines[0] and reason in lines[0], lines
+def bundled_pair(name: str, gpu_hours: float, goodput: float) -> dict[str, Any]:
+    """scenarios/NAME.yaml (autoscaled) against NAME_fixed.yaml on the same 3,000 requests:
+    the autoscaled run's GPU-hours below `gpu_hours` x the fixed one's, its goodput above
+    `goodput` x; returns the autoscaled run's summary."""
+    scaled_run = runner.run(ROOT / f"scenarios/{name}.yaml")
+    fixed_run = runner.run(ROOT / f"scenarios/{name}_fixed.yaml")
+    scaled, fixed = scaled_run.summary, fixed_run.summary
+    assert scaled["completed"] == fixed["completed"] == 3000
+    assert scaled_run.energy["gpu_hours"] < gpu_hours * fixed_run.energy["gpu_hours"]
+    assert scaled["request_goodput"] > goodput * fixed["request_goodput"]
+    return scaled
 
 
 @pytest.mark.slow
 def test_the_bundled_two_group_fleet_saves_gpu_hours() -> None:
-    scaled_run = runner.run(ROOT / "scenarios/autoscale_two_groups.yaml")
-    fixed_run = runner.run(ROOT / "scenarios/autoscale_two_groups_fixed.yaml")
-    scaled, fixed = scaled_run.summary, fixed_run.summary
-    assert scaled["completed"] == fixed["completed"] == 3000
-    assert scaled_run.energy["gpu_hours"] < 0.9 * fixed_run.energy["gpu_hours"]
-    assert scaled["request_goodput"] > 0.9 * fixed["request_goodput"]
+    scaled = bundled_pair("autoscale_two_groups", gpu_hours=0.9, goodput=0.9)
     assert {g["group"] for g in scaled["fleet_by_group"]} == {0, 1}
 
 
 def disaggregated(folder: Path) -> runner.RunResult:
     """The diurnal trace on a prefill pool of L40S scaled 1-3 on outstanding requests and a
     decode pool of H100 scaled 1-2 on KV usage, each its own autoscaler."""
-    return runner.run(
-        scenario(
-            replicas=[
-                {"hardware": "l40s", "role": "prefill"},
-                {"hardware": "h100_sxm", "role": "decode"},
-            ],
-            router={"kind": "least_outstanding"},
-            decode_router={"kind": "least_kv"},
-            autoscale=[
-                {
-                    "group": 0,
-                    "min_replicas": 1,
-                    "max_replicas": 3,
-                    "target": 2,
-                    "interval_s": 2,
-                    "scale_down_delay_s": 10,
-                },
-                {
-                    "group": 1,
-                    "min_replicas": 1,
-                    "max_replicas": 2,
-                    "metric": "kv_usage",
-                    "target": 0.05,
-                    "interval_s": 2,
-                    "scale_down_delay_s": 10,
-                },
-            ],
-            workload={
-                "dataset": {"name": "trace", "path": str(diurnal_trace(folder))},
-                "arrival": "trace",
-            },
-            slo={"ttft_ms": 2000},
-        )
+    return diurnal_fleet(
+        folder,
+        replicas=[
+            {"hardware": "l40s", "role": "prefill"},
+            {"hardware": "h100_sxm", "role": "decode"},
+        ],
+        decode_router={"kind": "least_kv"},
+        autoscale=[scaler(0, 3, 2), scaler(1, 2, 0.05, metric="kv_usage")],
     )
 
 
 def test_prefill_and_decode_pools_scale_apart(tmp_path: Path) -> None:
     result = disaggregated(tmp_path)
     fleet, s, rows = result.sim.fleet, result.summary, result.sim.requests
-    assert fleet is not None and set(fleet["group"]) == {0, 1}
+    assert_within(fleet, {0: 3, 1: 2})
     assert s["completed"] == len(rows) and rows["finish_s"].notna().all()
-    for g, most in {0: 3, 1: 2}.items():
-        mine = fleet[fleet["group"] == g]
-        on = mine["serving"] + mine["loading"] + mine["draining"]
-        assert on.max() <= most and mine["serving"].min() >= 1
-        assert mine["serving"].max() > 1  # the noon peak needs more of each pool
+    for g in (0, 1):  # the noon peak needs more of each pool
+        assert fleet[fleet["group"] == g]["serving"].max() > 1
     # prefill replicas are 0-2, decode replicas 3-4; a request is prefilled on one and
     # decoded on the other, and an added replica gets work only once its weights are in
     assert set(rows["prefill_replica"]) <= {0, 1, 2} and set(rows["replica"]) <= {3, 4}
@@ -383,11 +343,6 @@ def test_prefill_and_decode_pools_scale_apart(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_bundled_disaggregated_fleet_scales_its_pools() -> None:
-    scaled_run = runner.run(ROOT / "scenarios/autoscale_disagg.yaml")
-    fixed_run = runner.run(ROOT / "scenarios/autoscale_disagg_fixed.yaml")
-    scaled, fixed = scaled_run.summary, fixed_run.summary
-    assert scaled["completed"] == fixed["completed"] == 3000
-    assert scaled_run.energy["gpu_hours"] < 0.6 * fixed_run.energy["gpu_hours"]
-    assert scaled["request_goodput"] > 0.95 * fixed["request_goodput"]
+    scaled = bundled_pair("autoscale_disagg", gpu_hours=0.6, goodput=0.95)
     prefill = next(g for g in scaled["fleet_by_group"] if g["group"] == 0)
     assert prefill["replicas_peak"] > 1  # the prefill pool grows with the trace

@@ -59,33 +59,27 @@ def test_an_arrival_mid_step_waits_one_step_more(tmp_path: Path) -> None:
     assert ttft_on[1] - ttft_off[1] == pytest.approx(one_step, rel=0.05)
 
 
-def test_at_low_load_the_first_token_comes_about_a_step_later() -> None:
-    def run(ahead: bool | None) -> dict[str, Any]:
-        group: dict[str, Any] = {"hardware": "h100_sxm", "engine": "sglang-0.4"}
-        if ahead is not None:
-            group["scheduler"] = {"schedule_ahead": ahead}
-        data = scenario_data(
-            num_prompts=120, request_rate=4.0, group=group, seed=0, input_len=1000, output_len=200
-        )
-        return runner.run(validate(Scenario, data, source="t")).summary
+def _summary(engine: str, ahead: bool | None, **workload: int) -> dict[str, Any]:
+    """A run at 4 requests/s on one H100 with `engine`, its scheduling ahead as the profile
+    says (None) or set."""
+    group: dict[str, Any] = {"hardware": "h100_sxm", "engine": engine}
+    if ahead is not None:
+        group["scheduler"] = {"schedule_ahead": ahead}
+    data = scenario_data(request_rate=4.0, group=group, seed=0, **workload)  # type: ignore[arg-type]
+    return runner.run(validate(Scenario, data, source="t")).summary
 
-    default, off = run(None), run(False)
+
+def test_at_low_load_the_first_token_comes_about_a_step_later() -> None:
+    workload = {"num_prompts": 120, "input_len": 1000, "output_len": 200}
+    default, off = (_summary("sglang-0.4", ahead, **workload) for ahead in (None, False))
     step = off["mean_itl_ms"]
     assert 0.5 * step < default["mean_ttft_ms"] - off["mean_ttft_ms"] < 1.5 * step
     assert default["mean_itl_ms"] == pytest.approx(step, rel=0.01)
 
 
 def test_a_profile_that_forms_its_batch_at_the_step_end_does_not_move() -> None:
-    def run(ahead: bool | None) -> dict[str, Any]:
-        group: dict[str, Any] = {"hardware": "h100_sxm", "engine": "vllm"}
-        if ahead is not None:
-            group["scheduler"] = {"schedule_ahead": ahead}
-        data = scenario_data(
-            num_prompts=60, request_rate=4.0, group=group, seed=0, input_len=500, output_len=100
-        )
-        return runner.run(validate(Scenario, data, source="t")).summary
-
-    assert run(None) == run(False)
+    workload = {"num_prompts": 60, "input_len": 500, "output_len": 100}
+    assert _summary("vllm", None, **workload) == _summary("vllm", False, **workload)
 
 
 def test_vllm_async_scheduling_schedules_ahead() -> None:
