@@ -152,14 +152,16 @@ def run_cmd(
     bands = result.intervals(coverage=interval_coverage)
     sys.stdout.write(format_serve_summary(result.summary | bands) + "\n")
     out_console = Console()
-    for spec, plan in zip(result.scenario.replicas, result.memory, strict=True):
+    for g, (spec, plan) in enumerate(zip(result.scenario.replicas, result.memory, strict=True)):
         role = f"{spec.role} pool: " if spec.role != "both" else ""
+        scale = result.scenario.autoscaled(g)
+        count = f"{scale.min_replicas}-{scale.max_replicas}" if scale else str(spec.count)
         dp = spec.data_parallel_size
         ranks, unit = (f" dp={dp}", "attention rank") if dp > 1 else ("", "replica")
         cp = spec.context_parallel_size
         ranks = (f" cp={cp}" if cp > 1 else "") + ranks
         out_console.print(
-            f"{role}{spec.count} x {spec.hardware} tp={spec.tensor_parallel_size} "
+            f"{role}{count} x {spec.hardware} tp={spec.tensor_parallel_size} "
             f"pp={spec.pipeline_parallel_size}{ranks} ({spec.engine}): KV "
             f"{plan.kv_capacity_tokens:,} tokens per {unit}"
         )

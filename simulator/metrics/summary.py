@@ -281,6 +281,9 @@ def _fleet_section(s: Mapping[str, Any]) -> list[str]:
         _row("Replicas added:", s["fleet_scale_ups"], ".0f"),
         _row("Weight load per replica (s):", s["fleet_load_s"], ".2f"),
     ]
+    for g in s.get("fleet_by_group") or ():  # more than one group autoscaled
+        label = f"Group {g['group']} replicas (mean / peak):"
+        lines.append(f"{label:<40} {g['replicas_mean']:.2f} / {g['replicas_peak']:.0f}")
     if s.get("slo_attainment") is not None:
         lines.append(_row("SLO attainment (%):", 100 * _num(s["slo_attainment"]), ".2f"))
     return lines

@@ -336,10 +336,15 @@ def pool_lines(
 ) -> list[str]:
     """What `llmsim run` prints of a disaggregated run: pools, links, phase times."""
     specs = scenario.replicas
-    counts = {role: sum(s.count for s in specs if s.role == role) for role in ROLES}
+    built = built_counts(scenario)
+    sizes = {}
+    for role in ROLES:  # an autoscaled pool: the most replicas it may have
+        mine = [g for g, s in enumerate(specs) if s.role == role]
+        scaled = any(scenario.autoscaled(g) is not None for g in mine)
+        sizes[role] = f"{'up to ' if scaled else ''}{sum(built[g] for g in mine)}"
     lines = [
-        f"Prefill pool: {counts['prefill']} replica(s), "
-        f"{summary['prefill_pool_utilization']:.1%} busy; decode pool: {counts['decode']} "
+        f"Prefill pool: {sizes['prefill']} replica(s), "
+        f"{summary['prefill_pool_utilization']:.1%} busy; decode pool: {sizes['decode']} "
         f"replica(s), {summary['decode_pool_utilization']:.1%} busy"
     ]
     links = transfer_links(

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from clitools import run_cli
 
 from simulator.runs import runner
 from simulator.specs.scenario import Scenario
@@ -346,3 +347,22 @@ def test_the_bundled_disaggregated_fleet_scales_its_pools() -> None:
     scaled = bundled_pair("autoscale_disagg", gpu_hours=0.6, goodput=0.95)
     prefill = next(g for g in scaled["fleet_by_group"] if g["group"] == 0)
     assert prefill["replicas_peak"] > 1  # the prefill pool grows with the trace
+
+
+def test_run_prints_each_autoscaled_group(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "scaled.yaml"
+    path.write_text(
+        "name: scaled\nmodel: llama-3.1-8b\n"
+        "replicas: [{hardware: h100_sxm, role: prefill}, {hardware: h100_sxm, role: decode}]\n"
+        "autoscale: [{group: 0, min_replicas: 1, max_replicas: 2, target: 1, interval_s: 1},\n"
+        "            {group: 1, min_replicas: 1, max_replicas: 3, target: 64, interval_s: 1}]\n"
+        "workload: {dataset: {name: random, input_len: 2048, output_len: 32}, num_prompts: 200,"
+        " request_rate: 40}\n"
+    )
+    code, out, err = run_cli(capsys, "run", str(path))
+    assert code == 0, err
+    assert "Group 0 replicas (mean / peak):" in out and "Group 1 replicas" in out
+    assert "prefill pool: 1-2 x h100_sxm" in out and "decode pool: 1-3 x h100_sxm" in out
+    assert "Prefill pool: up to 2 replica(s)" in out and "decode pool: up to 3 replica(s)" in out
