@@ -231,7 +231,11 @@ def replica_group(
         ):
             if on:
                 raise SpecError(f"{technique} with {what} is not modelled", field=field)
-        plan = dataclasses.replace(plan, hold=None)  # those caches hold every token
+        # those caches hold every token; prefix caching alone keeps a window's savings on the
+        # requests' own blocks (serving.kv_cache.PrefixCachingBlockManager)
+        alone = enable_prefix_caching and kv_offload is None and drafter is None
+        if not alone:
+            plan = dataclasses.replace(plan, hold=None)
     if not plan.fits:
         fits = fitting_layouts(
             dep,
@@ -242,7 +246,9 @@ def replica_group(
         )
         require_fit(plan, what=dep.label, alternatives=fits)
     if len(requests):
-        _check_requests(requests, dep.model, plan, spec, max_model_len, pooled=pooled)
+        # a window under prefix caching frees own blocks only: check each request whole
+        checked = dataclasses.replace(plan, hold=None) if enable_prefix_caching else plan
+        _check_requests(requests, dep.model, checked, spec, max_model_len, pooled=pooled)
         if lora is None and bool(np.any(requests.adapter >= 0)):
             raise SpecError(
                 "requests name LoRA adapters but the replicas do not enable LoRA "

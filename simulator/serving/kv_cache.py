@@ -14,7 +14,8 @@ DRAM, NVMe) extend it in `serving/kv_tiers.py`.
 With a `hold` (`costmodel.memory.KvHold`: sliding-window layers keeping only their window, or
 a KV token budget, `specs.deployment.KvEviction`), a request holds the blocks of
 `hold.tokens(num_computed, prompt_len)` tokens and gives back those its window layers no
-longer need, or its budget evicted; prefix caching does not apply a hold (every token is held).
+longer need, or its budget evicted. With prefix caching a window (never a budget) gives back
+blocks of a request's own content only (`PrefixCachingBlockManager`).
 
 Not modelled: block-table fragmentation.
 """
@@ -189,21 +190,40 @@ class PrefixCachingBlockManager(BlockManager):
     LRU queue as one entry (a run, evicted tail first), which keeps the cost of caching to the
     blocks that can be shared.
 
-    Not modelled: hash collisions (keys are exact), sliding-window or hybrid-allocator caching
-    rules, cache salts and LoRA / multimodal extra keys (tiers for evicted blocks:
-    `kv_tiers.TieredBlockManager`).
+    Sliding-window layers (a `hold` with a window, vLLM V1's hybrid allocator: the blocks of
+    window layers that fall out of the window are freed, SlidingWindowManager in
+    vllm/v1/core/single_type_kv_cache_manager.py): a request of its own stream gives back the
+    blocks the window frees, counted as in `BlockManager` but only out of its own content (at
+    least its last own block stays), while its keyed shared-prefix blocks stay whole and
+    shareable; its own blocks are not queued as a run when it ends (the window freed the
+    oldest, so what is left no longer starts where its prefix ends). A conversation's requests
+    keep every block (each is keyed for the next turn).
+
+    Not modelled: hash collisions (keys are exact), the hybrid allocator's per-group prefix
+    hits (a window layer needs only the window's blocks before the hit), cache salts and
+    LoRA / multimodal extra keys (tiers for evicted blocks: `kv_tiers.TieredBlockManager`,
+    which keeps every block).
     """
 
     prefix_caching = True
 
     def __init__(
-        self, *, num_blocks: int, block_size: int, watermark: float = 0.01, host_blocks: int = 0
+        self,
+        *,
+        num_blocks: int,
+        block_size: int,
+        watermark: float = 0.01,
+        host_blocks: int = 0,
+        hold: KvHold | None = None,
     ) -> None:
+        if hold is not None and (hold.eviction is not None or hold.window is None):
+            raise ValueError("prefix caching keeps a sliding window's savings, not a budget's")
         super().__init__(
             num_blocks=num_blocks,
             block_size=block_size,
             watermark=watermark,
             host_blocks=host_blocks,
+            hold=hold,
         )
         self.empty = num_blocks  # free and holding nothing cached
         self.unheld = 0  # cached blocks no request holds (free, evictable)
@@ -268,8 +288,9 @@ class PrefixCachingBlockManager(BlockManager):
         if (len(keys) + run) * self.block_size != hit:
             raise ValueError(f"{req}: hit {hit} is not what the cache holds")
         tokens = req.num_computed + hit + num_new_tokens
+        blocks = self.blocks_for(tokens) if self.hold is None else self._windowed(req, tokens)
         # new blocks, plus the cached ones taken out of the free count (unheld keys, the run)
-        need = self.blocks_for(tokens) - req.blocks - len(keys) + unheld
+        need = blocks - req.blocks - len(keys) + unheld
         return need <= self.free - self.watermark_blocks
 
     def take_prefix(self, req: Request, hit: int) -> float:
@@ -301,10 +322,50 @@ class PrefixCachingBlockManager(BlockManager):
         self._version += 1
         return 0.0
 
+    # -- a sliding window ---------------------------------------------------------------------
+    def _windowed(self, req: Request, tokens: int) -> int:
+        """Blocks `req` holds with `tokens` computed under the window: all of them, less what
+        the window frees, which comes out of its own content only (at least its last own
+        block stays; a conversation's request keeps every block)."""
+        assert self.hold is not None
+        size = self.block_size
+        full = -(-tokens // size)
+        if req.stream >= -1:
+            return full
+        own = full - min(req.prefix_len // size, full)
+        freed = full - -(-self.hold.tokens(tokens, req.prompt_len) // size)
+        return full - max(0, min(freed, own - 1))
+
+    def needed(self, req: Request, num_new_tokens: int) -> int:
+        if self.hold is None:
+            return super().needed(req, num_new_tokens)
+        return max(0, self._windowed(req, req.num_computed + num_new_tokens) - req.blocks)
+
+    def _allocate_windowed(self, req: Request, num_new_tokens: int) -> bool:
+        """`allocate` under a window: blocks the window freed go back empty first."""
+        tokens = req.num_computed + num_new_tokens
+        need = self._windowed(req, tokens) - req.blocks
+        if need > self.free:
+            return False
+        if need > 0:
+            self._take(need)
+        elif need < 0:  # own blocks out of the window: empty again, nothing cached
+            self.empty -= need
+            self.free -= need
+        req.blocks += need
+        size = self.block_size
+        known = req.prompt_len + req.num_output
+        full, keyed = (tokens if tokens < known else known) // size, len(req.cache_keys)
+        if full > keyed and (req.stream >= -1 or req.prefix_len // size > keyed):
+            self._register(req, self._shareable(req, full))
+        return True
+
     # -- the block accounting -----------------------------------------------------------------
     # A keyed block costs a few dict operations over its life (register, release, evict);
     # registration is skipped unless a block filled, since these run for every request each step.
     def allocate(self, req: Request, num_new_tokens: int) -> bool:
+        if self.hold is not None:
+            return self._allocate_windowed(req, num_new_tokens)
         tokens = req.num_computed + num_new_tokens
         size = self.block_size
         need = -(-tokens // size) - req.blocks
@@ -332,6 +393,11 @@ class PrefixCachingBlockManager(BlockManager):
     def extend(self, reqs: list[Request], num_new_tokens: int) -> None:
         """As `BlockManager.extend`, then key the blocks that filled (one pass over `reqs`:
         those with blocks to key are noted, and keyed once the new blocks are taken)."""
+        if self.hold is not None:
+            for req in reqs:
+                if not self._allocate_windowed(req, num_new_tokens):
+                    raise RuntimeError("KV blocks over-allocated: the caller's fit check was wrong")
+            return
         size, need = self.block_size, 0
         filled: list[tuple[Request, int]] = []
         for req in reqs:
@@ -373,7 +439,7 @@ class PrefixCachingBlockManager(BlockManager):
         valid = req.num_computed // self.block_size
         private, unheld = req.blocks, 0
         lru = self.lru
-        if req.stream < -1:
+        if req.stream < -1 and self.hold is None:
             own = valid - req.prefix_len // self.block_size
             if own > 0:
                 unheld += self._queue_run(req.stream, own)

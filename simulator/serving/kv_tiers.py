@@ -317,7 +317,8 @@ def block_manager(
     hold: KvHold | None = None,
 ) -> BlockManager:
     """An empty KV cache: plain, with prefix caching, or with tiers below HBM (which implies
-    prefix caching); `hold` (sliding windows) applies to the plain one."""
+    prefix caching); `hold` (sliding windows) applies to the plain one and, on the requests'
+    own blocks, to the prefix-caching one."""
     if tiers is not None:
         return TieredBlockManager(
             num_blocks=num_blocks,
@@ -332,6 +333,7 @@ def block_manager(
             block_size=block_size,
             watermark=watermark,
             host_blocks=host_blocks,
+            hold=hold,
         )
     return BlockManager(
         num_blocks=num_blocks,

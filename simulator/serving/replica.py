@@ -446,10 +446,12 @@ class Replica:
             return steps
         computed = np.fromiter((r.num_computed for r in reqs), float, len(reqs))
         held = np.fromiter((r.blocks for r in reqs), float, len(reqs))
-        hold = self.kv.hold
+        kv, hold = self.kv, self.kv.hold
         prompts = np.fromiter((r.prompt_len for r in reqs), float, len(reqs))
 
         def fits(k: int) -> bool:
+            if hold is not None and kv.prefix_caching:  # a window frees own blocks only
+                return sum([kv.needed(r, k) for r in reqs]) <= free
             tokens = computed + k if hold is None else hold.tokens_of(computed + k, prompts)
             return float(np.maximum(0.0, np.ceil(tokens / size) - held).sum()) <= free
 
