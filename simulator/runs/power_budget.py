@@ -56,10 +56,19 @@ def with_power_budget(
     return validate(Scenario, data, source=source)
 
 
+def installed(scenario: Scenario) -> list[int]:
+    """Each group's replicas as the budget counts them: its count, or its max_replicas when
+    autoscaled (all of them may be on at once)."""
+    return [
+        scale.max_replicas if (scale := scenario.autoscaled(g)) is not None else spec.count
+        for g, spec in enumerate(scenario.replicas)
+    ]
+
+
 def fleet_gpus(scenario: Scenario, deps: Sequence[Deployment]) -> int:
     return sum(
-        spec.count * dep.layout.devices_per_replica
-        for spec, dep in zip(scenario.replicas, deps, strict=True)
+        count * dep.layout.devices_per_replica
+        for count, dep in zip(installed(scenario), deps, strict=True)
     )
 
 
@@ -114,8 +123,8 @@ def power_budget(
         timers.append(built[0].timer)
         capped_deps.append(built[2])
     parked = sum(
-        g.count * d.layout.devices_per_replica * d.hardware.power.between_steps_w
-        for g, d in zip(scenario.replicas, capped_deps, strict=True)
+        n * d.layout.devices_per_replica * d.hardware.power.between_steps_w
+        for n, d in zip(installed(scenario), capped_deps, strict=True)
     )
     if not spec.budget_w > parked:
         raise SpecError(
@@ -163,7 +172,7 @@ def power_summary(
     windowed draw was over the budget, and the share of replica-time capped."""
     spec = scenario.power_budget
     assert spec is not None
-    replicas = sum(g.count for g in scenario.replicas)
+    replicas = sum(installed(scenario))
     span = float(frame["time_s"].iloc[-1]) if len(frame) else 0.0
     window = frame["window_w"].to_numpy(float)
     return {

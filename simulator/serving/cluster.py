@@ -211,6 +211,7 @@ def serve(
             replicas=replicas,
             group_of=group_of,
             finished=lambda: client.completed == len(requests),
+            on=None if fleet is None else fleet.is_on,
         )
         env.process(controller.run())
     env.process(client.send(requests, route))

@@ -110,6 +110,14 @@ class Fleet:
         frame = pd.concat(frames, ignore_index=True)
         return frame[["time_s", "group", *FLEET_COLUMNS[1:]]]
 
+    def is_on(self, index: int) -> bool:
+        """Whether replica `index` is on (loading, serving or draining); a fixed one always."""
+        for scaler in self.scalers:
+            for rep, state in zip(scaler.scaled, scaler.state, strict=True):
+                if rep.index == index:
+                    return state != "off"
+        return True
+
     def gpu_seconds(self) -> dict[int, float]:
         """Each autoscaled group's GPU-seconds on (loading, serving or draining)."""
         return {s.spec.group: s.gpu_seconds for s in self.scalers}

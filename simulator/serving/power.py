@@ -76,8 +76,12 @@ class PowerController:
         replicas: Sequence[Replica],
         group_of: dict[int, int],
         finished: Callable[[], bool],
+        on: Callable[[int], bool] | None = None,
     ) -> None:
+        """`on(index)`: whether replica `index` is on (an autoscaled fleet's off replicas draw
+        nothing and are not capped); None: every replica is."""
         self.env, self.budget, self.spec = env, budget, budget.spec
+        self.on = on
         self.replicas = list(replicas)
         self.groups = [group_of[r.index] for r in self.replicas]
         self.gpus = np.array([budget.gpus[g] for g in self.groups], dtype=float)
@@ -122,6 +126,9 @@ class PowerController:
         busy: dict[tuple[int, bool], list[tuple[int, tuple[float, ...]]]] = {}
         for i, rep in enumerate(self.replicas):
             g, capped = self.groups[i], self.capped[i]
+            if self.on is not None and not self.on(rep.index):
+                watts[i] = 0.0
+                continue
             act = rep.activity
             if act is None or not act[0] <= now < act[1]:
                 watts[i] = self.budget.parked_w[g][capped]
@@ -146,7 +153,7 @@ class PowerController:
             for i in self.order:
                 if estimate <= spec.cap_threshold * budget_w:
                     break
-                if self.capped[i]:
+                if self.capped[i] or (self.on is not None and not self.on(self.replicas[i].index)):
                     continue
                 chosen.append(i)
                 estimate -= max(float(window[i]) - self.budget.cap_w * self.gpus[i], 0.0)

@@ -520,11 +520,8 @@ class Scenario(Frozen):
                 )
         budget = self.power_budget
         if budget is not None and budget.policy != "none":
-            if self.disaggregated or self.autoscale is not None:
-                raise ValueError(
-                    "power_budget: applies to fixed colocated fleets (no disaggregation or "
-                    "autoscale)"
-                )
+            if self.disaggregated:
+                raise ValueError("power_budget: applies to colocated fleets (no disaggregation)")
             if any(g.data_parallel_size > 1 or g.pipeline_micro_batching for g in self.replicas):
                 raise ValueError(
                     "power_budget: caps plain replicas (no data_parallel_size > 1 or "

@@ -239,3 +239,23 @@ def test_power_priority_decides_which_group_is_capped_first() -> None:
     assert _first_capped([0, 0]) == 1  # equal: the later group first
     assert _first_capped([0, 5]) == 0  # the first group is the low-priority one
     assert _first_capped([1, 0]) == 1
+
+
+def test_an_autoscaled_fleet_counts_only_its_replicas_that_are_on() -> None:
+    """One H100 of up to four on at the start: the first samples draw at most one GPU's
+    ceiling, where the fixed four draw at least their parked power; the fleet scales up
+    under load, is capped under the budget and serves every request."""
+    power = {"budget_w": 1800.0, "policy": "dynamic", "cap_w": 350.0}
+    power |= {"reaction_s": 0.5, "window_s": 1.0, "sample_s": 0.25}
+    scale = {"min_replicas": 1, "max_replicas": 4, "target": 16, "interval_s": 1}
+    one = [{"hardware": "h100_sxm", "count": 1}]
+    scaled = runner.run(scenario(power, replicas=one, autoscale=scale))
+    fixed = runner.run(scenario(power))  # four H100 throughout
+    ceiling = load_hardware("h100_sxm").power.ceiling_w
+    parked = load_hardware("h100_sxm").power.between_steps_w
+    assert scaled.sim.power is not None and fixed.sim.power is not None
+    assert scaled.sim.power["draw_w"].iloc[0] <= ceiling + 1e-6
+    assert fixed.sim.power["draw_w"].iloc[0] >= 4 * parked - 1e-6
+    s = scaled.summary
+    assert s["completed"] == 1600 and s["fleet_replicas_peak"] > 1
+    assert s["power_capped_share"] > 0 and "fleet_gpu_hours" in s
