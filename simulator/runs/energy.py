@@ -340,16 +340,14 @@ class EnergyAccumulator:
             busy_w[capped] = step_power_w(part[capped], under)
         else:
             busy_w = step_power_w(part, group)
+        overlap_s = excess_j = 0.0  # two streams at once: the GPU counted once
         if group.streams_overlap:
             power = PowerModel.from_hardware(group.deployment.hardware)
             overlap_s, excess_j = stream_overlap(part, busy_w, power)
-            pp = group.deployment.layout.pp
-            self.step_j[g] += (float(np.sum(duration * busy_w)) - excess_j) / pp
-            self.busy_s[g] += float(duration.sum()) - overlap_s
-            return
         # a busy stage runs 1/pp of the step
-        self.step_j[g] += float(np.sum(duration * busy_w)) / self.groups[g].deployment.layout.pp
-        self.busy_s[g] += float(duration.sum())
+        pp = group.deployment.layout.pp
+        self.step_j[g] += (float(np.sum(duration * busy_w)) - excess_j) / pp
+        self.busy_s[g] += float(duration.sum()) - overlap_s
 
     def figures(
         self, *, last_finish: float, completed: int, output_tokens: float, prompt_tokens: float

@@ -56,19 +56,10 @@ def with_power_budget(
     return validate(Scenario, data, source=source)
 
 
-def installed(scenario: Scenario) -> list[int]:
-    """Each group's replicas as the budget counts them: its count, or its max_replicas when
-    autoscaled (all of them may be on at once)."""
-    return [
-        scale.max_replicas if (scale := scenario.autoscaled(g)) is not None else spec.count
-        for g, spec in enumerate(scenario.replicas)
-    ]
-
-
 def fleet_gpus(scenario: Scenario, deps: Sequence[Deployment]) -> int:
     return sum(
         count * dep.layout.devices_per_replica
-        for count, dep in zip(installed(scenario), deps, strict=True)
+        for count, dep in zip(scenario.most_replicas(), deps, strict=True)
     )
 
 
@@ -124,7 +115,7 @@ def power_budget(
         capped_deps.append(built[2])
     parked = sum(
         n * d.layout.devices_per_replica * d.hardware.power.between_steps_w
-        for n, d in zip(installed(scenario), capped_deps, strict=True)
+        for n, d in zip(scenario.most_replicas(), capped_deps, strict=True)
     )
     if not spec.budget_w > parked:
         raise SpecError(
@@ -172,7 +163,7 @@ def power_summary(
     windowed draw was over the budget, and the share of replica-time capped."""
     spec = scenario.power_budget
     assert spec is not None
-    replicas = sum(installed(scenario))
+    replicas = sum(scenario.most_replicas())
     span = float(frame["time_s"].iloc[-1]) if len(frame) else 0.0
     window = frame["window_w"].to_numpy(float)
     return {

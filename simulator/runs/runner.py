@@ -535,7 +535,7 @@ def fleet_summary(
         if scenario.autoscaled(i) is None:
             gpu_s += spec.num_replicas * dep.layout.devices_per_replica * end
     frame = sim.fleet
-    by_group = []
+    by_group, steps = [], []  # each group's figures, and its serving replicas over time
     for scale in scenario.autoscale:
         rows = frame[frame["group"] == scale.group] if "group" in frame else frame
         times = rows["time_s"].to_numpy(float)
@@ -551,15 +551,14 @@ def fleet_summary(
                 "replicas_peak": float(serving.max()),
                 "scale_ups": float(np.sum(ups[ups > 0])),
                 "load_s": load_seconds(deps[scale.group], plans[scale.group], scale.weights_from),
-                "_times": times,
-                "_serving": serving,
             }
         )
+        steps.append((times, serving))
     # the groups' serving replicas together: each a step function, summed at every change
-    at = np.unique(np.concatenate([g["_times"] for g in by_group]))
+    at = np.unique(np.concatenate([times for times, _ in steps]))
     together = sum(
-        g["_serving"][np.maximum(np.searchsorted(g["_times"], at, side="right") - 1, 0)]
-        for g in by_group
+        serving[np.maximum(np.searchsorted(times, at, side="right") - 1, 0)]
+        for times, serving in steps
     )
     summary: dict[str, Any] = {
         "fleet_gpu_hours": gpu_s / 3600.0,
@@ -570,9 +569,7 @@ def fleet_summary(
         "slo_attainment": slo_attainment(sim.requests, slos) if slos else None,
     }
     if len(by_group) > 1:
-        summary["fleet_by_group"] = [
-            {k: v for k, v in g.items() if not k.startswith("_")} for g in by_group
-        ]
+        summary["fleet_by_group"] = by_group
     return summary
 
 

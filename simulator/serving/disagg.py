@@ -312,17 +312,9 @@ def serve_scenario(
     )
 
 
-def built_counts(scenario: Scenario) -> list[int]:
-    """Replicas each group is built with: its count, or max_replicas when autoscaled."""
-    return [
-        scale.max_replicas if (scale := scenario.autoscaled(g)) is not None else spec.count
-        for g, spec in enumerate(scenario.replicas)
-    ]
-
-
 def pool_summary(scenario: Scenario, sim: SimResult) -> dict[str, float]:
     """The summary keys of a disaggregated run: `metrics.phases.phase_summary` over its pools."""
-    pools = pool_replicas([s.role for s in scenario.replicas], built_counts(scenario))
+    pools = pool_replicas([s.role for s in scenario.replicas], scenario.most_replicas())
     return phase_summary(
         sim.requests,
         sim.steps,
@@ -336,7 +328,7 @@ def pool_lines(
 ) -> list[str]:
     """What `llmsim run` prints of a disaggregated run: pools, links, phase times."""
     specs = scenario.replicas
-    built = built_counts(scenario)
+    built = scenario.most_replicas()
     sizes = {}
     for role in ROLES:  # an autoscaled pool: the most replicas it may have
         mine = [g for g, s in enumerate(specs) if s.role == role]

@@ -66,7 +66,6 @@ class Fleet:
         finished: Callable[[], bool],
     ) -> None:
         """`routers`: each routing over all the replicas of its groups, off ones included."""
-        self._ready = False
         scaled = {s.spec.group for s in scalings}
         # per router: its fixed replicas, and the groups of it that are autoscaled
         self.routes = [
@@ -77,6 +76,7 @@ class Fleet:
             )
             for router in routers
         ]
+        self.scalers: list[Autoscaler] = []  # routed to once all are built
         self.scalers = [
             Autoscaler(
                 env,
@@ -87,15 +87,14 @@ class Fleet:
             )
             for s in scalings
         ]
-        self._ready = True
+        # each scaled replica's autoscaler and its position there
+        self._slot = {r.index: (s, i) for s in self.scalers for i, r in enumerate(s.scaled)}
         self.route()
         for scaler in self.scalers:
             env.process(scaler.run())
 
     def route(self) -> None:
         """Route to the fixed replicas and every group's serving ones."""
-        if not self._ready:
-            return
         for router, fixed, groups in self.routes:
             serving = [r for s in self.scalers if s.spec.group in groups for r in s.serving()]
             router.replicas = sorted([*fixed, *serving], key=lambda r: r.index)
@@ -112,11 +111,8 @@ class Fleet:
 
     def is_on(self, index: int) -> bool:
         """Whether replica `index` is on (loading, serving or draining); a fixed one always."""
-        for scaler in self.scalers:
-            for rep, state in zip(scaler.scaled, scaler.state, strict=True):
-                if rep.index == index:
-                    return state != "off"
-        return True
+        slot = self._slot.get(index)
+        return slot is None or slot[0].state[slot[1]] != "off"
 
     def gpu_seconds(self) -> dict[int, float]:
         """Each autoscaled group's GPU-seconds on (loading, serving or draining)."""

@@ -341,35 +341,31 @@ class PrefixCachingBlockManager(BlockManager):
             return super().needed(req, num_new_tokens)
         return max(0, self._windowed(req, req.num_computed + num_new_tokens) - req.blocks)
 
-    def _allocate_windowed(self, req: Request, num_new_tokens: int) -> bool:
-        """`allocate` under a window: blocks the window freed go back empty first."""
-        tokens = req.num_computed + num_new_tokens
+    def _take_windowed(self, req: Request, tokens: int) -> bool:
+        """`allocate`'s blocks under a window: the blocks `req` holds with `tokens` computed,
+        those the window freed back empty (nothing cached); False, changing nothing, when the
+        new ones do not fit."""
         need = self._windowed(req, tokens) - req.blocks
         if need > self.free:
             return False
         if need > 0:
             self._take(need)
-        elif need < 0:  # own blocks out of the window: empty again, nothing cached
+        elif need < 0:  # own blocks out of the window
             self.empty -= need
             self.free -= need
         req.blocks += need
-        size = self.block_size
-        known = req.prompt_len + req.num_output
-        full, keyed = (tokens if tokens < known else known) // size, len(req.cache_keys)
-        if full > keyed and (req.stream >= -1 or req.prefix_len // size > keyed):
-            self._register(req, self._shareable(req, full))
         return True
 
     # -- the block accounting -----------------------------------------------------------------
     # A keyed block costs a few dict operations over its life (register, release, evict);
     # registration is skipped unless a block filled, since these run for every request each step.
     def allocate(self, req: Request, num_new_tokens: int) -> bool:
-        if self.hold is not None:
-            return self._allocate_windowed(req, num_new_tokens)
         tokens = req.num_computed + num_new_tokens
         size = self.block_size
-        need = -(-tokens // size) - req.blocks
-        if need > 0:
+        if self.hold is not None:
+            if not self._take_windowed(req, tokens):
+                return False
+        elif (need := -(-tokens // size) - req.blocks) > 0:
             free = self.free
             if need > free:
                 return False
@@ -395,7 +391,7 @@ class PrefixCachingBlockManager(BlockManager):
         those with blocks to key are noted, and keyed once the new blocks are taken)."""
         if self.hold is not None:
             for req in reqs:
-                if not self._allocate_windowed(req, num_new_tokens):
+                if not self.allocate(req, num_new_tokens):
                     raise RuntimeError("KV blocks over-allocated: the caller's fit check was wrong")
             return
         size, need = self.block_size, 0

@@ -467,6 +467,14 @@ class Scenario(Frozen):
         """The autoscale entry of replica group `group` (None: it has a fixed count)."""
         return next((s for s in self.autoscale or () if s.group == group), None)
 
+    def most_replicas(self) -> list[int]:
+        """Each group's replicas at most: its count, or its max_replicas when autoscaled (the
+        run builds that many; they may all be on at once)."""
+        return [
+            scale.max_replicas if (scale := self.autoscaled(g)) is not None else spec.count
+            for g, spec in enumerate(self.replicas)
+        ]
+
     @field_validator("replicas")
     @classmethod
     def _roles(cls, groups: list[ReplicaGroupSpec]) -> list[ReplicaGroupSpec]:
