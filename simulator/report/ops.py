@@ -174,7 +174,10 @@ def run_op_costs(
         served if len(served) else requests, steps[steps["replica"].isin(mine)]
     )
     sched = default_scheduler(
-        dep.engine, max_model_len=dep.model.max_position_embeddings, **spec.scheduler.model_dump()
+        dep.engine,
+        max_model_len=dep.model.max_position_embeddings,
+        model=dep.model,
+        **spec.scheduler.model_dump(),
     )
     if sched.chunked_prefill:
         prompt = min(prompt, sched.max_num_batched_tokens)

@@ -339,7 +339,9 @@ def bench_latency(
     dep.layout.check(dep.model, dep.hardware)
     sched = dep.engine.scheduler
     chunked = (
-        dep.engine.chunked_by_default(max_model_len) if chunked_prefill is None else chunked_prefill
+        dep.engine.chunked_by_default(max_model_len, dep.model)
+        if chunked_prefill is None
+        else chunked_prefill
     )
     max_tokens = pick(
         max_num_batched_tokens,

@@ -195,7 +195,9 @@ def build_group(
     dep = group_deployment(model, spec)
     overrides = spec.scheduler.model_dump()
     max_model_len = dep.model.served_length(spec.max_model_len)
-    scheduler = default_scheduler(dep.engine, max_model_len=max_model_len, **overrides)
+    scheduler = default_scheduler(
+        dep.engine, max_model_len=max_model_len, model=dep.model, **overrides
+    )
     group, plan = replica_group(
         dep,
         requests=requests,

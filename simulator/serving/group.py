@@ -87,17 +87,22 @@ class ReplicaGroup:
 
 
 def default_scheduler(
-    engine: EngineSpec, *, max_model_len: int | None = None, **overrides: Any
+    engine: EngineSpec,
+    *,
+    max_model_len: int | None = None,
+    model: ModelSpec | None = None,
+    **overrides: Any,
 ) -> SchedulerSpec:
     """The engine's scheduler defaults, with `overrides` (None values ignored). Without
     chunked prefill an engine that sizes its step by the model (vLLM) holds at least
     `max_model_len` tokens a step unless max_num_batched_tokens is given. Prompts share a
     step with the running decodes (`continuous`) where the engine mixes them: chunks with
     chunked prefill (`mixed_prefill`), whole prompts without it (`unchunked_mixed`); elsewhere
-    a step is all prefill or all decode (`prefill_first`)."""
+    a step is all prefill or all decode (`prefill_first`). `model`: the served model, where
+    the engine's default depends on it (`EngineSpec.chunked_by_default`)."""
     sched = engine.scheduler
     given = {k: v for k, v in overrides.items() if v is not None}
-    chunked = given.get("chunked_prefill", engine.chunked_by_default(max_model_len))
+    chunked = given.get("chunked_prefill", engine.chunked_by_default(max_model_len, model))
     mixed = sched.mixed_prefill if chunked else sched.unchunked_mixed
     values = {
         "kind": "continuous" if mixed else "prefill_first",  # unless `kind` is given
@@ -190,7 +195,9 @@ def replica_group(
     request fits the pool's room (`serving.kv_pool.install`), not one cache."""
     dep.layout.check(dep.model, dep.hardware)
     spec = scheduler or default_scheduler(
-        dep.engine, max_model_len=max_model_len or dep.model.max_position_embeddings
+        dep.engine,
+        max_model_len=max_model_len or dep.model.max_position_embeddings,
+        model=dep.model,
     )
     _check_multi_step(spec, dep.engine, speculative=speculative is not None)
     drafter = None

@@ -15,6 +15,7 @@ from simulator.errors import SpecError
 from simulator.specs._base import Bytes, Frozen, Seconds
 from simulator.specs.deployment import KernelFormat
 from simulator.specs.hardware import DecodeSplit, HardwareSpec, RowKernel
+from simulator.specs.model import MLAttention, ModelSpec
 
 
 class EngineOverhead(Frozen):
@@ -224,6 +225,13 @@ class SchedulerDefaults(Frozen):
         description="chunked prefill turns on by default where the served context length "
         "(max_model_len) exceeds this many tokens, whatever `chunked_prefill` says (vLLM V0's "
         "EngineArgs: 32768 on CUDA); None: `chunked_prefill` alone",
+    )
+    mla_chunked_prefill: bool = Field(
+        default=True,
+        description="models with multi-head latent attention (DeepSeek-V2/V3/R1) take the "
+        "chunked-prefill default as any other; false: chunked prefill is off for them unless "
+        "asked for, whatever `chunked_prefill` and `chunked_prefill_above` say (vLLM V0 "
+        "0.7-0.8, whose MLA backend had no chunked prefill)",
     )
     unchunked_holds_max_model_len: bool = Field(
         default=False,
@@ -519,11 +527,15 @@ class EngineSpec(Frozen):
             update["interference"] = interference
         return self.model_copy(update={"overlap": self.overlap.model_copy(update=update)})
 
-    def chunked_by_default(self, max_model_len: int | None) -> bool:
-        """Whether the engine runs chunked prefill when not told: the profile's
+    def chunked_by_default(self, max_model_len: int | None, model: ModelSpec | None = None) -> bool:
+        """Whether the engine runs chunked prefill for `model` when not told: the profile's
         `chunked_prefill`, or on for a served context longer than `chunked_prefill_above`
-        (vLLM V0 turns it on above 32K tokens)."""
+        (vLLM V0 turns it on above 32K tokens); off for an MLA model where the profile's
+        `mla_chunked_prefill` says so (vLLM V0 0.7-0.8)."""
         sched = self.scheduler
+        mla = model is not None and isinstance(model.attention, MLAttention)
+        if mla and not sched.mla_chunked_prefill:
+            return False
         above = sched.chunked_prefill_above
         long_context = above is not None and max_model_len is not None and max_model_len > above
         return sched.chunked_prefill or long_context

@@ -66,6 +66,7 @@ COLUMNS = [
     "output_len",
     "length_spread",
     "num_prompts",
+    "max_model_len",
     "load_kind",
     "load",
     "statistic",
@@ -155,11 +156,20 @@ def _check(measured: pd.DataFrame) -> None:
     given = measured["num_prompts"].notna()
     if (given & ~(counts >= 1)).any() or (counts.dropna() % 1 != 0).any():
         raise SpecError("num_prompts must be a whole number >= 1 or blank", field="num_prompts")
+    lengths = pd.to_numeric(measured["max_model_len"], errors="coerce")
+    if (measured["max_model_len"].notna() & ~(lengths >= 1)).any() or (
+        lengths.dropna() % 1 != 0
+    ).any():
+        raise SpecError("max_model_len must be a whole number >= 1 or blank", field="max_model_len")
 
 
 def _published_prompts(row: pd.Series) -> int | None:
     """The request count the source published for this point, or None (blank)."""
-    value = row["num_prompts"]
+    return _optional_int(row["num_prompts"])
+
+
+def _optional_int(value: Any) -> int | None:
+    """A whole-number cell, or None where it is blank."""
     if pd.isna(value):
         return None
     return int(float(value))
@@ -212,7 +222,7 @@ def _point(row: pd.Series) -> tuple[dict[str, Any], int]:
         model=str(row["model"]),
         hardware=str(row["hardware"]),
         workload=workload,
-        engine_args=row_engine_args(row),
+        engine_args=row_engine_args(row, max_model_len=_optional_int(row["max_model_len"])),
         max_concurrency=int(load) if concurrency else None,
         seed=SEED,
     )

@@ -14,7 +14,7 @@ from simulator.errors import SpecError
 from simulator.metrics.bands import load_residuals
 from simulator.runs.latency import estimate
 from simulator.serving.group import default_scheduler
-from simulator.specs import EngineSpec, HardwareSpec, load_engine, load_hardware
+from simulator.specs import EngineSpec, HardwareSpec, load_engine, load_hardware, load_model
 from simulator.units import GB, TFLOPS, GiB, MiB
 
 NEW_HARDWARE = ["l4", "a10g", "rtx_3090", "rtx_6000_ada", "mi250x", "gh200_144gb"]
@@ -292,3 +292,50 @@ def test_new_device_predictions_are_reported_as_unbacked(hw: str) -> None:
     else:
         assert out == {"interval_note": f"no end-to-end validation rows for {hw} under vllm"}
         assert not any(key.endswith("_interval") for key in out)
+
+
+def test_vllm_07_runs_mla_models_unchunked(engines: dict[str, EngineSpec]) -> None:
+    """vLLM V0 0.7-0.8 had no chunked prefill for MLA (0.7.3's VllmConfig forces it off; 0.8.0's
+    _set_default_args_v0 leaves it off): a DeepSeek model runs unchunked with a step of
+    max(max_model_len, 2048) tokens whatever its context length; other models and V1 profiles
+    keep their rule."""
+    v3 = load_model("deepseek-v3")
+    llama = load_model("llama-3.1-8b")
+    engine = engines["vllm-0.7"]
+    mla = default_scheduler(engine, max_model_len=163840, model=v3)
+    assert not mla.chunked_prefill and mla.max_num_batched_tokens == 163840
+    assert mla.kind == "prefill_first"  # V0 without chunking: a step is all prefill or decode
+    assert default_scheduler(engine, max_model_len=163840, model=llama).chunked_prefill
+    # an explicit choice still wins
+    asked = default_scheduler(engine, max_model_len=163840, model=v3, chunked_prefill=True)
+    assert asked.chunked_prefill and asked.max_num_batched_tokens == 2048
+    # V1 chunks MLA models as any other
+    assert default_scheduler(engines["vllm-0.8"], max_model_len=163840, model=v3).chunked_prefill
+
+
+def test_a_vllm_07_run_prefills_deepseek_prompts_whole() -> None:
+    """The run picks the MLA default up: prompts of 3000 tokens go through in whole prompts a
+    step (more than the 2048 tokens a chunked step would take), never mixed with decodes."""
+    import math
+
+    from simulator.runs import runner
+    from simulator.specs.engine_args import EngineArgs
+    from simulator.specs.workload import WorkloadSpec
+    from simulator.workload.requests import RandomDataset
+
+    workload = WorkloadSpec(
+        dataset=RandomDataset(input_len=3000, output_len=8, range_ratio=0.0),
+        num_prompts=4,
+        request_rate=math.inf,
+    )
+    scenario = runner.bench_scenario(
+        model="deepseek-v3",
+        hardware="h200_sxm",
+        workload=workload,
+        engine_args=EngineArgs(engine="vllm-0.7", tensor_parallel_size=8, quantization="fp8"),
+    )
+    steps = runner.run(scenario).sim.steps
+    prefill = steps[steps["prefill_tokens"] > 0]
+    assert (prefill["prefill_tokens"] % 3000 == 0).all()
+    assert prefill["prefill_tokens"].max() > 2048
+    assert (prefill["decode_tokens"] == 0).all()

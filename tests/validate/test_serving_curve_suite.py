@@ -48,7 +48,7 @@ def test_bundled_curves_name_known_ids_a_source_and_a_setup() -> None:
     for engine in df["engine"].unique():
         load_engine(engine)
     setup = COLUMNS[: COLUMNS.index("statistic") + 1]
-    setup = [c for c in setup if c not in ("quantization", "num_prompts")]
+    setup = [c for c in setup if c not in ("quantization", "num_prompts", "max_model_len")]
     assert df[setup].notna().all().all()
     assert (df[["ttft_ms", "itl_ms", "output_tokens_per_s", "load"]] > 0).all().all()
     for _, points in df.groupby("curve"):
