@@ -5,22 +5,22 @@ decode steps) draws, per GPU, the power of that step's shape (`draw_w`, the ener
 `step_power_w` handed in by the run: serving does not import `runs`), each other one its parked
 draw; times its GPUs. `window_w` is the mean of the samples of the last `window_s`.
 
-`static` caps every replica from the start (the run builds its timers under
-budget / GPUs per GPU). `dynamic` follows POLCA's control loop (arXiv:2308.12908; as its
-patent application US 2025/0377708 A1 words it: above a first threshold of the servers' draw
-cap low-priority workloads' frequency, above a second cap all, uncap once the draw is a
-margin below): when `window_w` exceeds cap_threshold x budget,
-it picks replicas, lowest priority first (the groups' `power_priority`, then the last group's,
-highest index first), until their
-windowed draw above `cap_w` per GPU, taken off, brings the estimate under the threshold, and
-caps them `reaction_s` later; when `window_w` falls below release_threshold x budget it lifts
-the cap of the highest-priority capped replica, `reaction_s` later (one at a time: lifting
-all at once swings the fleet back over the threshold). Once an action is in place the window
-restarts from the samples taken since: capping more needs one sample over the threshold
+`static` caps every replica from the start (the run builds its timers under budget / GPUs per
+GPU). `dynamic` follows POLCA's control loop (arXiv:2308.12908; as its patent application US
+2025/0377708 A1 words it: above a first threshold of the servers' draw cap low-priority
+workloads' frequency, above a second cap all, uncap once the draw is a margin below): when
+`window_w` exceeds cap_threshold x budget, it picks replicas, lowest priority first (the
+groups' `power_priority`, then the last group's, highest index first), until their windowed
+draw above `cap_w` per GPU, taken off, brings the estimate under the threshold, and caps them
+`reaction_s` later (above `cap_all_threshold` x budget, POLCA's second threshold, every replica
+that is on, whatever its priority); when `window_w` falls below release_threshold x budget it
+lifts the cap of the highest-priority capped replica, `reaction_s` later (one at a time:
+lifting all at once swings the fleet back over the threshold). Once an action is in place the
+window restarts from the samples taken since: capping more needs one sample over the threshold
 (safety first), lifting a cap a full window under the release threshold. Each round of caps
-takes reaction_s + sample_s and caps at least one replica, so when capping every replica
-fits the budget (GPUs x cap_w <= budget) the draw stays over the budget no longer than
-window_s + replicas x (reaction_s + sample_s) per excursion: the overshoot the policy states.
+takes reaction_s + sample_s and caps at least one replica, so when capping every replica fits
+the budget (GPUs x cap_w <= budget) the draw stays over the budget no longer than window_s +
+replicas x (reaction_s + sample_s) per excursion: the overshoot the policy states.
 A replica is capped by swapping its step timer for one built on `with_power_cap(hardware,
 cap)` (built once per group), and woken, so a decode run in progress stops at its current
 step and the next step is timed capped.
@@ -148,10 +148,11 @@ class PowerController:
         spec, budget_w = self.spec, self.spec.budget_w
         total = float(window.sum())
         if total > spec.cap_threshold * budget_w:
+            every = spec.cap_all_threshold is not None and total > spec.cap_all_threshold * budget_w
             chosen = []
             estimate = total
             for i in self.order:
-                if estimate <= spec.cap_threshold * budget_w:
+                if not every and estimate <= spec.cap_threshold * budget_w:
                     break
                 if self.capped[i] or (self.on is not None and not self.on(self.replicas[i].index)):
                     continue

@@ -374,7 +374,8 @@ class PowerBudgetSpec(Frozen):
     last replica group's, highest index first), as many as it takes for the estimate to fit
     under the threshold; each cap takes effect `reaction_s` after the decision. Once the
     windowed draw is below release_threshold x budget_w it lifts one cap, highest priority
-    first (after `reaction_s` too)."""
+    first (after `reaction_s` too). Above `cap_all_threshold` x budget_w (POLCA's second
+    threshold; None: off) a round caps every replica that is on, whatever its priority."""
 
     budget_w: Watts = Field(gt=0, description="the fleet's GPU power budget")
     policy: Literal["none", "static", "dynamic"] = "dynamic"
@@ -385,6 +386,14 @@ class PowerBudgetSpec(Frozen):
     )
     cap_threshold: float = Field(
         default=0.95, gt=0, le=1, description="dynamic: cap above this share of the budget"
+    )
+    cap_all_threshold: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="dynamic: POLCA's second threshold: above this share of the budget every "
+        "replica is capped at once, whatever its priority (None: each round caps only as many "
+        "as the estimate needs)",
     )
     release_threshold: float = Field(
         default=0.85, gt=0, le=1, description="dynamic: uncap below this share of the budget"
@@ -404,6 +413,11 @@ class PowerBudgetSpec(Frozen):
         if self.release_threshold >= self.cap_threshold:
             raise ValueError(
                 f"release_threshold {self.release_threshold:g} must be below cap_threshold "
+                f"{self.cap_threshold:g}"
+            )
+        if self.cap_all_threshold is not None and self.cap_all_threshold <= self.cap_threshold:
+            raise ValueError(
+                f"cap_all_threshold {self.cap_all_threshold:g} must be above cap_threshold "
                 f"{self.cap_threshold:g}"
             )
         if self.window_s < self.sample_s:

@@ -147,6 +147,7 @@ def test_cli_power_budget_flag_and_power_csv(
         ("{budget_w: -5}", "power_budget.budget_w"),
         ("{budget_w: 1000, policy: lots}", "power_budget.policy"),
         ("{budget_w: 1000, cap_threshold: 0.8, release_threshold: 0.9}", "release_threshold"),
+        ("{budget_w: 1000, cap_threshold: 0.9, cap_all_threshold: 0.9}", "cap_all_threshold"),
         ("{budget_w: 100}", "power_budget.budget_w"),  # below the parked fleet
         ("{budget_w: 1000, cap_w: 50}", "power_budget.cap_w"),  # below idle
     ],
@@ -259,3 +260,23 @@ def test_an_autoscaled_fleet_counts_only_its_replicas_that_are_on() -> None:
     s = scaled.summary
     assert s["completed"] == 1600 and s["fleet_replicas_peak"] > 1
     assert s["power_capped_share"] > 0 and "fleet_gpu_hours" in s
+
+
+def _first_round(**thresholds: float) -> list[int]:
+    """The replicas of the dynamic policy's first round of caps, two groups of two H100s, the
+    second at a higher power priority."""
+    groups = [{"hardware": "h100_sxm", "count": 2, "power_priority": p} for p in (0, 5)]
+    power = {"budget_w": BUDGET, "policy": "dynamic", "cap_w": CAP} | thresholds
+    power |= {"reaction_s": 0.5, "window_s": 1.0, "sample_s": 0.25}
+    caps = runner.run(scenario(power, replicas=groups)).sim.power_caps
+    capped = caps[caps["capped"]]
+    return sorted(capped[capped["time_s"] == capped["time_s"].min()]["replica"].tolist())
+
+
+def test_polca_second_threshold_caps_every_replica_at_once() -> None:
+    """Above cap_all_threshold x budget a round caps the whole fleet, the high-priority group
+    too; below it (or without it) a round caps the low-priority replicas the estimate needs."""
+    assert _first_round() == [0, 1]  # the low-priority group alone
+    assert _first_round(cap_all_threshold=0.97) == [0, 1, 2, 3]
+    # a second threshold the draw never reaches changes nothing
+    assert _first_round(cap_all_threshold=1.0) == [0, 1]
