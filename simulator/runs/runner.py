@@ -358,6 +358,14 @@ def _simulate(
     groups = [g for g, _, _ in built]
     plans = [plan for _, plan, _ in built]
     deps = [dep for _, _, dep in built]
+    power = power_budget(
+        scenario,
+        deps,
+        plans,
+        lambda spec: build_group(
+            model, spec, held.get(spec.role, requests), sampling=scenario.workload.sampling
+        ),
+    )
     if scenario.disaggregated:
         sim = serve_scenario(
             scenario,
@@ -365,6 +373,7 @@ def _simulate(
             groups=groups,
             deployments=deps,
             autoscale=fleet_scaling(scenario, plans, deps),
+            power=power,
         )
     elif stream:
         return _stream(scenario, requests, groups, plans, deps, percentiles)
@@ -380,14 +389,7 @@ def _simulate(
                 scenario.kv_pool,
                 [(dep, g.count) for dep, g in zip(deps, scenario.replicas, strict=True)],
             ),
-            power=power_budget(
-                scenario,
-                deps,
-                plans,
-                lambda spec: build_group(
-                    model, spec, requests, sampling=scenario.workload.sampling
-                ),
-            ),
+            power=power,
         )
     goodput = scenario.slo.goodput() if scenario.slo else None
     # tokens after the first: one per decode at its step's end (a speculative step's decodes

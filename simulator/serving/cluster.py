@@ -203,17 +203,14 @@ def serve(
             group_of=group_of,
             finished=lambda: client.completed == len(requests),
         )
-    controller = None
-    if power is not None:
-        controller = PowerController(
-            env,
-            power,
-            replicas=replicas,
-            group_of=group_of,
-            finished=lambda: client.completed == len(requests),
-            on=None if fleet is None else fleet.is_on,
-        )
-        env.process(controller.run())
+    controller = start_power(
+        env,
+        power,
+        replicas=replicas,
+        group_of=group_of,
+        finished=lambda: client.completed == len(requests),
+        fleet=fleet,
+    )
     env.process(client.send(requests, route))
     run_to_end(env, client, replicas)
     result = sim_result(
@@ -221,17 +218,48 @@ def serve(
     )
     if pool is not None:
         result = dataclasses.replace(result, kv_pool=pool.summary())
-    if controller is not None:
-        result = dataclasses.replace(
-            result,
-            power=controller.frame(),
-            power_capped_replica_s=controller.capped_replica_s,
-            power_caps=controller.caps(),
-        )
+    result = with_power(result, controller)
     if fleet is None:
         return result
     fleet.close(client.last_done_s)
     return dataclasses.replace(result, fleet=fleet.frame(), fleet_gpu_seconds=fleet.gpu_seconds())
+
+
+def start_power(
+    env: simpy.Environment,
+    power: PowerBudget | None,
+    *,
+    replicas: Sequence[Replica],
+    group_of: dict[int, int],
+    finished: Callable[[], bool],
+    fleet: Fleet | None,
+) -> PowerController | None:
+    """The power budget's controller over `replicas`, started (None without a budget); with
+    a `fleet`, it samples and caps only the replicas that are on."""
+    if power is None:
+        return None
+    controller = PowerController(
+        env,
+        power,
+        replicas=replicas,
+        group_of=group_of,
+        finished=finished,
+        on=None if fleet is None else fleet.is_on,
+    )
+    env.process(controller.run())
+    return controller
+
+
+def with_power(result: SimResult, controller: PowerController | None) -> SimResult:
+    """`result` with the power controller's samples, capped replica-seconds and cap events."""
+    if controller is None:
+        return result
+    return dataclasses.replace(
+        result,
+        power=controller.frame(),
+        power_capped_replica_s=controller.capped_replica_s,
+        power_caps=controller.caps(),
+    )
 
 
 def run_to_end(env: simpy.Environment, client: _Clients, replicas: Sequence[Replica]) -> None:

@@ -56,9 +56,12 @@ from simulator.serving.cluster import (
     check_budgets,
     run_to_end,
     sim_result,
+    start_power,
+    with_power,
 )
 from simulator.serving.fleet import Fleet, FleetScaling
 from simulator.serving.kv_transfer import TransferModel, transfer_links
+from simulator.serving.power import PowerBudget
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
 from simulator.serving.router import Router
@@ -210,12 +213,14 @@ def serve_disaggregated(
     max_concurrency: int | None = None,
     seed: int = 0,
     autoscale: Sequence[FleetScaling] = (),
+    power: PowerBudget | None = None,
 ) -> SimResult:
     """Serve `requests` on the prefill and decode pools (`roles[i]` of `groups[i]`); `links`
     maps (prefill group, decode group) indices to their KV transfer. `router` routes arrivals
     over the prefill pool, `decode_router` (default: `router`) hand-offs over the decode pool.
     `autoscale`: groups built with max_replicas replicas and scaled over the run, each pool's
-    router sending to its serving ones (`serving.fleet`)."""
+    router sending to its serving ones (`serving.fleet`). `power`: a power budget over the
+    replicas of both pools (`serving.power`)."""
     problem = role_problem(roles)
     if problem or not is_disaggregated(roles):
         raise SpecError(problem or "no prefill/decode groups", field="replicas")
@@ -268,6 +273,14 @@ def serve_disaggregated(
             group_of=group_of,
             finished=lambda: client.completed == len(requests),
         )
+    controller = start_power(
+        env,
+        power,
+        replicas=replicas,
+        group_of=dict(enumerate(group_of)),
+        finished=lambda: client.completed == len(requests),
+        fleet=fleet,
+    )
     env.process(client.send(requests, prefill_router))
     run_to_end(env, client, replicas)
     frame = with_phases(
@@ -277,7 +290,7 @@ def serve_disaggregated(
         kv_ready_s=handoff.kv_ready_s,
         prefill_end_s=handoff.prefill_end_s,
     )
-    result = sim_result(recorder, replicas, requests=frame, wall=wall)
+    result = with_power(sim_result(recorder, replicas, requests=frame, wall=wall), controller)
     if fleet is None:
         return result
     fleet.close(client.last_done_s)
@@ -291,9 +304,11 @@ def serve_scenario(
     groups: Sequence[ReplicaGroup],
     deployments: Sequence[Deployment],
     autoscale: Sequence[FleetScaling] = (),
+    power: PowerBudget | None = None,
 ) -> SimResult:
     """`serve_disaggregated` as a disaggregated scenario describes it (groups and their
-    deployments built in scenario order; `autoscale`: its autoscaled groups)."""
+    deployments built in scenario order; `autoscale`: its autoscaled groups; `power`: its
+    power budget over both pools)."""
     specs = scenario.replicas
     links = transfer_links(
         scenario.kv_transfer,
@@ -309,6 +324,7 @@ def serve_scenario(
         max_concurrency=scenario.max_concurrency,
         seed=scenario.seed,
         autoscale=autoscale,
+        power=power,
     )
 
 

@@ -541,14 +541,14 @@ class Scenario(Frozen):
                     "pipeline_micro_batching)"
                 )
         budget = self.power_budget
-        if budget is not None and budget.policy != "none":
-            if self.disaggregated:
-                raise ValueError("power_budget: applies to colocated fleets (no disaggregation)")
-            if any(g.data_parallel_size > 1 or g.pipeline_micro_batching for g in self.replicas):
-                raise ValueError(
-                    "power_budget: caps plain replicas (no data_parallel_size > 1 or "
-                    "pipeline_micro_batching)"
-                )
+        plain = not any(
+            g.data_parallel_size > 1 or g.pipeline_micro_batching for g in self.replicas
+        )
+        if budget is not None and budget.policy != "none" and not plain:
+            raise ValueError(
+                "power_budget: caps plain replicas (no data_parallel_size > 1 or "
+                "pipeline_micro_batching)"
+            )
         return self
 
     @field_validator("kv_pool")
