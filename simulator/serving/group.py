@@ -238,10 +238,10 @@ def replica_group(
         ):
             if on:
                 raise SpecError(f"{technique} with {what} is not modelled", field=field)
-        # those caches hold every token; prefix caching alone keeps a window's savings on the
-        # requests' own blocks (serving.kv_cache.PrefixCachingBlockManager)
-        alone = enable_prefix_caching and kv_offload is None and drafter is None
-        if not alone:
+        # the tiers' cache holds every token; prefix caching keeps a window's savings on the
+        # requests' own blocks (serving.kv_cache.PrefixCachingBlockManager), and speculative
+        # decoding's rejected slots are rolled back within the window the cache holds
+        if kv_offload is not None:
             plan = dataclasses.replace(plan, hold=None)
     if not plan.fits:
         fits = fitting_layouts(
