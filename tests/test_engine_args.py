@@ -41,6 +41,7 @@ def test_scheduler_flags_go_to_the_scheduler() -> None:
         scheduling_policy="priority",
         preemption_mode="swap",
         num_scheduler_steps=4,
+        multi_step_stream_outputs=False,
     )
     assert args.replica_group(hardware="l40s")["scheduler"] == {
         "max_num_seqs": 8,
@@ -49,6 +50,7 @@ def test_scheduler_flags_go_to_the_scheduler() -> None:
         "policy": "priority",
         "preemption_mode": "swap",
         "num_scheduler_steps": 4,
+        "multi_step_stream_outputs": False,
     }
 
 

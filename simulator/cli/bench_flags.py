@@ -299,6 +299,14 @@ StepsOpt = Annotated[
         help="vLLM V0 multi-step scheduling: decode steps per scheduler call (--engine vllm-0.6)",
     ),
 ]
+StreamStepsOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--multi-step-stream-outputs/--no-multi-step-stream-outputs",
+        help="with multi-step scheduling, return each step's tokens as it ends (vLLM >= 0.6.2's "
+        "default); --no-...: a block's tokens at the block's end, as vLLM 0.6.0-0.6.1 did",
+    ),
+]
 
 
 class OffloadingBackend(str, Enum):

@@ -128,13 +128,17 @@ class Recorder:
         num_seqs: int,
         kv_before: int,
         kv_after: int,
+        outputs: int | None = None,
     ) -> None:
         """Consecutive decode steps of the same `num_seqs` sequences ending at `end_s`, the
         first starting at `start_s`, KV usage growing from `kv_before` to `kv_after`; also
         the inter-token gaps of every step after the first (the caller records the first's,
-        which depend on each sequence's previous token)."""
+        which depend on each sequence's previous token). `outputs`: of those sequences, the
+        ones whose tokens are outputs (default all; the others compute to the end of a
+        multi-step block): the steps' decode tokens and each step's inter-token gaps."""
         runs, ends = self._buffers(replica)
-        runs.extend((start_s, num_seqs, 0, num_seqs, kv_before, kv_after, len(end_s)))
+        tokens = num_seqs if outputs is None else outputs
+        runs.extend((start_s, num_seqs, 0, tokens, kv_before, kv_after, len(end_s)))
         ends.extend(end_s)
 
     def kv_tiers(self, *, replica: int, time_s: float, row: Sequence[float]) -> None:
@@ -257,7 +261,7 @@ class Recorder:
         values[: len(gaps)], weights[: len(gaps)] = gaps, 1.0
         values[len(gaps) : head], weights[len(gaps) : head] = pairs[:, 0], pairs[:, 1]
         np.compress(within, np.diff(ends, prepend=0.0), out=values[head:])
-        np.compress(within, np.repeat(runs[:, 1], k), out=weights[head:])
+        np.compress(within, np.repeat(runs[:, 3], k), out=weights[head:])
         return values, weights
 
     def release(self) -> None:

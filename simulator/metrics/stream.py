@@ -206,6 +206,7 @@ class StreamRecorder(Recorder):
         num_seqs: int,
         kv_before: int,
         kv_after: int,
+        outputs: int | None = None,
     ) -> None:
         super().decode_run(
             replica=replica,
@@ -214,6 +215,7 @@ class StreamRecorder(Recorder):
             num_seqs=num_seqs,
             kv_before=kv_before,
             kv_after=kv_after,
+            outputs=outputs,
         )
         self._pending += len(end_s)
         if self._pending >= self.chunk:

@@ -15,9 +15,12 @@ Multi-step scheduling (`num_scheduler_steps` N > 1, vLLM V0): decode steps come 
 per scheduler call. Within a block no request is admitted (an arrival waits for the block's
 end, not the step's), and the engine's scheduling CPU time (`StepTimer.cpu_s`) is paid by the
 block's first step only. A request that finishes mid-block leaves the batch at once and the
-block runs on with the rest. Tokens are timed per step, as vLLM streams them with
---multi-step-stream-outputs (on by default from 0.6.2); 0.6.0 returned a block's tokens at its
-end, which is not modelled.
+block runs on with the rest; tokens are timed per step, as vLLM streams them with
+--multi-step-stream-outputs (on by default from 0.6.2). vLLM 0.6.0 and 0.6.1 returned a block's
+outputs at its end (`LLMEngine.step` processes them only once no step is left in the block):
+with `multi_step_stream_outputs` off a request that reaches its length inside a block rides on
+with the batch to the block's end (its steps cost as the others', they are neither outputs nor
+context), and finishes there; the inter-token sample keeps each output's step time.
 
 Scheduling one batch ahead (`SchedulerSpec.schedule_ahead`, SGLang's overlap scheduler): the
 engine forms batch N+1 while step N runs, so a request that arrives during a step is held out
@@ -121,6 +124,9 @@ class Replica:
         # decode block (0 at a block boundary, where the scheduler runs)
         self._multi_step = scheduler.num_scheduler_steps
         self._block_left = 0
+        # vLLM 0.6.0-0.6.1: a block's tokens are returned at its end, and a request that
+        # reaches its length inside the block computes on to it (`multi_step_stream_outputs`)
+        self._block_outputs = self._multi_step > 1 and not scheduler.multi_step_stream_outputs
         # SGLang's new_token_ratio admission: the ratio, which every decode step moves
         self.admission = AdmissionState.of(scheduler)
         # A cluster's KV pool (serving/kv_pool.py): seconds it adds to a step (the exchange
@@ -375,10 +381,17 @@ class Replica:
         self.on_finish(req)
 
     def _segment_steps(self, reqs: list[Request]) -> int:
-        """How many decode steps `reqs` can run as they are: until the first finishes, at most
-        MAX_SEGMENT_STEPS, and as far as the KV cache holds (0 if not even one step)."""
-        steps = min(MAX_SEGMENT_STEPS, min([r.output_len - r.num_output for r in reqs]))
-        return self._steps_kv_allows(reqs, steps)
+        """How many decode steps `reqs` can run as they are: until the first finishes (with
+        block outputs, the end of the block it finishes in), at most MAX_SEGMENT_STEPS, and as
+        far as the KV cache holds (0 if not even one step)."""
+        if self._block_outputs:  # requests past their length ride to the block's end
+            left = [r.output_len - r.num_output for r in reqs if r.num_output < r.output_len]
+            first = min(left) if left else MAX_SEGMENT_STEPS
+            if len(left) < len(reqs):
+                first = min(first, self._block_left or self._multi_step)
+        else:
+            first = min([r.output_len - r.num_output for r in reqs])
+        return self._steps_kv_allows(reqs, min(MAX_SEGMENT_STEPS, first))
 
     def _decode_segment(self, reqs: list[Request], steps: int) -> Generator[simpy.Event, Any, None]:
         n = len(reqs)
@@ -473,9 +486,12 @@ class Replica:
         kv = self.kv
         used_before = kv.used
         kv.extend(reqs, done)  # the blocks these tokens filled (fits by construction)
-        gaps = [req.last_token_s for req in reqs]
+        producing = reqs
+        if self._block_outputs:  # those past their length compute on to the block's end
+            producing = [r for r in reqs if r.num_output < r.output_len]
+        gaps = [req.last_token_s for req in producing]
         finished = []
-        for req in reqs:
+        for req in producing:
             req.num_computed += done
             num_output = req.num_output = req.num_output + done
             req.last_token_s = last
@@ -490,7 +506,12 @@ class Replica:
             num_seqs=n,
             kv_before=used_before,
             kv_after=kv.used,
+            outputs=len(producing),
         )
+        if self._block_outputs:  # a block's outputs come at its end, with its riders
+            if self._block_left:
+                return
+            finished = [r for r in reqs if r.num_output >= r.output_len]
         for req in finished:
             self._finish(req, last)
 

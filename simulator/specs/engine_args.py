@@ -78,6 +78,7 @@ class EngineArgs:
     scheduling_policy: str | None = None
     preemption_mode: str | None = None
     num_scheduler_steps: int | None = None
+    multi_step_stream_outputs: bool | None = None
     swap_space: float = 4.0
     enable_prefix_caching: bool | None = None
     kv_offloading_size: float | None = None
@@ -140,6 +141,7 @@ class EngineArgs:
                 "policy": self.scheduling_policy,
                 "preemption_mode": self.preemption_mode,
                 "num_scheduler_steps": self.num_scheduler_steps,
+                "multi_step_stream_outputs": self.multi_step_stream_outputs,
             },
             "speculative": speculative.model_dump(exclude_none=True) if speculative else None,
             "cpu_offload_gb": self.cpu_offload_gb,

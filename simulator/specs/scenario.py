@@ -62,6 +62,12 @@ class SchedulerOverrides(Frozen):
     num_scheduler_steps: int | None = Field(
         default=None, ge=1, description="vLLM V0's --num-scheduler-steps (multi-step scheduling)"
     )
+    multi_step_stream_outputs: bool | None = Field(
+        default=None,
+        description="with multi-step scheduling, each step's tokens returned as it ends (vLLM's "
+        "--multi-step-stream-outputs, its default from 0.6.2); false: a block's tokens at the "
+        "block's end, its finished requests computing to it (vLLM 0.6.0-0.6.1)",
+    )
     schedule_ahead: bool | None = Field(
         default=None,
         description="the next batch formed while a step runs (SGLang's overlap scheduler; "

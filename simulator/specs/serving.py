@@ -31,6 +31,10 @@ class SchedulerSpec(Frozen):
     # Multi-step scheduling (vLLM V0's --num-scheduler-steps): decode batches run in blocks of
     # this many steps per scheduler call; see serving/replica.py.
     num_scheduler_steps: int = Field(default=1, ge=1)
+    # With multi-step scheduling, each step's tokens are returned as the step ends (vLLM's
+    # --multi-step-stream-outputs, on by default from 0.6.2); False: a block's tokens come at
+    # its end and a request that finishes inside it computes to it (vLLM 0.6.0-0.6.1).
+    multi_step_stream_outputs: bool = True
     # The next batch is formed while a step runs (SGLang's overlap scheduler): an arrival
     # during step N joins step N+2 at the earliest (serving/replica.py).
     schedule_ahead: bool = False

@@ -61,6 +61,7 @@ SETUP_COLUMNS = [
     "chunked_prefill",
     "gpu_memory_utilization",
     "num_scheduler_steps",
+    "multi_step_stream_outputs",
 ]
 THROUGHPUT_COLUMNS = [
     *SETUP_COLUMNS,
@@ -214,6 +215,7 @@ def _scenario(row: pd.Series, *, num_prompts: int, rate: float) -> Scenario:
             max_num_batched_tokens=_int(row["max_num_batched_tokens"]),
             enable_chunked_prefill=_flag(row["chunked_prefill"]),
             num_scheduler_steps=_int(row["num_scheduler_steps"]),
+            multi_step_stream_outputs=_flag(row["multi_step_stream_outputs"]),
         ),
         seed=SEED,
         entrypoint="offline" if row["harness"] in OFFLINE_HARNESSES else "server",

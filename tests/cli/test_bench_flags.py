@@ -71,8 +71,13 @@ KV_EXPECTED = EngineArgs(
     async_scheduling=True,
 )
 MULTI_STEP_FLAGS = ["--engine", "vllm-0.6", "--num-scheduler-steps", "4"]  # V0 only
-MULTI_STEP_FLAGS += ["--host-cpu", "epyc-9654"]
-MULTI_STEP_EXPECTED = EngineArgs(engine="vllm-0.6", num_scheduler_steps=4, host_cpu="epyc-9654")
+MULTI_STEP_FLAGS += ["--host-cpu", "epyc-9654", "--no-multi-step-stream-outputs"]
+MULTI_STEP_EXPECTED = EngineArgs(
+    engine="vllm-0.6",
+    num_scheduler_steps=4,
+    host_cpu="epyc-9654",
+    multi_step_stream_outputs=False,
+)
 BUDGET_FLAGS = ["--kv-budget", "512", "--kv-eviction", "h2o"]  # turns prefix caching off
 BUDGET_FLAGS += ["-cp", "2", "--nano-batches", "2"]
 BUDGET_EXPECTED = EngineArgs(

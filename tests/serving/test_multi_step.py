@@ -61,6 +61,30 @@ def test_an_arrival_waits_for_the_decode_block() -> None:
     assert times_ms(single.requests, "first_scheduled_s") == [0.0, 16.0]
 
 
+def test_vllm_060_returns_a_blocks_outputs_at_its_end() -> None:
+    # The timeline above with `multi_step_stream_outputs` off (vLLM 0.6.0): r1 reaches its
+    # 2nd token at 43.5 ms, the first step of its block, and rides on with r0 to the block's
+    # end (47.5, 51.5, 55.5 ms: the same steps as above, two sequences each), finishing at
+    # 55.5. r0 reaches its 10th token at 60.5 ms, the first step of the next block, and
+    # finishes at that block's end, 72.5 ms. First tokens do not move (a prefill step is a
+    # block of one).
+    result = simulate(
+        make_requests((0.0, 100, 10), (0.013, 50, 2)),
+        make_scheduler(
+            kind="prefill_first", num_scheduler_steps=4, multi_step_stream_outputs=False
+        ),
+    )
+    df = result.requests
+    assert times_ms(df, "first_token_s") == [11.0, 38.5]
+    assert times_ms(df, "finish_s") == [72.5, 55.5]
+    assert df["output_tokens"].tolist() == [10, 2]
+    steps = result.steps
+    rides = steps[(steps["start_s"] >= 0.0435 - 1e-9) & (steps["end_s"] <= 0.0555 + 1e-9)]
+    assert (rides["num_seqs"] == 2).all() and (rides["decode_tokens"] == 1).all()
+    # the inter-token sample counts outputs only: one gap per token after the first
+    assert result.itl_weight.sum() == pytest.approx(float((df["output_tokens"] - 1).sum()))
+
+
 workloads = st.lists(
     st.tuples(st.floats(0.0, 0.2, allow_nan=False), st.integers(1, 300), st.integers(1, 40)),
     min_size=1,
@@ -73,14 +97,20 @@ workloads = st.lists(
     rows=workloads,
     steps=st.sampled_from([1, 2, 4, 8, 10]),
     kind=st.sampled_from(["continuous", "prefill_first"]),
+    stream=st.booleans(),
 )
 def test_every_request_finishes_once_with_its_tokens(
-    rows: list[tuple[float, int, int]], steps: int, kind: str
+    rows: list[tuple[float, int, int]], steps: int, kind: str, stream: bool
 ) -> None:
     rows.sort()
     result = simulate(
         make_requests(*rows),
-        make_scheduler(kind=kind, max_num_batched_tokens=512, num_scheduler_steps=steps),
+        make_scheduler(
+            kind=kind,
+            max_num_batched_tokens=512,
+            num_scheduler_steps=steps,
+            multi_step_stream_outputs=stream,
+        ),
     )
     df = result.requests.sort_values("request_id")
     assert df["output_tokens"].tolist() == [r[2] for r in rows]
@@ -129,6 +159,16 @@ def test_multi_step_is_refused_where_it_is_not_modelled(
     run(scenario("vllm-0.6", 1, **engine_args))  # one step per scheduler call: allowed
 
 
+def test_block_outputs_lengthen_tpot_by_a_blocks_tail() -> None:
+    """Requests that finish inside a block wait for its end: TPOT rises, by less than a whole
+    block's steps over the 63 gaps of a 64-token output, and every request still completes."""
+    streamed = run(scenario("vllm-0.6", 10))
+    held = run(scenario("vllm-0.6", 10, multi_step_stream_outputs=False))
+    rise = held.summary["mean_tpot_ms"] / streamed.summary["mean_tpot_ms"] - 1
+    assert 0.0 < rise < 10 / 63
+    assert held.summary["completed"] == streamed.summary["completed"]
+
+
 def test_the_cli_flag(capsys: pytest.CaptureFixture[str]) -> None:
     args = ("bench", "serve", "--model", "llama-3.1-8b", "--hardware", "a100_sxm_80gb")
     load = ("--num-prompts", "20", "--random-input-len", "128", "--random-output-len", "16")
@@ -136,5 +176,16 @@ def test_the_cli_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "num_scheduler_steps" in err and "vllm-0.6" in err
     code, out, _ = run_cli(
         capsys, *args, *load, "--engine", "vllm-0.6", "--num-scheduler-steps", "8"
+    )
+    assert code == 0 and "TTFT" in out
+    code, out, _ = run_cli(
+        capsys,
+        *args,
+        *load,
+        "--engine",
+        "vllm-0.6",
+        "--num-scheduler-steps",
+        "8",
+        "--no-multi-step-stream-outputs",
     )
     assert code == 0 and "TTFT" in out
