@@ -197,7 +197,10 @@ class PrefixCachingBlockManager(BlockManager):
     least its last own block stays), while its keyed shared-prefix blocks stay whole and
     shareable; its own blocks are not queued as a run when it ends (the window freed the
     oldest, so what is left no longer starts where its prefix ends). A conversation's requests
-    keep every block (each is keyed for the next turn).
+    keep every block (each is keyed for the next turn). A KV token budget (a `hold` with an
+    eviction policy) is held the same way: once the prompt is in, the request keeps what its
+    budget keeps out of its own content, its shared prefix whole (the cache holds the prefix's
+    full KV, which later requests hit; the budget's selection is the request's own).
 
     Not modelled: hash collisions (keys are exact), the hybrid allocator's per-group prefix
     hits (a window layer needs only the window's blocks before the hit), cache salts and
@@ -216,8 +219,6 @@ class PrefixCachingBlockManager(BlockManager):
         host_blocks: int = 0,
         hold: KvHold | None = None,
     ) -> None:
-        if hold is not None and (hold.eviction is not None or hold.window is None):
-            raise ValueError("prefix caching keeps a sliding window's savings, not a budget's")
         super().__init__(
             num_blocks=num_blocks,
             block_size=block_size,

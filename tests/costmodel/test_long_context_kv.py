@@ -282,12 +282,12 @@ def test_smaller_budget_never_holds_more(
     assert batches[0] >= batches[1] >= batches[2]
 
 
-def test_budget_needs_prefix_caching_off() -> None:
+def test_budget_is_refused_with_kv_offload_tiers() -> None:
     from simulator.runs import runner
     from simulator.specs.engine_args import EngineArgs
 
-    args = EngineArgs(kv_budget=64, enable_prefix_caching=True)
-    with pytest.raises(SpecError, match="prefix caching") as err:
+    args = EngineArgs(kv_budget=64, enable_prefix_caching=True, kv_offloading_size=8)
+    with pytest.raises(SpecError, match="KV offload") as err:
         runner.bench_throughput(
             model="llama-3.1-8b",
             hardware="h100_sxm",
@@ -297,6 +297,48 @@ def test_budget_needs_prefix_caching_off() -> None:
             engine_args=args,
         )
     assert err.value.field == "kv_budget"
+
+
+def test_a_budget_under_prefix_caching_keeps_a_shared_prefix_whole() -> None:
+    """A SnapKV budget of 128 tokens on a 1,000-token prompt whose first 512 are a shared
+    prefix: the prefix's 32 blocks stay whole and shareable, the budget frees the request's own
+    blocks beyond what it keeps (at least its last own block stays)."""
+    from simulator.serving.kv_cache import PrefixCachingBlockManager
+
+    hold = KvHold(eviction=KvEviction(budget_tokens=128))
+    kv = PrefixCachingBlockManager(num_blocks=200, block_size=16, hold=hold)
+    req = Request(id=0, arrival_s=0.0, prompt_len=1000, output_len=4, prefix_id=7, prefix_len=512)
+    assert kv.allocate(req, 1000)
+    assert req.blocks == 63  # the whole prompt while it is prefilled
+    req.num_computed = 1000
+    kv.extend([req], 1)  # its first decode: the budget applies
+    assert req.blocks == 33 and kv.free == 167
+    other = Request(id=1, arrival_s=0.0, prompt_len=700, output_len=4, prefix_id=7, prefix_len=512)
+    assert kv.prefix_hit(other) == 512
+    kv.release(req)
+    assert kv.free == 200
+
+
+def test_a_budget_holds_the_same_with_prefix_caching_on() -> None:
+    """32K-token prompts under a 2048-token SnapKV budget: with prefix caching on (random
+    prompts share nothing) the run holds and serves what it does with it off."""
+    from simulator.runs import runner
+    from simulator.specs.engine_args import EngineArgs
+
+    def run(prefix_caching: bool) -> dict[str, Any]:
+        args = EngineArgs(kv_budget=2048, enable_prefix_caching=prefix_caching)
+        _, summary = runner.bench_throughput(
+            model="llama-3.1-8b",
+            hardware="h100_sxm",
+            input_len=32000,
+            output_len=512,
+            num_prompts=48,
+            engine_args=args,
+        )
+        return summary
+
+    on, off = run(True), run(False)
+    assert on["elapsed_time"] == pytest.approx(off["elapsed_time"], rel=1e-3)
 
 
 def test_unknown_eviction_policy() -> None:
