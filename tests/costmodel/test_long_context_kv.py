@@ -319,25 +319,28 @@ def test_a_budget_under_prefix_caching_keeps_a_shared_prefix_whole() -> None:
     assert kv.free == 200
 
 
-def test_a_budget_holds_the_same_with_prefix_caching_on() -> None:
-    """32K-token prompts under a 2048-token SnapKV budget: with prefix caching on (random
-    prompts share nothing) the run holds and serves what it does with it off."""
+def long_prompts(budget: int | None, *, prefix_caching: bool = False) -> dict[str, Any]:
+    """bench throughput's summary of 48 prompts of 32K tokens decoding 512 on an H100 under a
+    SnapKV `budget` (None: the full KV)."""
     from simulator.runs import runner
     from simulator.specs.engine_args import EngineArgs
 
-    def run(prefix_caching: bool) -> dict[str, Any]:
-        args = EngineArgs(kv_budget=2048, enable_prefix_caching=prefix_caching)
-        _, summary = runner.bench_throughput(
-            model="llama-3.1-8b",
-            hardware="h100_sxm",
-            input_len=32000,
-            output_len=512,
-            num_prompts=48,
-            engine_args=args,
-        )
-        return summary
+    args = EngineArgs(kv_budget=budget, enable_prefix_caching=prefix_caching)
+    _, summary = runner.bench_throughput(
+        model="llama-3.1-8b",
+        hardware="h100_sxm",
+        input_len=32000,
+        output_len=512,
+        num_prompts=48,
+        engine_args=args,
+    )
+    return summary
 
-    on, off = run(True), run(False)
+
+def test_a_budget_holds_the_same_with_prefix_caching_on() -> None:
+    """32K-token prompts under a 2048-token SnapKV budget: with prefix caching on (random
+    prompts share nothing) the run holds and serves what it does with it off."""
+    on, off = long_prompts(2048, prefix_caching=True), long_prompts(2048)
     assert on["elapsed_time"] == pytest.approx(off["elapsed_time"], rel=1e-3)
 
 
@@ -392,23 +395,7 @@ def test_eviction_kernels_are_priced() -> None:
 def test_serving_with_a_budget_runs_more_sequences_at_once() -> None:
     """bench throughput of 32K-token prompts: a 2048-token SnapKV budget lets more sequences
     decode at once than the full KV, and the run finishes sooner."""
-    from simulator.runs import runner
-    from simulator.specs.engine_args import EngineArgs
-
-    def run(budget: int | None) -> dict[str, Any]:
-        args = EngineArgs(kv_budget=budget, enable_prefix_caching=False)
-        _, summary = runner.bench_throughput(
-            model="llama-3.1-8b",
-            hardware="h100_sxm",
-            input_len=32000,
-            output_len=512,
-            num_prompts=48,
-            engine_args=args,
-        )
-        return summary
-
-    full, budgeted = run(None), run(2048)
-    assert budgeted["elapsed_time"] < full["elapsed_time"]
+    assert long_prompts(2048)["elapsed_time"] < long_prompts(None)["elapsed_time"]
 
 
 # -- compressed convolutional attention (CCA / CCGQA) -------------------------------------------
