@@ -4,7 +4,8 @@
 per held-out row of the end-to-end suites (`e2e_throughput`, `e2e_serving`, `e2e_latency`),
 labelled with its metric family (ttft, tpot, latency, throughput), regime (offline: a static
 batch or every request at t=0; online: arrivals at a request rate), device family (the
-hardware's vendor) and engine family (vllm, sglang, trtllm, llamacpp).
+hardware's vendor), engine family (vllm, sglang, trtllm, llamacpp) and model family (dense,
+moe).
 `simulator.validate.bands` writes it; this module only reads it (cheap: no validation suite is
 imported).
 
@@ -21,8 +22,11 @@ whole family; a family with fewer rows than c needs gives its range, and `interv
 says so. E2EL's band is the hull of TTFT's and TPOT's (a request's E2EL ratio is a convex
 combination of its TTFT and decode-time ratios; no validation row measures E2EL online).
 
-A prediction is backed when held-out rows exist for its hardware id under its engine family;
-otherwise it gets no band, only `interval_note`. A backed setup takes its family's band even
+A prediction is backed when held-out rows exist for its hardware id under its engine family
+and of its model family (`dense`, or `moe`: routed experts); otherwise it gets no band, only
+`interval_note`. (The dense rows say little of a mixture of experts: the 2025 DeepSeek-R1
+serving curves of `e2e_serving_curve` ran 2-4x slower than predicted where the dense bands
+are within tens of percent.) A backed setup takes its family's band even
 where its own rows are of other families. Not covered: the bands are the error of the
 validated setups applied to others (models, lengths, parallelism, features such as
 speculative decoding or offloading); they say nothing about what those setups never
@@ -41,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from simulator.costmodel.deployment import Deployment
+    from simulator.specs.model import ModelSpec
 
 BANDS_PATH = Path(__file__).resolve().parents[1] / "data" / "error_bands.yaml"
 DEFAULT_COVERAGE = 0.8
@@ -72,6 +77,7 @@ class Residual:
     engine_family: str
     case: str
     log_ratio: float
+    model_family: str = "dense"  # `model_family` of the row's model
 
 
 @dataclass(frozen=True)
@@ -81,10 +87,18 @@ class Target:
     hardware: str  # hardware id
     device_family: str  # the hardware's vendor
     engine_family: str
+    model_family: str = "dense"
 
     @property
     def label(self) -> str:
-        return f"{self.hardware} under {self.engine_family}"
+        what = "MoE models on " if self.model_family == "moe" else ""
+        return f"{what}{self.hardware} under {self.engine_family}"
+
+
+def model_family(model: ModelSpec) -> str:
+    """`moe` for a model with routed experts, else `dense`: what the bands' backing tells
+    apart."""
+    return "dense" if model.moe is None else "moe"
 
 
 def engine_family(engine: str) -> str:
@@ -95,14 +109,20 @@ def engine_family(engine: str) -> str:
     return engine
 
 
-def target(*, hardware: str, vendor: str, engine: str) -> Target:
-    """The Target of a hardware id, its vendor and an engine id."""
-    return Target(hardware, vendor, engine_family(engine))
+def target(*, hardware: str, vendor: str, engine: str, family: str = "dense") -> Target:
+    """The Target of a hardware id, its vendor, an engine id and a model family."""
+    return Target(hardware, vendor, engine_family(engine), family)
 
 
 def deployment_target(dep: Deployment) -> Target:
-    """The Target of a deployment: its hardware, the hardware's vendor and its engine."""
-    return target(hardware=dep.hardware.id, vendor=dep.hardware.vendor, engine=dep.engine.id)
+    """The Target of a deployment: its hardware, the hardware's vendor, its engine and its
+    model's family."""
+    return target(
+        hardware=dep.hardware.id,
+        vendor=dep.hardware.vendor,
+        engine=dep.engine.id,
+        family=model_family(dep.model),
+    )
 
 
 @dataclass(frozen=True)
@@ -285,11 +305,13 @@ def group_band(
 
 def backing_note(rows: Sequence[Residual], targets: Sequence[Target]) -> str | None:
     """Why the targets get no band (None: every one has held-out rows for its hardware id
-    under its engine family)."""
+    under its engine family, of its model family)."""
     if not targets:
         return "no deployment to look up"
-    backed = {(r.device, r.engine_family) for r in rows}
-    missing = [t.label for t in targets if (t.hardware, t.engine_family) not in backed]
+    backed = {(r.device, r.engine_family, r.model_family) for r in rows}
+    missing = [
+        t.label for t in targets if (t.hardware, t.engine_family, t.model_family) not in backed
+    ]
     if missing:
         return f"no end-to-end validation rows for {', '.join(dict.fromkeys(missing))}"
     return None
@@ -395,12 +417,21 @@ def margin(
 
 
 def backing_rows(
-    *, hardware: str, engine: str, rows: Sequence[Residual] | None = None
+    *,
+    hardware: str,
+    engine: str,
+    family: str = "dense",
+    rows: Sequence[Residual] | None = None,
 ) -> list[Residual]:
-    """The held-out rows of `hardware` under `engine`'s family (none: it is not backed)."""
+    """The held-out rows of `hardware` under `engine`'s family, of model family `family`
+    (none: it is not backed)."""
     rows = load_residuals() if rows is None else rows
-    family = engine_family(engine)
-    return [r for r in rows if r.device == hardware and r.engine_family == family]
+    engines = engine_family(engine)
+    return [
+        r
+        for r in rows
+        if r.device == hardware and r.engine_family == engines and r.model_family == family
+    ]
 
 
 # -- output keys ----------------------------------------------------------------------------------

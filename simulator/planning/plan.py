@@ -148,9 +148,10 @@ class PlanResult:
             return []
         judged = frame[frame["margin_capacity"].notna() & frame["mode"].eq("colocated")]
         columns = ["hardware", "engine", "margin_capacity", "margin_ttft", "margin_tpot"]
+        family = bands.model_family(load_model(self.spec.model))
         out = []
         for row in records(judged.drop_duplicates(["hardware", "engine"])):
-            rows = bands.backing_rows(hardware=row["hardware"], engine=row["engine"])
+            rows = bands.backing_rows(hardware=row["hardware"], engine=row["engine"], family=family)
             out.append(
                 {k: row[k] for k in columns}
                 | {

@@ -42,8 +42,9 @@ from simulator.metrics.bands import (
     engine_family,
     group_band,
     load_residuals,
+    model_family,
 )
-from simulator.specs import load_hardware
+from simulator.specs import load_hardware, load_model
 from simulator.validate.e2e import LATENCY, SERVING, THROUGHPUT
 
 E2E_SUITES = (THROUGHPUT, SERVING, LATENCY)
@@ -81,6 +82,7 @@ def residuals(df: pd.DataFrame) -> tuple[Residual, ...]:
     if rows.duplicated(["suite", "device", "case"]).any():
         raise ValueError("end-to-end rows repeat a (suite, device, case)")
     vendors = {d: load_hardware(str(d)).vendor for d in rows["device"].unique()}
+    families = {m: model_family(load_model(str(m))) for m in rows["model"].unique()}
     out = []
     for _, row in rows.sort_values(["suite", "device", "case"]).iterrows():
         family, regime = family_of(row)
@@ -97,6 +99,7 @@ def residuals(df: pd.DataFrame) -> tuple[Residual, ...]:
                 engine_family=engine_family(str(engine)),
                 case=str(row["case"]),
                 log_ratio=round(math.log(row["measured_s"] / row["predicted_s"]), DIGITS),
+                model_family=families[row["model"]],
             )
         )
     return tuple(out)
@@ -129,8 +132,8 @@ def bands_text(rows: tuple[Residual, ...]) -> str:
         lines.append(
             f"  - {{family: {r.family}, regime: {r.regime}, suite: {r.suite}, "
             f"source: {_cell(r.source)}, device: {r.device}, device_family: {r.device_family}, "
-            f"engine_family: {r.engine_family}, case: {_cell(r.case)}, "
-            f"log_ratio: {r.log_ratio:.{DIGITS}f}}}"
+            f"engine_family: {r.engine_family}, model_family: {r.model_family}, "
+            f"case: {_cell(r.case)}, log_ratio: {r.log_ratio:.{DIGITS}f}}}"
         )
     return "\n".join(lines) + "\n"
 

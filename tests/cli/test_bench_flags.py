@@ -208,6 +208,8 @@ def test_kv_budget_flags_run_and_bad_values_are_one_line(
     assert "--kv-eviction" in one_line_error(
         capsys, *args, "--kv-budget", "64", "--kv-eviction", "lru"
     )
+    code, out, _ = run_cli(capsys, *args, "--kv-budget", "64", "--enable-prefix-caching")
+    assert code == 0 and "Throughput:" in out  # a budget under prefix caching
     assert "kv_budget" in one_line_error(
-        capsys, *args, "--kv-budget", "64", "--enable-prefix-caching"
+        capsys, *args, "--kv-budget", "64", "--enable-prefix-caching", "--kv-offloading-size", "8"
     )

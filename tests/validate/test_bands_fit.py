@@ -23,6 +23,9 @@ from simulator.validate.targets import CheckResult
 LATENCY_METRIC = {v: k for k, v in bands.LATENCY_FAMILIES.items()}
 
 
+MODEL_OF = {"dense": "llama-3.1-8b", "moe": "qwen3-30b-a3b"}  # a model of each family
+
+
 def frame_of(rows: tuple[Residual, ...]) -> pd.DataFrame:
     """End-to-end suite rows (predicted 1 s) whose residuals are `rows`."""
     out = []
@@ -43,6 +46,7 @@ def frame_of(rows: tuple[Residual, ...]) -> pd.DataFrame:
                 "source": r.source,
                 "engine": None if r.suite == "e2e_throughput" else r.engine_family,
                 "metric": LATENCY_METRIC.get(r.family) if r.suite == "e2e_latency" else None,
+                "model": MODEL_OF[r.model_family],
             }
         )
     return pd.DataFrame(out)
@@ -79,8 +83,9 @@ def test_residuals_label_each_end_to_end_row() -> None:
             "engine",
             "metric",
         ],
-    ).assign(fitted=False, source="S9")
+    ).assign(fitted=False, source="S9", model="llama-3.1-8b")
     df.loc[6, "fitted"] = True  # a fitted row never backs a band
+    df.loc[5, "model"] = "qwen3-30b-a3b"  # routed experts: the MoE family
     got = {r.case: r for r in bands.residuals(df)}
     assert set(got) == set("abcdef")
     assert (got["a"].family, got["a"].regime, got["a"].engine_family) == (
@@ -103,6 +108,8 @@ def test_residuals_label_each_end_to_end_row() -> None:
         "trtllm",
         "offline",
     )
+    assert got["f"].model_family == "moe"
+    assert {got[c].model_family for c in "abcde"} == {"dense"}
 
 
 def test_the_committed_file_round_trips_through_its_frame() -> None:
