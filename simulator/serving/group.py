@@ -238,9 +238,10 @@ def replica_group(
             if on:
                 raise SpecError(f"{technique} with {what} is not modelled", field=field)
         # a token budget keeps its savings under prefix caching alone, as a window does
-        if dep.precision.kv_eviction is not None and (kv_offload or drafter) is not None:
-            what = "KV offload" if kv_offload is not None else "speculative decoding"
-            raise SpecError(f"a KV token budget with {what} is not modelled", field="kv_budget")
+        budget = dep.precision.kv_eviction is not None
+        if budget and (kv_offload is not None or drafter is not None):
+            other = "KV offload" if kv_offload is not None else "speculative decoding"
+            raise SpecError(f"a KV token budget with {other} is not modelled", field="kv_budget")
         # the tiers' cache holds every token; prefix caching keeps a window's savings on the
         # requests' own blocks (serving.kv_cache.PrefixCachingBlockManager), and speculative
         # decoding's rejected slots are rolled back within the window the cache holds

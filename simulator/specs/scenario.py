@@ -547,10 +547,10 @@ class Scenario(Frozen):
                     "pipeline_micro_batching)"
                 )
         budget = self.power_budget
-        plain = not any(
+        capped = budget is not None and budget.policy != "none"
+        if capped and any(
             g.data_parallel_size > 1 or g.pipeline_micro_batching for g in self.replicas
-        )
-        if budget is not None and budget.policy != "none" and not plain:
+        ):
             raise ValueError(
                 "power_budget: caps plain replicas (no data_parallel_size > 1 or "
                 "pipeline_micro_batching)"

@@ -146,7 +146,8 @@ def _flag(value: Any) -> bool | None:
     return None if value is None else str(value).strip().lower() == "true"
 
 
-def _int(value: Any) -> int | None:
+def optional_int(value: Any) -> int | None:
+    """A whole-number CSV cell, or None where it is blank."""
     value = _optional(value)
     return None if value is None else int(value)
 
@@ -211,10 +212,10 @@ def _scenario(row: pd.Series, *, num_prompts: int, rate: float) -> Scenario:
         engine_args=row_engine_args(
             row,
             gpu_memory_utilization=_optional(row["gpu_memory_utilization"]),
-            max_num_seqs=_int(row.get("max_num_seqs")),
-            max_num_batched_tokens=_int(row["max_num_batched_tokens"]),
+            max_num_seqs=optional_int(row.get("max_num_seqs")),
+            max_num_batched_tokens=optional_int(row["max_num_batched_tokens"]),
             enable_chunked_prefill=_flag(row["chunked_prefill"]),
-            num_scheduler_steps=_int(row["num_scheduler_steps"]),
+            num_scheduler_steps=optional_int(row["num_scheduler_steps"]),
             multi_step_stream_outputs=_flag(row["multi_step_stream_outputs"]),
         ),
         seed=SEED,
@@ -288,8 +289,8 @@ def throughput_cases(measured: pd.DataFrame) -> pd.DataFrame:
                 "measured_tokens_per_s": float(row["output_tokens_per_s"]),
                 "simulated_prompts": prompts,
                 **{c: row[c] for c in ("source", "engine_version", "model", "tensor_parallel")},
-                "max_num_seqs": _int(row["max_num_seqs"]),
-                "max_num_batched_tokens": _int(row["max_num_batched_tokens"]),
+                "max_num_seqs": optional_int(row["max_num_seqs"]),
+                "max_num_batched_tokens": optional_int(row["max_num_batched_tokens"]),
             }
         )
     return finish(pd.DataFrame(rows), suite=THROUGHPUT, fitted=False)

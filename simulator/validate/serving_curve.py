@@ -43,7 +43,7 @@ from simulator.runs import runner
 from simulator.specs.loader import validate
 from simulator.specs.workload import SamplingSpec, WorkloadSpec
 from simulator.validate import data
-from simulator.validate.e2e import row_engine_args
+from simulator.validate.e2e import optional_int, row_engine_args
 from simulator.validate.frame import finish
 
 SUITE = "e2e_serving_curve"
@@ -152,27 +152,16 @@ def _check(measured: pd.DataFrame) -> None:
     if bad:
         known = ", ".join(HARNESS_STEADY_STATE)
         raise SpecError(f"unknown harness {bad[0]!r} ({known})", field="harness")
-    counts = pd.to_numeric(measured["num_prompts"], errors="coerce")
-    given = measured["num_prompts"].notna()
-    if (given & ~(counts >= 1)).any() or (counts.dropna() % 1 != 0).any():
-        raise SpecError("num_prompts must be a whole number >= 1 or blank", field="num_prompts")
-    lengths = pd.to_numeric(measured["max_model_len"], errors="coerce")
-    if (measured["max_model_len"].notna() & ~(lengths >= 1)).any() or (
-        lengths.dropna() % 1 != 0
-    ).any():
-        raise SpecError("max_model_len must be a whole number >= 1 or blank", field="max_model_len")
+    for column in ("num_prompts", "max_model_len"):  # whole numbers where given
+        values = pd.to_numeric(measured[column], errors="coerce")
+        given = measured[column].notna()
+        if (given & ~(values >= 1)).any() or (values.dropna() % 1 != 0).any():
+            raise SpecError(f"{column} must be a whole number >= 1 or blank", field=column)
 
 
 def _published_prompts(row: pd.Series) -> int | None:
     """The request count the source published for this point, or None (blank)."""
-    return _optional_int(row["num_prompts"])
-
-
-def _optional_int(value: Any) -> int | None:
-    """A whole-number cell, or None where it is blank."""
-    if pd.isna(value):
-        return None
-    return int(float(value))
+    return optional_int(row["num_prompts"])
 
 
 def random_dataset(input_len: int, output_len: int, spread: str) -> dict[str, Any]:
@@ -222,7 +211,7 @@ def _point(row: pd.Series) -> tuple[dict[str, Any], int]:
         model=str(row["model"]),
         hardware=str(row["hardware"]),
         workload=workload,
-        engine_args=row_engine_args(row, max_model_len=_optional_int(row["max_model_len"])),
+        engine_args=row_engine_args(row, max_model_len=optional_int(row["max_model_len"])),
         max_concurrency=int(load) if concurrency else None,
         seed=SEED,
     )
