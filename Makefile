@@ -36,17 +36,22 @@ lint: $(DEVSTAMP)
 typecheck: $(DEVSTAMP)
 	$(BIN)/mypy
 
+# The tests run on every core (pytest-xdist). Each worker simulates the validation suites its
+# tests need once (they are cached per process), so two workers save less than half the time.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS)
+
 unit: $(DEVSTAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 
 # The tests less those marked slow (full refits and simulations of the bundled suites), for a
 # quick run while developing; `make test` and CI run them all.
 unit-fast: $(DEVSTAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 # Every notebook, top to bottom (outputs are stripped in git; tests/test_notebooks.py checks).
 notebooks: $(DEVSTAMP)
-	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake .
+	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) --nbmake .
 
 # The project's golden predictions (regress/golden.yaml), the validation suites' CI ceilings
 # (simulator/validate/targets.yaml) and the validation tables of README.md and docs/validation.md

@@ -90,13 +90,15 @@ def test_hardware_show_says_where_the_efficiency_factors_come_from(
     assert h200["calibration"].endswith("calibration/h200_sxm.yaml")
     assert h200["file"].endswith("hardware_specs/h200_sxm.yaml")
     b200 = run_json(capsys, "hardware", "show", "b200", "--json")["provenance"]
-    assert b200["calibration"] is None
+    assert b200["calibration"].endswith("calibration/b200.yaml")  # its GEMMs alone
     _, text, _ = run_cli(capsys, "hardware", "show", "h200_sxm")
     line = " ".join(text.split("efficiency:")[1].split())
     assert "fitted factors from" in line and "attention from h100_sxm" in line
     assert "collectives from h100_sxm" in line
     assert "GEMM libraries cublas-13.1" in line
-    _, text, _ = run_cli(capsys, "hardware", "show", "b200")
+    mi300x = run_json(capsys, "hardware", "show", "mi300x", "--json")["provenance"]
+    assert mi300x["calibration"] is None
+    _, text, _ = run_cli(capsys, "hardware", "show", "mi300x")
     assert "as the spec writes them" in text
 
 

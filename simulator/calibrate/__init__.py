@@ -4,7 +4,8 @@
     python -m simulator.calibrate --gemm-csv OUT_DIR/gemm.csv --hardware my_gpu.yaml
 
 For each device with bundled operator data (aiconfigurator: vLLM 0.14.0 kernels on A100 SXM and
-H100 SXM; see simulator/data/README.md) this fits, family by family, the named factors of the
+H100 SXM, vLLM 0.19.0's GEMMs alone on B200; see simulator/data/README.md) this fits, family by
+family (on B200 the GEMM families only), the named factors of the
 hardware spec's `efficiency:` section by robust least squares on log(predicted / measured),
 using the cost model's own operator constructors and roofline (the `ops` validation suite's
 code path). The result is written to `hardware_specs/calibration/<id>.yaml`, which the loader

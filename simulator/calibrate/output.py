@@ -15,6 +15,7 @@ from simulator.calibrate.families import LIBRARY_TILES_M_MIN, MEASURED_LIBRARY
 from simulator.calibrate.fit import SIGNIFICANT, FitReport
 from simulator.specs.hardware import EfficiencySpec
 from simulator.specs.loader import calibration_beside, hardware_dirs
+from simulator.validate import data
 from simulator.validate.layers import HELD_OUT, LIBRARY
 
 FITTED_KEYS = {
@@ -58,6 +59,12 @@ MEASURED_DEVICE_KEYS = {
     "gemm": ("peak_fraction", "size_curve", "size_curves", "extra_latency_s"),
     "memory": ("size_curve",),
 }
+
+
+# What a device fitted to aiconfigurator's GEMM table alone owns (`data.AIC_TABLES`: B200): the
+# GEMM families' factors, kernel latency and memory size curve; its attention and collective
+# factors stay hand-written.
+AIC_GEMM_KEYS = {"gemm": FITTED_KEYS["gemm"], "memory": ("size_curve",)}
 
 
 def fitted_section(
@@ -104,11 +111,12 @@ def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[Fi
             "# before -> after):",
         ]
     else:
+        gemm_only = device in data.AIC_TABLES
+        kernels = "GEMM kernels alone" if gemm_only else "GEMM, flash-attention and NCCL kernels"
         lines += [
             f"# Fitted to simulator/data/measured/aiconfigurator/{device}/ (NVIDIA aiconfigurator,",
-            "# per-kernel timings of vLLM 0.14.0's GEMM, flash-attention and NCCL kernels), by "
-            "robust",
-            f"# least squares on log(predicted / measured). Laid over hardware_specs/{hw_id}.yaml.",
+            f"# per-kernel timings of vLLM {data.AIC_VLLM[device]}'s {kernels}), by robust least",
+            f"# squares on log(predicted / measured). Laid over hardware_specs/{hw_id}.yaml.",
             "# Fit per family (rows, MAPE before -> after):",
         ]
     lines += [
@@ -141,7 +149,15 @@ def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[Fi
             "# quant_fraction: vLLM's fp8 activation-quantisation kernel run alone (an engine",
             "# that fuses it into the kernel before, `fused_activation_quant`, skips it).",
         ]
-    section = fitted_section(eff, FITTED_KEYS if device is not None else MEASURED_DEVICE_KEYS)
+    keys = FITTED_KEYS if device is not None else MEASURED_DEVICE_KEYS
+    if device in data.AIC_TABLES:
+        keys = AIC_GEMM_KEYS
+    section = fitted_section(eff, keys)
+    if device in data.AIC_TABLES:  # fp4's GEMM factors stay the spec's own (calibrate.nvfp4)
+        lines.append("# fp4's GEMM factors are not here: the spec's own (calibrate.nvfp4).")
+        gemm = section["gemm"]
+        for name in ("peak_fraction", "size_curves", "extra_latency_s"):
+            gemm[name] = {dtype: v for dtype, v in gemm[name].items() if dtype != "fp4"}
     body = yaml.safe_dump(
         {"efficiency": section}, sort_keys=False, default_flow_style=None, width=100
     )

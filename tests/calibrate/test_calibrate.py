@@ -38,11 +38,31 @@ def test_the_overlay_replaces_only_fitted_factors(hw_id: str) -> None:
 
 
 def test_devices_without_measurements_have_no_overlay() -> None:
-    for hw_id in ("mi300x", "b200", "rtx_4090"):
+    for hw_id in ("mi300x", "rtx_4090"):
         fitted, written = load_hardware(hw_id), load_hardware(hw_id, calibrated=False)
-        # B200 lends H100's fitted collectives (`collective_from`), nothing else.
-        lent = {"efficiency": {"collective"}} if hw_id == "b200" else None
-        assert fitted.model_dump(exclude=lent) == written.model_dump(exclude=lent)
+        assert fitted.model_dump() == written.model_dump()
+
+
+def test_b200s_overlay_holds_its_gemm_factors_alone() -> None:
+    # Fitted to aiconfigurator's B200 GEMM table only: the GEMM factors (fp4's excepted:
+    # calibrate.nvfp4 fits those in b200.yaml), kernel latency and memory size curve. Its
+    # attention stays written; its collectives are H100's fitted ones (`collective_from`).
+    fitted, written = load_hardware("b200"), load_hardware("b200", calibrated=False)
+    text = calibrate.calibration_path("b200").read_text()
+    assert "vLLM 0.19.0's GEMM kernels alone" in text
+    overlay = yaml.safe_load(text)["efficiency"]
+    assert set(overlay) == {"kernel_latency_s", "gemm", "memory"}
+    assert set(overlay["memory"]) == {"size_curve"}
+    assert all("fp4" not in v for v in overlay["gemm"].values() if isinstance(v, dict))
+    gemm, base = fitted.efficiency.gemm, written.efficiency.gemm
+    assert gemm.peak_fraction["fp4"] == base.peak_fraction["fp4"]
+    assert gemm.size_curves["fp4"] == base.size_curves["fp4"]
+    assert gemm.extra_latency_s["fp4"] == base.extra_latency_s["fp4"]
+    assert gemm.peak_fraction["bf16"] != base.peak_fraction["bf16"]
+    assert fitted.efficiency.attention == written.efficiency.attention
+    exclude = {"efficiency": {"gemm", "memory", "kernel_latency_s", "collective"}}
+    assert fitted.model_dump(exclude=exclude) == written.model_dump(exclude=exclude)
+    assert fitted.efficiency.memory.stream_fraction == written.efficiency.memory.stream_fraction
 
 
 def test_the_committed_files_name_their_data() -> None:
@@ -106,7 +126,7 @@ def test_the_script_reproduces_the_committed_calibration() -> None:
     # factors predict for the fitted rows: `--check` for all devices, one device a process on
     # two cores (the fits are independent; about 2 min of CPU, half of it h100_sxm's).
     devices = sorted(_devices())
-    assert {"a100_sxm_80gb", "h100_sxm", "h200_sxm"} <= set(devices)
+    assert {"a100_sxm_80gb", "h100_sxm", "h200_sxm", "b200"} <= set(devices)
     spawn = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
     with ProcessPoolExecutor(max_workers=2, mp_context=spawn) as pool:
         results = dict(zip(devices, pool.map(check_device, devices), strict=True))

@@ -79,16 +79,16 @@ def test_the_figures_are_the_cost_models_fp4_gemm_alone() -> None:
 
 def test_the_small_m_floor_is_the_sweeps() -> None:
     """vLLM's sweep runs 11.3-11.8 us from m 1 to m 512 (n 6144 x k 4096): the fixed cost
-    and ramp put the spec within 10% of its m-1 figure, where before it was under half."""
+    and ramp put the spec within 10% of its m-1 figure, where before it was about half."""
     df = rows()
     fit = df[df["suite"] == FIT_SUITE].set_index("m")
     assert fit.loc[1, "measured_s"] == pytest.approx(11.337e-6, rel=1e-3)
     assert fit.loc[1, "predicted_s"] / fit.loc[1, "measured_s"] == pytest.approx(1.0, abs=0.1)
     before = nvfp4_suite(before_spec())
     b = before[before["suite"] == FIT_SUITE].set_index("m")
-    assert b.loc[1, "predicted_s"] / b.loc[1, "measured_s"] < 0.5
+    assert b.loc[1, "predicted_s"] / b.loc[1, "measured_s"] < 0.6
     hw = load_hardware(DEVICE)
-    assert hw.efficiency.gemm.extra_latency_s["fp4"] == pytest.approx(5.474e-6, rel=1e-3)
+    assert hw.efficiency.gemm.extra_latency_s["fp4"] == pytest.approx(4.72e-6, rel=1e-3)
 
 
 def test_the_fp4_peak_fraction_is_the_sweeps_fastest_gemm() -> None:
@@ -108,10 +108,10 @@ def test_the_fit_improves_the_held_out_rows() -> None:
     held = df[(df["suite"] == SUITE) & (df["kind"] == "gemm")]
     before = nvfp4_suite(before_spec())
     held_before = before[(before["suite"] == SUITE) & (before["kind"] == "gemm")]
-    assert held_before["ape_pct"].mean() > 50.0  # 54.4: every m-1 GEMM priced about 2x fast
-    assert held["ape_pct"].mean() < 26.0  # 24.1
+    assert held_before["ape_pct"].mean() > 45.0  # 47.6: every m-1 GEMM priced about 2x fast
+    assert held["ape_pct"].mean() < 24.0  # 21.4
     assert held["ape_pct"].mean() < held_before["ape_pct"].mean() - 20.0
-    assert df[df["suite"] == FIT_SUITE]["ape_pct"].mean() < 15.0  # 13.8 when fitted
+    assert df[df["suite"] == FIT_SUITE]["ape_pct"].mean() < 10.0  # 8.8 when fitted
 
 
 @pytest.mark.slow  # a least-squares fit of the size curve

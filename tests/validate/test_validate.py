@@ -50,6 +50,9 @@ def suite(name: str) -> pd.DataFrame:
 def test_aiconfigurator_tables_load(device: str, table: str) -> None:
     df = data.aiconfigurator(device, table)
     assert set(data.AIC_COLUMNS[table]) <= set(df.columns)
+    if table not in data.AIC_TABLES.get(device, (table,)):  # not bundled: no rows
+        assert df.empty
+        return
     assert len(df) > 100
     assert (df["latency_ms"] > 0).all()
 
@@ -57,6 +60,11 @@ def test_aiconfigurator_tables_load(device: str, table: str) -> None:
 def test_aiconfigurator_subset_is_what_the_readme_says() -> None:
     assert set(data.aiconfigurator("h100_sxm", "gemm")["gemm_dtype"]) == {"bfloat16", "fp8"}
     assert set(data.aiconfigurator("a100_sxm", "gemm")["gemm_dtype"]) == {"bfloat16"}
+    b200 = data.aiconfigurator("b200_sxm", "gemm")
+    assert set(b200["gemm_dtype"]) == {"bfloat16", "fp8"} and len(b200) == 19320
+    h100_m = set(data.aiconfigurator("h100_sxm", "gemm")["m"])
+    assert set(b200["m"]) == h100_m - {384}  # the H100 table's token counts B200's has
+    assert data.AIC_TABLES["b200_sxm"] == ("gemm",)
     for table in ("context_attention", "generation_attention"):
         h100 = data.aiconfigurator("h100_sxm", table)
         assert set(h100["attn_dtype"]) == {"bfloat16"}
@@ -121,10 +129,13 @@ def test_suite_rows_are_finite_and_positive(name: str) -> None:
     assert not df.duplicated(["device", "case"]).any()
 
 
-def test_ops_suite_covers_every_kernel_kind_on_both_devices() -> None:
+def test_ops_suite_covers_every_kernel_kind_on_every_device() -> None:
     df = suite("ops")
-    assert set(df["device"]) == {"a100_sxm_80gb", "h100_sxm"}
-    assert set(df["kind"]) == {"gemm", "attention_prefill", "attention_decode", "all_reduce"}
+    assert set(df["device"]) == {"a100_sxm_80gb", "h100_sxm", "b200"}
+    for device in ("a100_sxm_80gb", "h100_sxm"):
+        kinds = set(df.loc[df["device"] == device, "kind"])
+        assert kinds == {"gemm", "attention_prefill", "attention_decode", "all_reduce"}
+    assert set(df.loc[df["device"] == "b200", "kind"]) == {"gemm"}  # its GEMM table alone
     assert df["fitted"].all()
     a100_gemm = df[(df["device"] == "a100_sxm_80gb") & (df["kind"] == "gemm")]
     assert not a100_gemm["case"].str.contains("fp8").any()  # no fp8 matrix unit on A100
