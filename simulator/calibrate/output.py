@@ -96,6 +96,7 @@ def _rounded(node: Any) -> Any:
 def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[FitReport]) -> str:
     """The calibration file of `hw_id`: fitted to aiconfigurator's data of `device`, or (None)
     to this project's own GEMM timings alone."""
+    gemm_only = device in data.AIC_TABLES  # aiconfigurator's GEMM table alone (B200)
     lines = [
         f"# Calibrated efficiency factors for {hw_id}. GENERATED: do not edit by hand.",
         "# Regenerate with `python -m simulator.calibrate`; `--check` verifies this file.",
@@ -111,7 +112,6 @@ def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[Fi
             "# before -> after):",
         ]
     else:
-        gemm_only = device in data.AIC_TABLES
         kernels = "GEMM kernels alone" if gemm_only else "GEMM, flash-attention and NCCL kernels"
         lines += [
             f"# Fitted to simulator/data/measured/aiconfigurator/{device}/ (NVIDIA aiconfigurator,",
@@ -150,10 +150,8 @@ def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[Fi
             "# that fuses it into the kernel before, `fused_activation_quant`, skips it).",
         ]
     keys = FITTED_KEYS if device is not None else MEASURED_DEVICE_KEYS
-    if device in data.AIC_TABLES:
-        keys = AIC_GEMM_KEYS
-    section = fitted_section(eff, keys)
-    if device in data.AIC_TABLES:  # fp4's GEMM factors stay the spec's own (calibrate.nvfp4)
+    section = fitted_section(eff, AIC_GEMM_KEYS if gemm_only else keys)
+    if gemm_only:  # fp4's GEMM factors stay the spec's own (calibrate.nvfp4)
         lines.append("# fp4's GEMM factors are not here: the spec's own (calibrate.nvfp4).")
         gemm = section["gemm"]
         for name in ("peak_fraction", "size_curves", "extra_latency_s"):
