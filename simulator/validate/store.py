@@ -9,9 +9,10 @@ Python and numerical libraries' versions. A change to any of them is a new key (
 of that suite is removed when the new one is written). Spec folders added through
 `LLMSIM_HARDWARE_PATH` are outside the package, so the folder is not used while it is set.
 
-`prefetch(jobs)` computes suites not yet held in a pool of processes, one suite a process, and
-keeps what they return: `llmsim validate` of every suite takes the time of its longest suite
-on a machine with as many cores as it has simulated suites.
+`prefetch(suites, names, jobs=...)` computes suites not yet held in a pool of processes, one
+suite a process, and keeps what they return: `llmsim validate` (jobs = the cores) of every
+suite takes the time of its longest suite on a machine with as many cores as it has simulated
+suites.
 """
 
 from __future__ import annotations
@@ -137,6 +138,14 @@ def forget(name: str | None = None) -> None:
         _HELD.clear()
     else:
         _HELD.pop(name, None)
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def prefetch(

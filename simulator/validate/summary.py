@@ -20,7 +20,6 @@ to (`ops_nvfp4` holds helion's m-1 timings of other shapes out).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -168,21 +167,14 @@ SIMULATED: dict[str, Callable[[], pd.DataFrame]] = {
 }
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def run_suites(names: list[str]) -> pd.DataFrame:
-    """The rows of the row-level suites `names` cover (each suite computed once; the
-    simulated ones not yet at hand in a process each, as many at once as there are cores).
+def run_suites(names: list[str], *, jobs: int = 1) -> pd.DataFrame:
+    """The rows of the row-level suites `names` cover (each suite computed once; with
+    `jobs` > 1, the simulated ones not yet at hand in a process each, up to `jobs` at once).
     `attrs["skipped"]` lists the cases left out, with the reason."""
     needed = {part for name in names for part in members(name)}
     if ENERGY_FIT in needed:
         needed.add(ENERGY)  # one simulation gives both
-    store.prefetch(SIMULATED, [n for n in SIMULATED if n in needed], jobs=_cores())
+    store.prefetch(SIMULATED, [n for n in SIMULATED if n in needed], jobs=jobs)
     frames, skipped, knees = [], [], []
     if "ops" in needed:
         frames.append(ops_suite())
@@ -228,11 +220,15 @@ def run_suites(names: list[str]) -> pd.DataFrame:
     return df
 
 
-def run_validation(suites: list[str] | None = None) -> tuple[dict[str, Any], pd.DataFrame]:
+def run_validation(
+    suites: list[str] | None = None, *, jobs: int = 1
+) -> tuple[dict[str, Any], pd.DataFrame]:
     """Predict every case of the named suites (default: all) against the bundled
-    measurements; returns (summarize's dict, the rows). Unknown name: SpecError."""
+    measurements; returns (summarize's dict, the rows). Unknown name: SpecError. `jobs` > 1
+    simulates the end-to-end suites (and `ops`) in that many processes at most: spawned
+    processes, so a script calling it with jobs > 1 needs `if __name__ == "__main__":`."""
     names = resolve_suites(suites)
-    df = run_suites(names)
+    df = run_suites(names, jobs=jobs)
     summary = summarize(df, names)
     if SERVING_CURVE in summary["suites"]:
         summary["suites"][SERVING_CURVE].update(curve_section(df))

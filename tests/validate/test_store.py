@@ -3,6 +3,10 @@ files, and computed in a pool of processes when several are wanted."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +18,7 @@ from simulator.validate.moe import moe_suite
 from simulator.validate.sampler import sampler_suite
 from tests.clitools import run_cli
 
+REPO = Path(__file__).resolve().parents[2]
 NAME = "test_store_rows"  # held under a name no suite uses: the suites' rows stay held
 
 
@@ -124,3 +129,20 @@ def test_the_cli_reads_a_suite_a_first_run_wrote(
     monkeypatch.setattr("simulator.validate.e2e.latency_cases", _fails)
     code, second, _ = run_cli(capsys, "validate", "--suite", "e2e_latency", "--json")
     assert code == 0 and second == first
+
+
+@pytest.mark.slow
+def test_python_m_simulator_validate_runs_its_pool(tmp_path: Path) -> None:
+    # two simulated suites and (on 2 cores or more) a pool of spawned processes, started from
+    # `python -m simulator`, each keeping its suite in the folder
+    env = {**os.environ, store.CACHE_ENV: str(tmp_path), "PYTHONPATH": str(REPO)}
+    env.pop("LLMSIM_HARDWARE_PATH", None)
+    args = ["validate", "--suite", "e2e_latency", "--suite", "e2e_serving", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "simulator", *args], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert {"e2e_latency", "e2e_serving"} <= set(json.loads(done.stdout)["suites"])
+    if store.cores() > 1:
+        kept = sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.glob("*.pkl"))
+        assert kept == ["e2e_latency", "e2e_serving"]
