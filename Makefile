@@ -11,6 +11,12 @@ DEVSTAMP := $(VENV)/.installed-dev
 # 99 s). A value set in the environment wins.
 export OPENBLAS_NUM_THREADS ?= 1
 
+# The simulated validation suites are kept here between processes (simulator/validate/store.py,
+# keyed by a digest of the package's files and the libraries' versions): `make test` simulates
+# them once, in `regress`, and the test workers and the notebooks read them. A value set in the
+# environment wins; an empty one keeps them in each process only.
+export LLMSIM_VALIDATE_CACHE ?= $(CURDIR)/$(VENV)/validate-cache
+
 .PHONY: demo test test-fast lint typecheck unit unit-fast notebooks regress bench bench-doc clean
 
 $(BIN)/python:
@@ -36,8 +42,8 @@ lint: $(DEVSTAMP)
 typecheck: $(DEVSTAMP)
 	$(BIN)/mypy
 
-# The tests run on every core (pytest-xdist). Each worker simulates the validation suites its
-# tests need once (they are cached per process), so two workers save less than half the time.
+# The tests run on every core (pytest-xdist). The simulated validation suites come from
+# LLMSIM_VALIDATE_CACHE when `regress` (or an earlier run of the same code) left them there.
 PYTEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS)
 
@@ -65,7 +71,9 @@ regress: $(STAMP)
 		{ cat $(VENV)/validate.json; exit 1; }
 	$(BIN)/python tools/readme_validation.py --check --from $(VENV)/validate.json
 
-test: lint typecheck unit notebooks regress
+# `regress` first: its `llmsim validate` simulates the suites (a process each, on every core)
+# that the unit tests then read instead of simulating them again in each worker.
+test: lint typecheck regress unit notebooks
 
 test-fast: lint typecheck unit-fast
 

@@ -108,9 +108,13 @@ def test_a_run_stopped_at_any_file_leaves_the_previous_folder_whole(
 # A writer that replaces one folder over and over with version A or B, each of several files
 # of a few MB (the last one written tells the version too); killed at a random moment.
 WRITER = """
+import signal
 import sys
 from pathlib import Path
 from simulator.outputs import atomic_folder
+# Ctrl-C raises KeyboardInterrupt, as in a shell's foreground job (a background job's children
+# start with SIGINT ignored, and Python then leaves it so)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 out = Path(sys.argv[1])
 names = [f"part{i}.csv" for i in range(6)]
 n = 0

@@ -56,7 +56,7 @@ def validate_cmd(
 ) -> None:
     """Error tables of predicted vs measured against the bundled measurements, and the
     held-out coverage of the error bands (with the end-to-end suites)."""
-    from simulator.validate import bands
+    from simulator.validate import bands, store
     from simulator.validate.summary import (
         STAT_KEYS,
         kind_stats,
@@ -67,7 +67,7 @@ def validate_cmd(
 
     if write_bands and suite:
         suite = [*suite, *(name for name in bands.E2E_SUITES if name not in suite)]
-    summary, df = run_validation(suite)
+    summary, df = run_validation(suite, jobs=store.cores())
     if rows:
         write_rows(df, rows)
     current = bands.residuals(df) if bands.has_e2e(df) else None

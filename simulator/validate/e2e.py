@@ -31,7 +31,6 @@ block's tokens at its end).
 from __future__ import annotations
 
 import math
-from functools import cache
 from typing import Any
 
 import pandas as pd
@@ -44,7 +43,7 @@ from simulator.specs.loader import validate
 from simulator.specs.scenario import Scenario
 from simulator.specs.workload import OFFLINE_BENCH_SAMPLING, SamplingSpec, WorkloadSpec
 from simulator.units import GiB
-from simulator.validate import data
+from simulator.validate import data, store
 from simulator.validate.frame import finish
 
 THROUGHPUT, SERVING, LATENCY = "e2e_throughput", "e2e_serving", "e2e_latency"
@@ -402,19 +401,23 @@ def latency_cases(measured: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-@cache
 def _throughput_suite() -> pd.DataFrame:
-    return throughput_cases(data.read_measured("e2e/throughput.csv", THROUGHPUT_COLUMNS))
+    return store.stored(
+        THROUGHPUT,
+        lambda: throughput_cases(data.read_measured("e2e/throughput.csv", THROUGHPUT_COLUMNS)),
+    )
 
 
-@cache
 def _serving_suite() -> pd.DataFrame:
-    return serving_cases(data.read_measured("e2e/serving.csv", SERVING_COLUMNS))
+    return store.stored(
+        SERVING, lambda: serving_cases(data.read_measured("e2e/serving.csv", SERVING_COLUMNS))
+    )
 
 
-@cache
 def _latency_suite() -> pd.DataFrame:
-    return latency_cases(data.read_measured("e2e/latency.csv", LATENCY_COLUMNS))
+    return store.stored(
+        LATENCY, lambda: latency_cases(data.read_measured("e2e/latency.csv", LATENCY_COLUMNS))
+    )
 
 
 def e2e_throughput_suite() -> pd.DataFrame:

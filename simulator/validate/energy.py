@@ -39,7 +39,7 @@ from simulator.runs import runner
 from simulator.runs.energy import PowerModel, step_utilisation
 from simulator.specs.loader import hf_ids
 from simulator.specs.workload import WorkloadSpec
-from simulator.validate import data
+from simulator.validate import data, store
 from simulator.validate.e2e import row_engine_args
 from simulator.validate.frame import finish
 from simulator.workload.requests import RequestTable
@@ -292,10 +292,13 @@ def _simulated_run(index: int) -> Simulated:
     return simulate(simulated_runs().iloc[index])
 
 
-@cache
-def _suite() -> pd.DataFrame:
+def _cases() -> pd.DataFrame:
     runs = simulated_runs()
     return energy_cases(runs, [_simulated_run(i) for i in range(len(runs))])
+
+
+def _suite() -> pd.DataFrame:
+    return store.stored(SUITE, _cases)
 
 
 def e2e_energy_suite() -> pd.DataFrame:

@@ -32,7 +32,6 @@ throughput are always the whole run's (the burst moves them by up to 3% on K1).
 from __future__ import annotations
 
 import math
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -42,7 +41,7 @@ from simulator.errors import SpecError
 from simulator.runs import runner
 from simulator.specs.loader import validate
 from simulator.specs.workload import SamplingSpec, WorkloadSpec
-from simulator.validate import data
+from simulator.validate import data, store
 from simulator.validate.e2e import optional_int, row_engine_args
 from simulator.validate.frame import finish
 
@@ -325,9 +324,10 @@ def curve_section(df: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-@cache
 def _suite() -> pd.DataFrame:
-    return serving_curve_cases(data.read_measured("e2e/serving_curve.csv", COLUMNS))
+    return store.stored(
+        SUITE, lambda: serving_curve_cases(data.read_measured("e2e/serving_curve.csv", COLUMNS))
+    )
 
 
 def e2e_serving_curve_suite() -> pd.DataFrame:
