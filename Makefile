@@ -12,7 +12,7 @@ DEVSTAMP := $(VENV)/.installed-dev
 export OPENBLAS_NUM_THREADS ?= 1
 
 # The simulated validation suites are kept here between processes (simulator/validate/store.py,
-# keyed by a digest of the package's files and the libraries' versions): `make test` simulates
+# keyed by a digest of the package's and hardware_specs/'s files and the libraries' versions): `make test` simulates
 # them once, in `regress`, and the test workers and the notebooks read them. A value set in the
 # environment wins; an empty one keeps them in each process only.
 export LLMSIM_VALIDATE_CACHE ?= $(CURDIR)/$(VENV)/validate-cache

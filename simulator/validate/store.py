@@ -4,10 +4,11 @@ The end-to-end suites and the `ops` suite simulate or price every bundled measur
 of CPU in all), and several processes want the same rows: the CLI's `validate`, the test
 workers, the CI check after them. `stored(name, compute)` keeps a suite's rows in the process;
 with `LLMSIM_VALIDATE_CACHE` naming a folder it also keeps them there, keyed by a fingerprint of
-everything the rows follow from: every file of this package (code, specs, bundled data), the
-Python and numerical libraries' versions. A change to any of them is a new key (the stale file
+everything the rows follow from: every file of this package (code, specs, bundled data) and of
+the hardware spec folders (`hardware_specs/` beside it, with the calibration files), the Python
+and numerical libraries' versions. A change to any of them is a new key (the stale file
 of that suite is removed when the new one is written). Spec folders added through
-`LLMSIM_HARDWARE_PATH` are outside the package, so the folder is not used while it is set.
+`LLMSIM_HARDWARE_PATH` are the user's, so the folder is not used while it is set.
 
 `prefetch(suites, names, jobs=...)` computes suites not yet held in a pool of processes, one
 suite a process, and keeps what they return: `llmsim validate` (jobs = the cores) of every
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator.specs.loader import hardware_dirs
+
 CACHE_ENV = "LLMSIM_VALIDATE_CACHE"
 PACKAGE = Path(__file__).resolve().parents[1]  # simulator/
 # The libraries whose arithmetic the rows depend on.
@@ -37,8 +40,10 @@ _HELD: dict[str, pd.DataFrame] = {}
 
 
 def fingerprint() -> str:
-    """A digest of every file of the package and of the Python and libraries' versions (read
-    again at each use, some tens of milliseconds: a calibration may rewrite a spec's file)."""
+    """A digest of every file of the package and of the hardware spec folders (the
+    repository's `hardware_specs/`, with its calibration files), and of the Python and
+    libraries' versions; read again at each use (some tens of milliseconds: a calibration may
+    rewrite a spec's file)."""
     digest = hashlib.sha256()
     digest.update(f"{platform.python_implementation()} {sys.version_info[:3]}".encode())
     for name in LIBRARIES:
@@ -46,10 +51,12 @@ def fingerprint() -> str:
             digest.update(f"{name} {metadata.version(name)}".encode())
         except metadata.PackageNotFoundError:
             digest.update(f"{name} -".encode())
-    for path in sorted(PACKAGE.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(path.relative_to(PACKAGE).as_posix().encode())
-            digest.update(path.read_bytes())
+    for folder in (PACKAGE, *hardware_dirs()):
+        digest.update(folder.name.encode())
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(path.relative_to(folder).as_posix().encode())
+                digest.update(path.read_bytes())
     return digest.hexdigest()[:20]
 
 

@@ -93,6 +93,19 @@ def test_a_changed_package_file_is_a_new_key_and_the_stale_file_goes(
     assert kept.name == f"{NAME}-{store.fingerprint()}.pkl"
 
 
+def test_a_rewritten_calibration_file_is_a_new_key(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    specs = tmp_path / "hardware_specs"
+    (specs / "calibration").mkdir(parents=True)
+    fitted = specs / "calibration" / "h200_sxm.yaml"
+    fitted.write_text("efficiency: {}\n")
+    monkeypatch.setattr(store, "hardware_dirs", lambda: [specs])
+    first = store.fingerprint()
+    fitted.write_text("efficiency: {gemm: {peak_fraction: 0.8}}\n")  # python -m simulator.calibrate
+    assert store.fingerprint() != first
+
+
 def test_an_unreadable_file_is_computed_again(folder: Path) -> None:
     folder.mkdir()
     (folder / f"{NAME}-{store.fingerprint()}.pkl").write_bytes(b"not a pickle")
