@@ -87,6 +87,12 @@ def test_hardware_show_says_where_the_efficiency_factors_come_from(
     h200 = run_json(capsys, "hardware", "show", "h200_sxm", "--json")["provenance"]
     assert h200["attention_from"] == "h100_sxm" and h200["base"] is None
     assert h200["collective_from"] == "h100_sxm"
+    # its calibration fits both anew (aiconfigurator's H200 tables): H100's are the prior
+    assert h200["calibrated_over"] == ["attention_from", "collective_from"]
+    assert (
+        run_json(capsys, "hardware", "show", "gh200", "--json")["provenance"]["calibrated_over"]
+        == []
+    )
     assert h200["calibration"].endswith("calibration/h200_sxm.yaml")
     assert h200["file"].endswith("hardware_specs/h200_sxm.yaml")
     b200 = run_json(capsys, "hardware", "show", "b200", "--json")["provenance"]
@@ -94,7 +100,7 @@ def test_hardware_show_says_where_the_efficiency_factors_come_from(
     _, text, _ = run_cli(capsys, "hardware", "show", "h200_sxm")
     line = " ".join(text.split("efficiency:")[1].split())
     assert "fitted factors from" in line and "attention from h100_sxm" in line
-    assert "collectives from h100_sxm" in line
+    assert "collectives from h100_sxm (the prior: the calibration fits its own)" in line
     assert "GEMM libraries cublas-13.1" in line
     mi300x = run_json(capsys, "hardware", "show", "mi300x", "--json")["provenance"]
     assert mi300x["calibration"] is None

@@ -3,9 +3,9 @@
     python -m simulator.calibrate [--device h100_sxm ...] [--check]
     python -m simulator.calibrate --gemm-csv OUT_DIR/gemm.csv --hardware my_gpu.yaml
 
-For each device with bundled operator data (aiconfigurator: vLLM 0.14.0 kernels on A100 SXM and
-H100 SXM, vLLM 0.19.0's GEMMs alone on B200; see simulator/data/README.md) this fits, family by
-family (on B200 the GEMM families only), the named factors of the
+For each device with bundled operator data (aiconfigurator: vLLM 0.14.0 kernels on A100 SXM,
+H100 SXM and H200 SXM, vLLM 0.19.0's GEMMs alone on B200; see simulator/data/README.md) this
+fits, family by family (on B200 the GEMM families only), the named factors of the
 hardware spec's `efficiency:` section by robust least squares on log(predicted / measured),
 using the cost model's own operator constructors and roofline (the `ops` validation suite's
 code path). The result is written to `hardware_specs/calibration/<id>.yaml`, which the loader
@@ -23,8 +23,9 @@ times than the refit for the rows they were fitted to (see `calibrate.check`: pr
 the written numbers, which numpy/scipy releases move along the flat directions of the fit).
 
 This project's own GEMM timings (tools/measure_gpu.py, `simulator/data/measured/llmsim/`: H100
-SXM and H200 SXM) fit the `cublas-13.1` library of both, and H200's own 16-bit GEMM factors, as it
-has no aiconfigurator data. The second form fits a spec file of one's own to such timings of
+SXM and H200 SXM) fit the `cublas-13.1` library of both; a device with such timings and no
+aiconfigurator data would have its GEMM factors fitted to them (`fit.calibrate_timings`). The
+second form fits a spec file of one's own to such timings of
 its device and writes `calibration/<name>` beside it (`calibrate.own`).
 
 Curves are fitted at fixed knots (log-spaced over the measured range); the last knot of each

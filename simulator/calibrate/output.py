@@ -53,8 +53,8 @@ FITTED_KEYS = {
 
 
 # What a device fitted to GEMM timings alone owns (`fit.calibrate_timings`): its GEMM factors,
-# kernel latency and memory size curve; every other factor stays hand-written (H200's attention,
-# say, comes from H100's file: `attention_from`).
+# kernel latency and memory size curve; every other factor stays hand-written (or borrowed:
+# `attention_from`).
 MEASURED_DEVICE_KEYS = {
     "gemm": ("peak_fraction", "size_curve", "size_curves", "extra_latency_s"),
     "memory": ("size_curve",),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -101,8 +101,10 @@ def hardware_cpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> N
     out.print("single thread: PassMark's rating; sources in --json and docs/hardware_sources.md")
 
 
-def _efficiency_origin(origin: dict[str, str | None], libraries: list[str]) -> str:
+def _efficiency_origin(origin: dict[str, Any], libraries: list[str]) -> str:
     """One line on where a spec's efficiency factors come from."""
+    refit = origin.get("calibrated_over") or []
+    prior = " (the prior: the calibration fits its own)"
     parts = [
         f"fitted factors from {origin['calibration']}, the rest as the spec writes them"
         if origin["calibration"]
@@ -111,9 +113,11 @@ def _efficiency_origin(origin: dict[str, str | None], libraries: list[str]) -> s
     if origin["base"]:
         parts.append(f"over {origin['base']}'s")
     if origin["attention_from"]:
-        parts.append(f"attention from {origin['attention_from']}")
+        late = prior if "attention_from" in refit else ""
+        parts.append(f"attention from {origin['attention_from']}{late}")
     if origin["collective_from"]:
-        parts.append(f"collectives from {origin['collective_from']}")
+        late = prior if "collective_from" in refit else ""
+        parts.append(f"collectives from {origin['collective_from']}{late}")
     if libraries:
         parts.append(f"GEMM libraries {', '.join(libraries)}")
     return "; ".join(parts)

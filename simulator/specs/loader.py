@@ -325,22 +325,30 @@ def _calibration(
     return fitted, source
 
 
-def hardware_provenance(hw: str) -> dict[str, str | None]:
+def hardware_provenance(hw: str) -> dict[str, Any]:
     """Where the spec of `hw` (an id or a path) comes from: its file, the spec it starts from
     (`base`), the devices whose attention and collectives it takes (`attention_from`,
-    `collective_from`), and the calibration file laid over it (None where there is none; a
-    base's comes with the base)."""
+    `collective_from`), the calibration file laid over it (None where there is none; a
+    base's comes with the base), and which of those lent parts that file fits anew
+    (`calibrated_over`: the `*_from` keys whose parts it holds, their lender then a prior)."""
     path = _hardware_path(hw).resolve()
     raw = read_yaml(path)
     raw = raw if isinstance(raw, dict) else {}
     eff = raw.get("efficiency")
     eff = eff if isinstance(eff, dict) else {}
     calibration = calibration_beside(path)
+    fitted: dict[str, Any] = {}
+    if calibration.is_file():
+        overlay = read_yaml(calibration)
+        fitted = overlay.get("efficiency") or {} if isinstance(overlay, dict) else {}
     return {
         "file": str(path),
         "base": str(raw[BASE]) if BASE in raw else None,
         **{key: str(eff[key]) if key in eff else None for key in SIBLING_KEYS},
         "calibration": str(calibration) if calibration.is_file() else None,
+        "calibrated_over": [
+            key for key, parts in SIBLING_KEYS.items() if key in eff and parts[0] in fitted
+        ],
     }
 
 

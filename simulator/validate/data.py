@@ -18,11 +18,16 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 MEASURED_DIR = DATA_DIR / "measured"
 
 # aiconfigurator's system folder -> our hardware id
-AIC_DEVICES = {"a100_sxm": "a100_sxm_80gb", "h100_sxm": "h100_sxm", "b200_sxm": "b200"}
+AIC_DEVICES = {
+    "a100_sxm": "a100_sxm_80gb",
+    "h100_sxm": "h100_sxm",
+    "h200_sxm": "h200_sxm",
+    "b200_sxm": "b200",
+}
 # the tables of a folder that bundles only some of them (the others: every table)
 AIC_TABLES = {"b200_sxm": ("gemm",)}
 # the vLLM release whose kernels a folder's tables time (aiconfigurator's runtime folder)
-AIC_VLLM = {"a100_sxm": "0.14.0", "h100_sxm": "0.14.0", "b200_sxm": "0.19.0"}
+AIC_VLLM = {"a100_sxm": "0.14.0", "h100_sxm": "0.14.0", "h200_sxm": "0.14.0", "b200_sxm": "0.19.0"}
 # this project's own GEMM timings (tools/measure_gpu.py) folder -> hardware id
 LLMSIM_DEVICES = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm"}
 # AMD aiter's tuned-GEMM timings (measured/aiter/<folder>/) -> hardware id

@@ -4,8 +4,8 @@
 (`simulator/data/measured/llmsim/`): bf16 GEMMs as vLLM's linear layers call them and fp8 GEMMs
 as TensorRT-LLM's per-tensor FP8 linear layers call them (`cublas_scaled_mm`: cuBLASLt on operands
 already quantised). `python -m simulator.calibrate` fits the `cublas-13.1` GEMM library
-(`efficiency.gemm_libraries`) of each device to them, and on H200, which has no aiconfigurator data,
-the device's own GEMM factors (16-bit and fp8) too. The rows are predicted under that library:
+(`efficiency.gemm_libraries`) of each device to them (both also have aiconfigurator data, which
+their own GEMM factors are fitted to). The rows are predicted under that library:
 without the activation-quantisation kernel (they time the scaled GEMM alone) and with the device's
 data ceiling (they ran on random data).
 """

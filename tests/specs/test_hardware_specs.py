@@ -206,11 +206,16 @@ SIBLINGS = {
 }
 
 
+# Devices whose own calibration fits the lent parts anew (aiconfigurator's H200 tables): the
+# sibling's is their prior, the uncalibrated spec's.
+REFITTED = {"h200_sxm"}
+
+
 @pytest.mark.parametrize(("hw", "sibling"), sorted(SIBLINGS.items()))
 def test_same_die_takes_the_siblings_fitted_attention(hw: str, sibling: str) -> None:
     """Calibrated: the sibling's fit (curves, fixed costs, split rule); uncalibrated: its
     hand-written prior. Peaks, bandwidth and every other factor stay the device's own."""
-    for calibrated in (True, False):
+    for calibrated in (False,) if hw in REFITTED else (True, False):
         spec = load_hardware(hw, calibrated=calibrated).efficiency.model_dump()
         other = load_hardware(sibling, calibrated=calibrated).efficiency.model_dump()
         assert spec["attention"] == other["attention"]
@@ -238,7 +243,7 @@ def test_same_fabric_takes_the_siblings_fitted_collectives(hw: str, sibling: str
     """The sibling's fit (latency, its growth with the group, size curve), with the keys the
     device's own `collective` gives (its measured busbw fraction) laid over it."""
     own = {"h200_sxm": 0.82, "b200": 0.76}
-    for calibrated in (True, False):
+    for calibrated in (False,) if hw in REFITTED else (True, False):
         spec = load_hardware(hw, calibrated=calibrated).efficiency.collective
         other = load_hardware(sibling, calibrated=calibrated).efficiency.collective
         assert spec.busbw_fraction == own.get(hw, other.busbw_fraction)
@@ -246,7 +251,12 @@ def test_same_fabric_takes_the_siblings_fitted_collectives(hw: str, sibling: str
             exclude={"busbw_fraction"}
         )
     # A small all-reduce costs what it costs on the sibling's fabric, whatever the group
-    # (GH200: one GPU a node, no group to time).
+    # (GH200: one GPU a node, no group to time); a refitted device, what its own timings say.
+    if hw in REFITTED:
+        assert (
+            load_hardware(hw).efficiency.collective != load_hardware(sibling).efficiency.collective
+        )
+        return
     for n in [n for n in (2, 4, 8) if n <= load_hardware(hw).interconnect.gpus_per_node]:
         mine = simulator.allreduce_cost(hardware=hw, num_devices=n, size_bytes=8192)
         theirs = simulator.allreduce_cost(hardware=sibling, num_devices=n, size_bytes=8192)
@@ -377,15 +387,15 @@ def test_base_alone_predicts_what_its_base_does(tmp_path: Path) -> None:
 
 
 def test_base_by_relative_path_chained_and_with_attention_from(tmp_path: Path) -> None:
-    """A base by path relative to the file, over a spec that takes H100's attention
-    (h200_sxm): the attention comes along; a file that names its own donor takes the
-    donor's attention instead of its base's."""
+    """A base by path relative to the file, over a spec that names a donor's attention
+    (h200_sxm, whose calibration fits its own over H100's): the base's attention comes along;
+    a file that names its own donor takes the donor's attention instead of its base's."""
     _write(tmp_path / "a.yaml", "base: h200_sxm\nprice: {usd_per_hour: 2.5}\n")
     path = _write(tmp_path / "sub" / "b.yaml", "base: ../a.yaml\npower: {tdp_w: 1000 W}\n")
     spec = load_hardware(path)
     assert (spec.price.usd_per_hour, spec.power.tdp_w) == (2.5, 1000.0)
-    h100 = load_hardware("h100_sxm").efficiency
-    assert spec.efficiency.attention.model_dump() == h100.attention.model_dump()
+    h200 = load_hardware("h200_sxm").efficiency
+    assert spec.efficiency.attention.model_dump() == h200.attention.model_dump()
     own = _write(
         tmp_path / "c.yaml", "base: h200_sxm\nefficiency:\n  attention_from: a100_sxm_80gb\n"
     )

@@ -154,7 +154,7 @@ def test_validate_check_fails_when_the_committed_bands_are_stale(
     # The end-to-end rows as committed, predicted again; one moves by 3%.
     df = frame_of(load_residuals())
     monkeypatch.setattr(
-        "simulator.validate.summary.run_validation", lambda suites=None: (summarize(df), df)
+        "simulator.validate.summary.run_validation", lambda suites=None, **_: (summarize(df), df)
     )
     monkeypatch.setattr(
         "simulator.validate.targets.check_targets", lambda summary, targets: CheckResult([])

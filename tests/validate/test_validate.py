@@ -131,8 +131,8 @@ def test_suite_rows_are_finite_and_positive(name: str) -> None:
 
 def test_ops_suite_covers_every_kernel_kind_on_every_device() -> None:
     df = suite("ops")
-    assert set(df["device"]) == {"a100_sxm_80gb", "h100_sxm", "b200"}
-    for device in ("a100_sxm_80gb", "h100_sxm"):
+    assert set(df["device"]) == {"a100_sxm_80gb", "h100_sxm", "h200_sxm", "b200"}
+    for device in ("a100_sxm_80gb", "h100_sxm", "h200_sxm"):
         kinds = set(df.loc[df["device"] == device, "kind"])
         assert kinds == {"gemm", "attention_prefill", "attention_decode", "all_reduce"}
     assert set(df.loc[df["device"] == "b200", "kind"]) == {"gemm"}  # its GEMM table alone
