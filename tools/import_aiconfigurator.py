@@ -32,23 +32,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator.validate.data import AIC_COLUMNS
+
 DATA = "aic-core/src/aiconfigurator_core/systems/data"
 DTYPES = ("bfloat16", "fp8")
-COLUMNS = ["gemm_dtype", "m", "n", "k", "latency_ms"]
-ATTENTION_COLUMNS = [
-    "batch_size",
-    "isl",
-    "num_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "attn_dtype",
-    "kv_cache_dtype",
-    "step",
-    "latency_ms",
-]
-NCCL_COLUMNS = ["op_name", "nccl_dtype", "num_gpus", "message_size_elements", "latency_ms"]
+COLUMNS = AIC_COLUMNS["gemm"]  # the bundled layouts, as the loader reads them
+ATTENTION_COLUMNS = AIC_COLUMNS["context_attention"]
+NCCL_COLUMNS = AIC_COLUMNS["nccl"]
 NCCL_OPS = ("all_reduce", "all_gather", "alltoall")
-TABLES = ("gemm", "context_attention", "generation_attention", "nccl")
+TABLES = tuple(AIC_COLUMNS)
 H100_TABLE = Path(__file__).resolve().parent.parent / (
     "simulator/data/measured/aiconfigurator/h100_sxm/gemm.csv"
 )
