@@ -81,9 +81,9 @@ def _read(path: Path) -> pd.DataFrame | None:
 def _write(path: Path, rows: pd.DataFrame) -> None:
     """Atomically (a reader sees the whole file or none), then remove the suite's stale files."""
     folder, name = path.parent, path.name.rsplit("-", 1)[0]
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
         with tmp.open("wb") as f:
             pickle.dump(rows, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
@@ -92,6 +92,7 @@ def _write(path: Path, rows: pd.DataFrame) -> None:
                 stale.unlink(missing_ok=True)
     except OSError as exc:  # a cache that cannot be written costs time, not results
         sys.stderr.write(f"llmsim: {CACHE_ENV}: cannot write {path}: {exc.strerror}\n")
+        tmp.unlink(missing_ok=True)
 
 
 def _path(name: str) -> Path | None:

@@ -172,9 +172,8 @@ def run_suites(names: list[str], *, jobs: int = 1) -> pd.DataFrame:
     `jobs` > 1, the simulated ones not yet at hand in a process each, up to `jobs` at once).
     `attrs["skipped"]` lists the cases left out, with the reason."""
     needed = {part for name in names for part in members(name)}
-    if ENERGY_FIT in needed:
-        needed.add(ENERGY)  # one simulation gives both
-    store.prefetch(SIMULATED, [n for n in SIMULATED if n in needed], jobs=jobs)
+    simulated = needed | ({ENERGY} if ENERGY_FIT in needed else set())  # one run gives both
+    store.prefetch(SIMULATED, [n for n in SIMULATED if n in simulated], jobs=jobs)
     frames, skipped, knees = [], [], []
     if "ops" in needed:
         frames.append(ops_suite())

@@ -211,3 +211,9 @@ def test_b200_split_separates_host_waits_from_device_work() -> None:
     assert len(b8) == 4 and (b8["kernel_ratio"] > 1.1).all()
     small = table[table["case"] == "llama-3.1-8b tp1 b128"].iloc[0]
     assert small["duty"] < 0.5 and small["wait_us"] > small["busy_us"]
+
+
+def test_the_fit_suite_asked_alone_brings_its_rows_alone() -> None:
+    # one simulation gives both suites; the rows returned are the suite asked for
+    _, df = run_validation([FIT_SUITE])
+    assert set(df["suite"]) == {FIT_SUITE}
