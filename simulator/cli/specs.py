@@ -112,12 +112,9 @@ def _efficiency_origin(origin: dict[str, Any], libraries: list[str]) -> str:
     ]
     if origin["base"]:
         parts.append(f"over {origin['base']}'s")
-    if origin["attention_from"]:
-        late = prior if "attention_from" in refit else ""
-        parts.append(f"attention from {origin['attention_from']}{late}")
-    if origin["collective_from"]:
-        late = prior if "collective_from" in refit else ""
-        parts.append(f"collectives from {origin['collective_from']}{late}")
+    for key, part in (("attention_from", "attention"), ("collective_from", "collectives")):
+        if origin[key]:
+            parts.append(f"{part} from {origin[key]}{prior if key in refit else ''}")
     if libraries:
         parts.append(f"GEMM libraries {', '.join(libraries)}")
     return "; ".join(parts)

@@ -337,10 +337,8 @@ def hardware_provenance(hw: str) -> dict[str, Any]:
     eff = raw.get("efficiency")
     eff = eff if isinstance(eff, dict) else {}
     calibration = calibration_beside(path)
-    fitted: dict[str, Any] = {}
-    if calibration.is_file():
-        overlay = read_yaml(calibration)
-        fitted = overlay.get("efficiency") or {} if isinstance(overlay, dict) else {}
+    overlay, _ = _calibration(path, True, None, "efficiency")
+    fitted = (overlay or {}).get("efficiency") or {}
     return {
         "file": str(path),
         "base": str(raw[BASE]) if BASE in raw else None,
