@@ -489,16 +489,17 @@ class PrefixCachingBlockManager(BlockManager):
             self._version += 1
             lru, runs = self.lru, self.runs
             while evict > 0:
-                key, _ = lru.popitem(last=False)
-                if key[0] != RUN:
+                key = next(iter(lru))  # the oldest entry
+                if key[0] == RUN:
+                    run = runs[key[1]]
+                    if run > evict:  # its head stays, still the oldest entry
+                        runs[key[1]] = run - evict
+                        break
+                    del runs[key[1]]
+                    evict -= run
+                else:
                     evict -= 1
-                    continue
-                run = runs.pop(key[1])
-                if run > evict:  # its head stays, still the oldest entry
-                    runs[key[1]] = run - evict
-                    lru[key] = None
-                    lru.move_to_end(key, last=False)
-                evict -= run
+                del lru[key]
         free = self.free - need
         self.free = free
         if self.num_blocks - free > self.peak_used:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Protocol
 
 import numpy as np
@@ -456,12 +457,7 @@ class StepTimer:
         if self._q > 1:
             raise RuntimeError("decode runs assume one token per step: no speculation")
         k = min(num_seqs, len(self._decode)) - 1
-        ends: list[float] = []
-        append, total = ends.append, 0.0
-        for duration in self._short_run(k, num_seqs, total_context, steps):
-            total += duration
-            append(start + total)
-        return ends
+        return [start + t for t in accumulate(self._short_run(k, num_seqs, total_context, steps))]
 
     def _penalised_run(
         self, k: int, num_seqs: int, total_context: float, steps: int, outputs: tuple[int, int]
@@ -506,11 +502,15 @@ class StepTimer:
         cap = self._cap
         durations: list[float] = []
         append = durations.append  # (locals: this runs for most decode segments)
+        # the means grow with the step, so the grid interval is walked forward, not searched
+        # (`j` is `bisect_right(grid, mean) - 1` throughout)
+        j = bisect_right(grid, min(total_context / num_seqs, cap)) - 1
         for i in range(steps):
             mean = (total_context + num_seqs * i) / num_seqs
             if cap < mean:  # min(mean, cap)
                 mean = cap
-            j = bisect_right(grid, mean) - 1
+            while j < top and grid[j + 1] <= mean:
+                j += 1
             if j < 0:
                 append(row[0])
             elif j >= top:

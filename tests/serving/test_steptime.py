@@ -91,6 +91,14 @@ def test_short_decode_runs_give_numpys_floats(model: str) -> None:
         want = np.interp(means, timer._ctx_grid, timer._decode[min(n, 64) - 1])
         run = timer.decode_run(num_seqs=n, total_context=context, steps=steps)
         assert run.tolist() == (want.tolist() if exact else pytest.approx(want, rel=1e-12))
+    # runs that cross grid points (the step's interval is walked forward, not searched)
+    for point in grid[1:]:
+        n, steps = 3, SHORT_RUN_STEPS
+        context = float(max(n, round((point - 7.5) * n)))
+        means = (context + n * np.arange(steps, dtype=float)) / n
+        want = np.interp(means, timer._ctx_grid, timer._decode[n - 1])
+        run = timer.decode_run(num_seqs=n, total_context=context, steps=steps)
+        assert run.tolist() == (want.tolist() if exact else pytest.approx(want, rel=1e-12))
 
 
 def test_short_decode_ends_are_numpys_cumulative_sums() -> None:
