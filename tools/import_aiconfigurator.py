@@ -2,6 +2,9 @@
 
     python tools/import_aiconfigurator.py --repo PATH --system b200_sxm --version 0.19.0 \
         --out-dir simulator/data/measured/aiconfigurator/b200_sxm
+    python tools/import_aiconfigurator.py --repo PATH --system b200_sxm --version 0.19.0 \
+        --tables context_attention,generation_attention \
+        --out-dir simulator/data/measured/aiconfigurator/b200_sxm
     python tools/import_aiconfigurator.py --repo PATH --system h200_sxm --version 0.14.0 \
         --tables gemm,context_attention,generation_attention,nccl --nccl-version 2.26.2 \
         --out-dir simulator/data/measured/aiconfigurator/h200_sxm
@@ -17,7 +20,8 @@ the layout of the A100 and H100 tables already bundled, each value copied unchan
   from it), every (n, k) shape kept;
 - `context_attention.csv`, `generation_attention.csv` (`batch_size, isl, num_heads,
   num_key_value_heads, head_dim, attn_dtype, kv_cache_dtype, step, latency_ms`): every row
-  with bfloat16 activations (the bundled H100 tables are these rows of its 0.14.0 tables);
+  with bfloat16 activations, head dim 128 and no sliding window (the bundled H100 tables are
+  these rows of its 0.14.0 tables, which hold no others);
 - `nccl.csv` (`op_name, nccl_dtype, num_gpus, message_size_elements, latency_ms`): all_reduce,
   all_gather and alltoall (reduce_scatter left out, as for H100, whose table is NCCL 2.27.3's).
 Needs pyarrow (the dev extra) and git.
@@ -75,8 +79,12 @@ def bundled_rows(table: pd.DataFrame, m_grid: list[int]) -> pd.DataFrame:
 
 
 def attention_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """The attention rows kept (bfloat16 activations), in the bundled layout and order."""
-    kept = table[table["attn_dtype"] == "bfloat16"]
+    """The attention rows kept, in the bundled layout and order: bfloat16 activations, head dim
+    128 and no sliding window (the grid of the H100 and H200 tables, which hold no other; B200's
+    also times head dim 256 and windowed layers, kernels of other shapes)."""
+    kept = table[(table["attn_dtype"] == "bfloat16") & (table["head_dim"] == 128)]
+    if "window_size" in kept:
+        kept = kept[kept["window_size"] == 0]
     return kept.rename(columns={"latency": "latency_ms"})[ATTENTION_COLUMNS].reset_index(drop=True)
 
 

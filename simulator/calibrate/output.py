@@ -61,10 +61,22 @@ MEASURED_DEVICE_KEYS = {
 }
 
 
-# What a device fitted to aiconfigurator's GEMM table alone owns (`data.AIC_TABLES`: B200): the
-# GEMM families' factors, kernel latency and memory size curve; its attention and collective
-# factors stay hand-written.
+# What a device fitted to some of aiconfigurator's tables owns (`data.AIC_TABLES`: B200's GEMM
+# and attention tables): the GEMM families' factors, kernel latency and memory size curve, and
+# the attention or collective factors where it has their tables; the rest stay hand-written.
 AIC_GEMM_KEYS = {"gemm": FITTED_KEYS["gemm"], "memory": ("size_curve",)}
+AIC_TABLE_KEYS = {"generation_attention": "attention", "nccl": "collective"}
+AIC_KERNELS = {"attention": "attention", "collective": "NCCL"}
+
+
+def owned_keys(device: str) -> dict[str, tuple[str, ...]]:
+    """The groups of the efficiency section a calibration fitted to aiconfigurator folder
+    `device` writes: every FITTED_KEYS group, or those its bundled tables fit."""
+    tables = data.AIC_TABLES.get(device)
+    if tables is None:
+        return FITTED_KEYS
+    groups = [AIC_TABLE_KEYS[t] for t in tables if t in AIC_TABLE_KEYS]
+    return AIC_GEMM_KEYS | {g: FITTED_KEYS[g] for g in groups}
 
 
 def fitted_section(
@@ -96,7 +108,7 @@ def _rounded(node: Any) -> Any:
 def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[FitReport]) -> str:
     """The calibration file of `hw_id`: fitted to aiconfigurator's data of `device`, or (None)
     to this project's own GEMM timings alone."""
-    gemm_only = device in data.AIC_TABLES  # aiconfigurator's GEMM table alone (B200)
+    partial = device in data.AIC_TABLES  # some of aiconfigurator's tables (B200)
     lines = [
         f"# Calibrated efficiency factors for {hw_id}. GENERATED: do not edit by hand.",
         "# Regenerate with `python -m simulator.calibrate`; `--check` verifies this file.",
@@ -112,7 +124,10 @@ def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[Fi
             "# before -> after):",
         ]
     else:
-        kernels = "GEMM kernels alone" if gemm_only else "GEMM, flash-attention and NCCL kernels"
+        kernels = "GEMM, flash-attention and NCCL kernels"
+        if partial:
+            owned = [n for n in ("attention", "collective") if n in owned_keys(device)]
+            kernels = " and ".join(["GEMM", *(AIC_KERNELS[n] for n in owned)]) + " kernels"
         lines += [
             f"# Fitted to simulator/data/measured/aiconfigurator/{device}/ (NVIDIA aiconfigurator,",
             f"# per-kernel timings of vLLM {data.AIC_VLLM[device]}'s {kernels}), by robust least",
@@ -149,9 +164,9 @@ def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[Fi
             "# quant_fraction: vLLM's fp8 activation-quantisation kernel run alone (an engine",
             "# that fuses it into the kernel before, `fused_activation_quant`, skips it).",
         ]
-    keys = FITTED_KEYS if device is not None else MEASURED_DEVICE_KEYS
-    section = fitted_section(eff, AIC_GEMM_KEYS if gemm_only else keys)
-    if gemm_only:  # fp4's GEMM factors stay the spec's own (calibrate.nvfp4)
+    keys = owned_keys(device) if device is not None else MEASURED_DEVICE_KEYS
+    section = fitted_section(eff, keys)
+    if partial:  # fp4's GEMM factors stay the spec's own (calibrate.nvfp4)
         lines.append("# fp4's GEMM factors are not here: the spec's own (calibrate.nvfp4).")
         gemm = section["gemm"]
         for name in ("peak_fraction", "size_curves", "extra_latency_s"):

@@ -25,7 +25,7 @@ AIC_DEVICES = {
     "b200_sxm": "b200",
 }
 # the tables of a folder that bundles only some of them (the others: every table)
-AIC_TABLES = {"b200_sxm": ("gemm",)}
+AIC_TABLES = {"b200_sxm": ("gemm", "context_attention", "generation_attention")}
 # the vLLM release whose kernels a folder's tables time (aiconfigurator's runtime folder)
 AIC_VLLM = {"a100_sxm": "0.14.0", "h100_sxm": "0.14.0", "h200_sxm": "0.14.0", "b200_sxm": "0.19.0"}
 # this project's own GEMM timings (tools/measure_gpu.py) folder -> hardware id

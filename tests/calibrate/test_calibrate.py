@@ -43,15 +43,16 @@ def test_devices_without_measurements_have_no_overlay() -> None:
         assert fitted.model_dump() == written.model_dump()
 
 
-def test_b200s_overlay_holds_its_gemm_factors_alone() -> None:
-    # Fitted to aiconfigurator's B200 GEMM table only: the GEMM factors (fp4's excepted:
-    # calibrate.nvfp4 fits those in b200.yaml), kernel latency and memory size curve. Its
-    # attention stays written; its collectives are H100's fitted ones (`collective_from`).
+def test_b200s_overlay_holds_its_gemm_and_attention_factors() -> None:
+    # Fitted to aiconfigurator's B200 GEMM and attention tables: the GEMM factors (fp4's
+    # excepted: calibrate.nvfp4 fits those in b200.yaml), kernel latency, memory size curve and
+    # attention factors. Its collectives are H100's fitted ones (`collective_from`), with its
+    # own busbw.
     fitted, written = load_hardware("b200"), load_hardware("b200", calibrated=False)
     text = calibrate.calibration_path("b200").read_text()
-    assert "vLLM 0.19.0's GEMM kernels alone" in text
+    assert "vLLM 0.19.0's GEMM and attention kernels" in text
     overlay = yaml.safe_load(text)["efficiency"]
-    assert set(overlay) == {"kernel_latency_s", "gemm", "memory"}
+    assert set(overlay) == {"kernel_latency_s", "gemm", "memory", "attention"}
     assert set(overlay["memory"]) == {"size_curve"}
     assert all("fp4" not in v for v in overlay["gemm"].values() if isinstance(v, dict))
     gemm, base = fitted.efficiency.gemm, written.efficiency.gemm
@@ -59,10 +60,13 @@ def test_b200s_overlay_holds_its_gemm_factors_alone() -> None:
     assert gemm.size_curves["fp4"] == base.size_curves["fp4"]
     assert gemm.extra_latency_s["fp4"] == base.extra_latency_s["fp4"]
     assert gemm.peak_fraction["bf16"] != base.peak_fraction["bf16"]
-    assert fitted.efficiency.attention == written.efficiency.attention
-    exclude = {"efficiency": {"gemm", "memory", "kernel_latency_s", "collective"}}
+    attention, prior = fitted.efficiency.attention, written.efficiency.attention
+    assert prior.decode_fixed_s is None and attention.decode_fixed_s  # the tables' floor
+    assert attention.decode_split == prior.decode_split == "fa3"  # the spec's, not fitted
+    exclude = {"efficiency": {"gemm", "memory", "kernel_latency_s", "collective", "attention"}}
     assert fitted.model_dump(exclude=exclude) == written.model_dump(exclude=exclude)
     assert fitted.efficiency.memory.stream_fraction == written.efficiency.memory.stream_fraction
+    assert fitted.efficiency.collective.busbw_fraction == 0.76  # b200.yaml's own, over H100's
 
 
 def test_the_committed_files_name_their_data() -> None:

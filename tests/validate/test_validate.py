@@ -64,7 +64,11 @@ def test_aiconfigurator_subset_is_what_the_readme_says() -> None:
     assert set(b200["gemm_dtype"]) == {"bfloat16", "fp8"} and len(b200) == 19320
     h100_m = set(data.aiconfigurator("h100_sxm", "gemm")["m"])
     assert set(b200["m"]) == h100_m - {384}  # the H100 table's token counts B200's has
-    assert data.AIC_TABLES["b200_sxm"] == ("gemm",)
+    assert data.AIC_TABLES["b200_sxm"] == ("gemm", "context_attention", "generation_attention")
+    for table, rows in (("context_attention", 10914), ("generation_attention", 8774)):
+        b200_attention = data.aiconfigurator("b200_sxm", table)
+        assert len(b200_attention) == rows  # head dim 128, no window: H100's grid
+        assert set(b200_attention["head_dim"]) == {128}
     for table in ("context_attention", "generation_attention"):
         h100 = data.aiconfigurator("h100_sxm", table)
         assert set(h100["attn_dtype"]) == {"bfloat16"}
@@ -135,7 +139,8 @@ def test_ops_suite_covers_every_kernel_kind_on_every_device() -> None:
     for device in ("a100_sxm_80gb", "h100_sxm", "h200_sxm"):
         kinds = set(df.loc[df["device"] == device, "kind"])
         assert kinds == {"gemm", "attention_prefill", "attention_decode", "all_reduce"}
-    assert set(df.loc[df["device"] == "b200", "kind"]) == {"gemm"}  # its GEMM table alone
+    b200 = {"gemm", "attention_prefill", "attention_decode"}  # no NCCL table of its own
+    assert set(df.loc[df["device"] == "b200", "kind"]) == b200
     assert df["fitted"].all()
     a100_gemm = df[(df["device"] == "a100_sxm_80gb") & (df["kind"] == "gemm")]
     assert not a100_gemm["case"].str.contains("fp8").any()  # no fp8 matrix unit on A100
