@@ -4,13 +4,14 @@
     python -m simulator.calibrate --gemm-csv OUT_DIR/gemm.csv --hardware my_gpu.yaml
 
 For each device with bundled operator data (aiconfigurator: vLLM 0.14.0 kernels on A100 SXM,
-H100 SXM and H200 SXM, vLLM 0.19.0's GEMMs alone on B200; see simulator/data/README.md) this
-fits, family by family (on B200 the GEMM families only), the named factors of the
-hardware spec's `efficiency:` section by robust least squares on log(predicted / measured),
-using the cost model's own operator constructors and roofline (the `ops` validation suite's
-code path). The result is written to `hardware_specs/calibration/<id>.yaml`, which the loader
-lays over the hand-written values of `hardware_specs/<id>.yaml` (those keep their datasheet
-sources and remain the values for every device without measurements).
+H100 SXM and H200 SXM, vLLM 0.19.0's on B200, and NCCL's collectives; see
+simulator/data/README.md) this fits, family by family (on B200 all but fp4's), the named
+factors of the hardware spec's `efficiency:` section by robust least squares on
+log(predicted / measured), using the cost model's own operator constructors and roofline (the
+`ops` validation suite's code path). The result is written to
+`hardware_specs/calibration/<id>.yaml`, which the loader lays over the hand-written values of
+`hardware_specs/<id>.yaml` (those keep their datasheet sources and remain the values for every
+device without measurements).
 
 Only operator-level rows are fitted. Then, on the fitted spec, the GEMM library of Vidur's
 per-layer profiles (`cublas-12.1`, the cuBLAS that PyTorch 2.1-2.4's CUDA 12.1 builds ship:

@@ -61,24 +61,6 @@ MEASURED_DEVICE_KEYS = {
 }
 
 
-# What a device fitted to some of aiconfigurator's tables owns (`data.AIC_TABLES`: B200's GEMM
-# and attention tables): the GEMM families' factors, kernel latency and memory size curve, and
-# the attention or collective factors where it has their tables; the rest stay hand-written.
-AIC_GEMM_KEYS = {"gemm": FITTED_KEYS["gemm"], "memory": ("size_curve",)}
-AIC_TABLE_KEYS = {"generation_attention": "attention", "nccl": "collective"}
-AIC_KERNELS = {"attention": "attention", "collective": "NCCL"}
-
-
-def owned_keys(device: str) -> dict[str, tuple[str, ...]]:
-    """The groups of the efficiency section a calibration fitted to aiconfigurator folder
-    `device` writes: every FITTED_KEYS group, or those its bundled tables fit."""
-    tables = data.AIC_TABLES.get(device)
-    if tables is None:
-        return FITTED_KEYS
-    groups = [AIC_TABLE_KEYS[t] for t in tables if t in AIC_TABLE_KEYS]
-    return AIC_GEMM_KEYS | {g: FITTED_KEYS[g] for g in groups}
-
-
 def fitted_section(
     eff: EfficiencySpec, keys: dict[str, tuple[str, ...]] = FITTED_KEYS
 ) -> dict[str, Any]:
@@ -108,7 +90,6 @@ def _rounded(node: Any) -> Any:
 def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[FitReport]) -> str:
     """The calibration file of `hw_id`: fitted to aiconfigurator's data of `device`, or (None)
     to this project's own GEMM timings alone."""
-    partial = device in data.AIC_TABLES  # some of aiconfigurator's tables (B200)
     lines = [
         f"# Calibrated efficiency factors for {hw_id}. GENERATED: do not edit by hand.",
         "# Regenerate with `python -m simulator.calibrate`; `--check` verifies this file.",
@@ -124,10 +105,7 @@ def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[Fi
             "# before -> after):",
         ]
     else:
-        kernels = "GEMM, flash-attention and NCCL kernels"
-        if partial:
-            owned = [n for n in ("attention", "collective") if n in owned_keys(device)]
-            kernels = " and ".join(["GEMM", *(AIC_KERNELS[n] for n in owned)]) + " kernels"
+        kernels = f"GEMM, {data.AIC_ATTENTION[device]} and NCCL kernels"
         lines += [
             f"# Fitted to simulator/data/measured/aiconfigurator/{device}/ (NVIDIA aiconfigurator,",
             f"# per-kernel timings of vLLM {data.AIC_VLLM[device]}'s {kernels}), by robust least",
@@ -164,11 +142,12 @@ def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[Fi
             "# quant_fraction: vLLM's fp8 activation-quantisation kernel run alone (an engine",
             "# that fuses it into the kernel before, `fused_activation_quant`, skips it).",
         ]
-    keys = owned_keys(device) if device is not None else MEASURED_DEVICE_KEYS
+    keys = FITTED_KEYS if device is not None else MEASURED_DEVICE_KEYS
     section = fitted_section(eff, keys)
-    if partial:  # fp4's GEMM factors stay the spec's own (calibrate.nvfp4)
+    gemm = section["gemm"]
+    if any("fp4" in v for v in gemm.values() if isinstance(v, dict)):
+        # no fp4 row in the data: fp4's GEMM factors stay the spec's own (calibrate.nvfp4)
         lines.append("# fp4's GEMM factors are not here: the spec's own (calibrate.nvfp4).")
-        gemm = section["gemm"]
         for name in ("peak_fraction", "size_curves", "extra_latency_s"):
             gemm[name] = {dtype: v for dtype, v in gemm[name].items() if dtype != "fp4"}
     body = yaml.safe_dump(

@@ -24,10 +24,16 @@ AIC_DEVICES = {
     "h200_sxm": "h200_sxm",
     "b200_sxm": "b200",
 }
-# the tables of a folder that bundles only some of them (the others: every table)
-AIC_TABLES = {"b200_sxm": ("gemm", "context_attention", "generation_attention")}
 # the vLLM release whose kernels a folder's tables time (aiconfigurator's runtime folder)
 AIC_VLLM = {"a100_sxm": "0.14.0", "h100_sxm": "0.14.0", "h200_sxm": "0.14.0", "b200_sxm": "0.19.0"}
+# the attention kernels its attention tables time (their kernel_source: vllm_flash_attn, or
+# vllm_flashinfer, FlashInfer's backend, which calls trtllm-gen's kernels on Blackwell)
+AIC_ATTENTION = {
+    "a100_sxm": "flash-attention",
+    "h100_sxm": "flash-attention",
+    "h200_sxm": "flash-attention",
+    "b200_sxm": "FlashInfer",
+}
 # this project's own GEMM timings (tools/measure_gpu.py) folder -> hardware id
 LLMSIM_DEVICES = {"h100_sxm": "h100_sxm", "h200_sxm": "h200_sxm"}
 # AMD aiter's tuned-GEMM timings (measured/aiter/<folder>/) -> hardware id
@@ -115,14 +121,11 @@ def read_measured(relpath: str, columns: list[str]) -> pd.DataFrame:
 
 def aiconfigurator(device: str, table: str) -> pd.DataFrame:
     """One aiconfigurator table (`gemm`, `context_attention`, `generation_attention`, `nccl`)
-    of one system folder (`a100_sxm`, `h100_sxm`, `b200_sxm`); no rows (its columns) where the
-    folder does not bundle that table (AIC_TABLES)."""
+    of one system folder (`a100_sxm`, `h100_sxm`, `h200_sxm`, `b200_sxm`)."""
     if device not in AIC_DEVICES:
         raise SpecError(f"unknown device {device!r} ({', '.join(AIC_DEVICES)})", field="device")
     if table not in AIC_COLUMNS:
         raise SpecError(f"unknown table {table!r} ({', '.join(AIC_COLUMNS)})", field="table")
-    if table not in AIC_TABLES.get(device, tuple(AIC_COLUMNS)):
-        return pd.DataFrame(columns=AIC_COLUMNS[table])
     return read_measured(f"aiconfigurator/{device}/{table}.csv", AIC_COLUMNS[table])
 
 

@@ -206,9 +206,9 @@ SIBLINGS = {
 }
 
 
-# Devices whose own calibration fits the lent parts anew (aiconfigurator's H200 tables): the
-# sibling's is their prior, the uncalibrated spec's.
-REFITTED = {"h200_sxm"}
+# Devices whose own calibration fits the lent parts anew (aiconfigurator's H200 and B200
+# tables): the sibling's is their prior, the uncalibrated spec's.
+REFITTED = {"h200_sxm", "b200"}
 
 
 @pytest.mark.parametrize(("hw", "sibling"), sorted(SIBLINGS.items()))

@@ -200,15 +200,18 @@ def test_duty_entry_point_refuses_bad_arguments_with_one_line(
 @pytest.mark.slow
 def test_b200_split_separates_host_waits_from_device_work() -> None:
     """The bundled B200 runs as docs/validation.md reads them: the simulation never waits; the
-    dense Llamas keep the GPU busy (duty >= 0.9) with their work slower than priced at batch
-    8, while Llama 3.1 8B at batch 128 spends most of its window parked."""
+    dense Llamas keep the GPU busy (duty >= 0.9), their work within 10% of the priced at batch
+    8 (B200's own attention and all-reduce timings fitted) and 70B's still slower than priced
+    at batch 32-128, while Llama 3.1 8B at batch 128 spends most of its window parked."""
     table = duty_table("b200")
     assert len(table) == 32
     assert (table["sim_duty"] > 0.99).all()
     dense = table[table["case"].str.match(r"llama-3\.1-(70|405)b")]
     assert (dense["duty"] >= 0.9).all()
     b8 = dense[dense["case"].str.endswith(" b8")]
-    assert len(b8) == 4 and (b8["kernel_ratio"] > 1.1).all()
+    assert len(b8) == 4 and b8["kernel_ratio"].between(1.0, 1.1).all()
+    mid = dense[dense["case"].str.match(r"llama-3\.1-70b tp2 b(32|128)$")]
+    assert len(mid) == 4 and (mid["kernel_ratio"] > 1.1).all()
     small = table[table["case"] == "llama-3.1-8b tp1 b128"].iloc[0]
     assert small["duty"] < 0.5 and small["wait_us"] > small["busy_us"]
 
