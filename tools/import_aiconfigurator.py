@@ -1,9 +1,7 @@
 """Copy one device's kernel timings from an aiconfigurator checkout into the bundled data.
 
     python tools/import_aiconfigurator.py --repo PATH --system b200_sxm --version 0.19.0 \
-        --out-dir simulator/data/measured/aiconfigurator/b200_sxm
-    python tools/import_aiconfigurator.py --repo PATH --system b200_sxm --version 0.19.0 \
-        --tables context_attention,generation_attention \
+        --tables gemm,context_attention,generation_attention,nccl --nccl-version 2.27.3 \
         --out-dir simulator/data/measured/aiconfigurator/b200_sxm
     python tools/import_aiconfigurator.py --repo PATH --system h200_sxm --version 0.14.0 \
         --tables gemm,context_attention,generation_attention,nccl --nccl-version 2.26.2 \
