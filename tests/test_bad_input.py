@@ -258,6 +258,16 @@ def test_the_bench_flag_names_the_size(
     assert err.startswith("llmsim: error: --num-prompts: 10,000,000 requests need about")
 
 
+def test_a_streamed_run_takes_a_tenth_of_the_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 10**7 requests on a 24 GiB machine: refused with every row kept, run when streamed
+    monkeypatch.setattr(sizes, "available_memory_bytes", lambda: 24 * 2**30)
+    with pytest.raises(SpecError, match="stream them"):
+        sizes.check_fits(10**7)
+    sizes.check_fits(10**7, stream=True)
+    with pytest.raises(SpecError, match=r"\(200 bytes each\).*: ask for fewer$"):
+        sizes.check_fits(10**9, stream=True)
+
+
 def test_what_fits_is_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sizes, "available_memory_bytes", lambda: 2**40)
     sizes.check_fits(10**7)

@@ -337,11 +337,12 @@ def _simulate(
     model = load_model(scenario.model)
     if requests is None:
         if scenario.workload.num_prompts is not None:  # before drawing them
-            sizes.check_fits(scenario.workload.num_prompts)
+            sizes.check_fits(scenario.workload.num_prompts, stream=stream)
         requests = generate_requests(scenario.workload, rng=np.random.default_rng(scenario.seed))
-    sizes.check_fits(len(requests), field="workload")  # a trace's rows, requests given
+    sizes.check_fits(len(requests), field="workload", stream=stream)  # a trace's rows, given
     if len(requests):
-        sizes.announce_long_run(len(requests), float(np.mean(requests.output_len)))
+        mean_output = float(np.mean(requests.output_len))
+        sizes.announce_long_run(len(requests), mean_output, stream=stream)
     held = {"prefill": prefill_view(requests)}  # a prefill replica keeps prompt + 1 token
     built = []
     for i, spec in enumerate(scenario.replicas):

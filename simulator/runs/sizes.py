@@ -23,6 +23,11 @@ from simulator.errors import SpecError
 # output tokens, see the module docstring) rounded up to the 2.2 KB an earlier measurement of
 # a 10**7-request run found (23 GB).
 BYTES_PER_REQUEST = 2_200
+# The same in stream mode (`outputs: stream`), which keeps running sums instead of rows: the
+# request table and the requests in flight. Measured as above on streamed runs of 100,000 and
+# 400,000 synthetic requests (512/128 tokens at 40/s on 4 H100 replicas, 2026-11-29): 195 and
+# 235 MiB peak, 141 bytes a request between them, rounded up.
+STREAM_BYTES_PER_REQUEST = 200
 # Seconds of simulation per request, and per output token of a request: a line through the
 # measured 0.44 ms at 16 output tokens and 4.9 ms at 1,024 (module docstring), runs at a few
 # requests per second where each decode step carries few requests. Under load a step carries
@@ -58,17 +63,29 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
-def check_fits(num_requests: int, *, field: str = "workload.num_prompts") -> None:
+def bytes_per_request(*, stream: bool = False) -> int:
+    """Memory one simulated request takes: BYTES_PER_REQUEST, or STREAM_BYTES_PER_REQUEST
+    in stream mode."""
+    return STREAM_BYTES_PER_REQUEST if stream else BYTES_PER_REQUEST
+
+
+def check_fits(
+    num_requests: int, *, field: str = "workload.num_prompts", stream: bool = False
+) -> None:
     """SpecError naming `field` when simulating `num_requests` requests needs more memory
-    (BYTES_PER_REQUEST each) than USABLE_FRACTION of what the machine has available."""
+    (`bytes_per_request` each) than USABLE_FRACTION of what the machine has available."""
     available = available_memory_bytes()
-    need = num_requests * BYTES_PER_REQUEST
+    each = bytes_per_request(stream=stream)
+    need = num_requests * each
     if available is None or need <= USABLE_FRACTION * available:
         return
+    hint = "ask for fewer"
+    if not stream:
+        hint += ", or stream them (llmsim run --outputs stream)"
     raise SpecError(
         f"{num_requests:,} requests need about {_gib(need)} of memory to simulate "
-        f"({BYTES_PER_REQUEST:,} bytes each), more than {USABLE_FRACTION:.0%} of the "
-        f"{_gib(available)} this machine has available: ask for fewer",
+        f"({each:,} bytes each), more than {USABLE_FRACTION:.0%} of the "
+        f"{_gib(available)} this machine has available: {hint}",
         field=field,
     )
 
@@ -80,7 +97,9 @@ def estimate_s(num_requests: int, mean_output_tokens: float) -> float:
     return num_requests * per_request
 
 
-def announce_long_run(num_requests: int, mean_output_tokens: float) -> None:
+def announce_long_run(
+    num_requests: int, mean_output_tokens: float, *, stream: bool = False
+) -> None:
     """Say on stderr what a run longer than LONG_RUN_S will take (time and memory), before it
     starts: a run of 10**7 requests is tens of minutes."""
     seconds = estimate_s(num_requests, mean_output_tokens)
@@ -89,5 +108,5 @@ def announce_long_run(num_requests: int, mean_output_tokens: float) -> None:
     took = f"{seconds / 60:,.0f} min" if seconds < 7200 else f"{seconds / 3600:,.1f} h"
     sys.stderr.write(
         f"llmsim: note: simulating {num_requests:,} requests: up to about {took} and "
-        f"{_gib(num_requests * BYTES_PER_REQUEST)} of memory\n"
+        f"{_gib(num_requests * bytes_per_request(stream=stream))} of memory\n"
     )
