@@ -144,11 +144,11 @@ def render(hw_id: str, device: str | None, eff: EfficiencySpec, reports: list[Fi
         ]
     keys = FITTED_KEYS if device is not None else MEASURED_DEVICE_KEYS
     section = fitted_section(eff, keys)
-    gemm = section["gemm"]
-    if any("fp4" in v for v in gemm.values() if isinstance(v, dict)):
+    gemm, by_dtype = section["gemm"], ("peak_fraction", "size_curves", "extra_latency_s")
+    if any("fp4" in gemm[name] for name in by_dtype):
         # no fp4 row in the data: fp4's GEMM factors stay the spec's own (calibrate.nvfp4)
         lines.append("# fp4's GEMM factors are not here: the spec's own (calibrate.nvfp4).")
-        for name in ("peak_fraction", "size_curves", "extra_latency_s"):
+        for name in by_dtype:
             gemm[name] = {dtype: v for dtype, v in gemm[name].items() if dtype != "fp4"}
     body = yaml.safe_dump(
         {"efficiency": section}, sort_keys=False, default_flow_style=None, width=100

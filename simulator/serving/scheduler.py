@@ -116,12 +116,12 @@ class StepPlan:
 
     @property
     def pure_decode(self) -> bool:
-        entries = self.entries
-        if self.preempted or self.swapped_in:
-            return False
-        if entries and not (entries[-1][1] == 1 and entries[-1][0].num_output > 0):
-            return False  # (admitted requests come last: most mixed steps end here)
-        return all(n == 1 and r.num_output > 0 for r, n in entries)
+        # from the last entry: admitted requests come last, so most mixed steps stop at once
+        return (
+            not self.preempted
+            and not self.swapped_in
+            and all(n == 1 and r.num_output > 0 for r, n in reversed(self.entries))
+        )
 
 
 def queue_key(req: Request) -> tuple[int, float, int]:
