@@ -238,15 +238,14 @@ def replica_group(
             if on:
                 raise SpecError(f"{technique} with {what} is not modelled", field=field)
         # a token budget keeps its savings under prefix caching alone, as a window does
-        budget = dep.precision.kv_eviction is not None
-        if budget and (kv_offload is not None or drafter is not None):
-            other = "KV offload" if kv_offload is not None else "speculative decoding"
-            raise SpecError(f"a KV token budget with {other} is not modelled", field="kv_budget")
-        # the tiers' cache holds every token; prefix caching keeps a window's savings on the
-        # requests' own blocks (serving.kv_cache.PrefixCachingBlockManager), and speculative
-        # decoding's rejected slots are rolled back within the window the cache holds
-        if kv_offload is not None:
-            plan = dataclasses.replace(plan, hold=None)
+        # With KV offload tiers vLLM turns its hybrid KV cache manager off (every window layer
+        # keeps every token) but a token budget still keeps what it keeps; prefix caching keeps
+        # a window's or a budget's savings on the requests' own blocks
+        # (serving.kv_cache.PrefixCachingBlockManager), and speculative decoding's rejected
+        # slots are rolled back within what the cache holds
+        if kv_offload is not None and plan.hold is not None:
+            eviction = plan.hold.eviction
+            plan = dataclasses.replace(plan, hold=None if eviction is None else KvHold(eviction=eviction))
     if not plan.fits:
         fits = fitting_layouts(
             dep,
