@@ -127,6 +127,21 @@ def verify_shape(
     )
 
 
+def verify_pricing(
+    model: ModelSpec, layout: Parallelism, prec: Precision, verify: BatchShape
+) -> tuple[Precision, list[Op]]:
+    """The precision a verification batch (`verify_shape`) is priced at and the ops it adds.
+    Under a KV token budget a verification is no prompt, though GQA prices it as prompt
+    chunks: SnapKV's selection does not run on its tokens, and H2O scores the attention
+    weights of every query it verifies (each over the KV it attends to: the chunks' pairs).
+    MLA verifies as decode queries, which the budget's decode kernels already price."""
+    if prec.kv_eviction is None or isinstance(model.attention, MLAttention):
+        return prec, []
+    queries = BatchShape(decode_seqs=verify.prefill_tokens, decode_kv_tokens=verify.prefill_pairs)
+    scores = eviction_ops(model, layout.tp, prec, queries, "decode")
+    return prec.model_copy(update={"kv_eviction": None}), scores
+
+
 def _log_grid(top: float, points: int) -> np.ndarray:
     return np.unique(np.round(np.geomspace(1, max(2.0, top), points)))
 
@@ -365,22 +380,15 @@ class StepTimer:
 
     # -- tables ---------------------------------------------------------------------------------
     def _verify_table(self, verify: BatchShape) -> tuple[np.ndarray, np.ndarray]:
-        """`_table(verify, "batch")` of a verification batch (`verify_shape`). Under a KV token
-        budget a verification is no prompt, though GQA prices it as prompt chunks: SnapKV's
-        selection does not run on its tokens, and H2O scores the attention weights of every
-        query it verifies (each over the KV it attends to: the chunks' pairs). MLA verifies as
-        decode queries, which the budget's decode kernels already price."""
-        prec = self._dep.precision
-        if prec.kv_eviction is None or isinstance(self._dep.model.attention, MLAttention):
-            return self._table(verify, "batch")
-        model, tp = self._dep.model, self._dep.layout.tp
+        """`_table(verify, "batch")` of a verification batch, priced as `verify_pricing` says
+        (its added ops at each nano-batch's shape)."""
+        dep = self._dep
+        prec, _ = verify_pricing(dep.model, dep.layout, dep.precision, verify)
 
-        def scores(b: BatchShape) -> list[Op]:
-            queries = BatchShape(decode_seqs=b.prefill_tokens, decode_kv_tokens=b.prefill_pairs)
-            return eviction_ops(model, tp, prec, queries, "decode")
+        def added(b: BatchShape) -> list[Op]:
+            return verify_pricing(dep.model, dep.layout, dep.precision, b)[1]
 
-        plain = prec.model_copy(update={"kv_eviction": None})
-        return self._table(verify, "batch", precision=plain, extra=scores)
+        return self._table(verify, "batch", precision=prec, extra=added)
 
     def _table(
         self,

@@ -30,8 +30,8 @@ from simulator.serving.cluster import ReplicaGroup, SimResult, serve
 from simulator.serving.kv_cache import RUN
 from simulator.serving.kv_tiers import KVTiers, Tier, TieredBlockManager, plan_tiers
 from simulator.serving.request import Request
-from simulator.specs.scenario import load_scenario
 from simulator.specs.deployment import KvEviction
+from simulator.specs.scenario import load_scenario
 from simulator.specs.serving import KVOffloadSpec, SchedulerSpec
 from simulator.workload.requests import RequestTable
 
