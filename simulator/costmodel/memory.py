@@ -359,17 +359,9 @@ class KvHold:
 
     def tokens_of(self, computed: np.ndarray, prompt: np.ndarray) -> np.ndarray:
         """`tokens` of each sequence (arrays of computed and prompt tokens)."""
-        c = np.asarray(computed, dtype=float)
-        kept = c
+        kept = np.asarray(computed, dtype=float)
         if self.eviction is not None:
-            p = np.asarray(prompt, dtype=float)
-            budget = float(self.eviction.budget_tokens)
-            after = (
-                np.minimum(p, budget) + c - p
-                if self.eviction.policy == "snapkv"
-                else np.minimum(c, budget)
-            )
-            kept = np.where(c <= p, c, after)
+            kept = self.eviction.held_of(kept, prompt)
         if self.window is not None:
             local = np.minimum(kept, self.window)
             mixed = np.ceil((1.0 - self.window_share) * kept + self.window_share * local)

@@ -201,6 +201,13 @@ def _check_lengths(
     return served
 
 
+def kept_context(dep: Deployment, context: np.ndarray, prompt: int) -> np.ndarray:
+    """The KV each decode of a `prompt`-token sequence attends to at `context` tokens: all of
+    it, or what a KV token budget keeps (a window is the batch shape's)."""
+    eviction = dep.precision.kv_eviction
+    return context if eviction is None else eviction.held_of(context, prompt)
+
+
 def _wave(
     dep: Deployment,
     *,
@@ -259,7 +266,7 @@ def _wave(
         )
         rows = pd.concat([pre_rows, dec_rows.assign(phase="decode")], ignore_index=True)
         return prefill, decode, pre_cost, dec_cost, rows
-    context = input_len + np.arange(1, output_len, dtype=float)
+    context = kept_context(dep, input_len + np.arange(1, output_len, dtype=float), input_len)
     dec = BatchShape.decode(
         batch_size=np.full(context.shape, float(batch_size)), context_len=context, window=window
     )
@@ -370,7 +377,15 @@ def bench_latency(
         require_fit(plan, what=dep.label, alternatives=fits)
     wave = min(batch_size, max_seqs)
     lookahead = drafter.spec.num_speculative_tokens if drafter is not None else 0
-    needed = wave * -(-(input_len + output_len + lookahead) // plan.block_size)
+    # every sequence's KV at the end, one held at its most (a prompt is whole until its first
+    # decode, when a KV token budget evicts; the others' prompts are in by then)
+    end = most = longest = input_len + output_len + lookahead
+    if plan.hold is not None:
+        tokens, prompt = np.asarray(longest), np.asarray(input_len)
+        end = int(plan.hold.tokens_of(tokens, prompt))
+        most = int(plan.hold.most_tokens(tokens, prompt))
+    size = plan.block_size
+    needed = (wave - 1) * -(-end // size) + -(-most // size)
     if needed > plan.kv_capacity_blocks:
         what = f"batch of {wave}"
         if wave < batch_size:
@@ -454,6 +469,8 @@ def estimate(
     dtype: str = "auto",
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
+    kv_budget: int | None = None,
+    kv_eviction: str = "snapkv",
     enforce_eager: bool = False,
     async_scheduling: bool = False,
     host_cpu: str | None = None,
@@ -482,7 +499,8 @@ def estimate(
     `max_model_len`: vLLM's --max-model-len (default and upper bound: the model's context).
     The requests sample as vLLM's benchmark's do (temperature 1.0: OFFLINE_BENCH_SAMPLING), the
     engine's draw priced every step. `shadowkv`, `swiftkv`: those techniques' fields
-    (`specs.deployment.ShadowKV`, `SwiftKV`; docs/long-context.md)."""
+    (`specs.deployment.ShadowKV`, `SwiftKV`; docs/long-context.md); `kv_budget`, `kv_eviction`:
+    a KV token budget (`specs.deployment.KvEviction`): each decode attends to what it keeps."""
     speculative = parse_speculative_config(speculative_config)
     for name, on in (("shadowkv", shadowkv), ("swiftkv", swiftkv)):
         if on is not None and speculative is not None:
@@ -497,6 +515,8 @@ def estimate(
         dtype=dtype,
         quantization=quantization,
         kv_cache_dtype=kv_cache_dtype,
+        kv_budget=kv_budget,
+        kv_eviction=kv_eviction,
         cpu_offload_gb=cpu_offload_gb,
         offload=offload,
         entrypoint="offline",  # vllm bench latency runs the LLM class

@@ -53,7 +53,14 @@ from simulator.costmodel.step import (
 )
 from simulator.errors import SpecError
 from simulator.serving.draft_ops import FC_INPUTS, HeadOps, MedusaOps, head_model
-from simulator.serving.steptime import Chunks, OpList, StepTimer, verify_floor, verify_shape
+from simulator.serving.steptime import (
+    Chunks,
+    OpList,
+    StepTimer,
+    verify_floor,
+    verify_pricing,
+    verify_shape,
+)
 from simulator.specs.deployment import Parallelism, Precision
 from simulator.specs.engine import EngineSpec, LogitsPass
 from simulator.specs.hardware import HardwareSpec
@@ -203,12 +210,15 @@ class Drafter:
         per_step = self.spec.expected_tokens
         steps = math.ceil((output_len - 1) / per_step - 1e-9) if output_len > 1 else 0
         ctx = input_len + 1.0 + per_step * np.arange(steps, dtype=float)
+        if self.prec.kv_eviction is not None:  # what a KV token budget keeps
+            ctx = self.prec.kv_eviction.held_of(ctx, input_len)
         shape = verify_shape(model=self.target, num_seqs=n, context=ctx, tokens=q, logits=n * q)
+        prec, scores = verify_pricing(self.target, self.layout, self.prec, shape)
         cost = step_cost(
             self.target,
             self.hw,
             self.layout,
-            self.prec,
+            prec,
             shape,
             engine=self.engine,
             sampler=sampler,
@@ -216,6 +226,8 @@ class Drafter:
         target_s = engine_step_time(
             cost, self.engine, num_tokens=n * q, num_seqs=n, enforce_eager=enforce_eager
         )
+        if scores:  # H2O's scoring of the verified queries
+            target_s = target_s + total_time(evaluate(scores, self.hw, self.engine))
         window = self.target.attention.batch_window
         plain = step_cost(
             self.target,

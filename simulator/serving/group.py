@@ -63,7 +63,7 @@ class ReplicaGroup:
     speculative: SpeculativeSpec | None = None  # its acceptance rates; the timer has the rest
     enable_prefix_caching: bool = False  # vLLM's --enable-prefix-caching
     kv_tiers: KVTiers | None = None  # tiers below HBM (prefix caching on: serving.kv_tiers)
-    kv_hold: KvHold | None = None  # sliding windows, a KV token budget (plain cache only)
+    kv_hold: KvHold | None = None  # sliding windows, a KV token budget
     # How each replica is built when not a plain Replica: DP-attention ranks in lockstep
     # (serving.dp_group) or pipeline micro-batches in flight (serving.pipeline).
     loop: ReplicaLoop | None = None
@@ -237,16 +237,15 @@ def replica_group(
         ):
             if on:
                 raise SpecError(f"{technique} with {what} is not modelled", field=field)
-        # a token budget keeps its savings under prefix caching alone, as a window does
-        budget = dep.precision.kv_eviction is not None
-        if budget and (kv_offload is not None or drafter is not None):
-            other = "KV offload" if kv_offload is not None else "speculative decoding"
-            raise SpecError(f"a KV token budget with {other} is not modelled", field="kv_budget")
-        # the tiers' cache holds every token; prefix caching keeps a window's savings on the
-        # requests' own blocks (serving.kv_cache.PrefixCachingBlockManager), and speculative
-        # decoding's rejected slots are rolled back within the window the cache holds
-        if kv_offload is not None:
-            plan = dataclasses.replace(plan, hold=None)
+        # With KV offload tiers vLLM turns its hybrid KV cache manager off (every window layer
+        # keeps every token) but a token budget still keeps what it keeps; prefix caching keeps
+        # a window's or a budget's savings on the requests' own blocks
+        # (serving.kv_cache.PrefixCachingBlockManager), and speculative decoding's rejected
+        # slots are rolled back within what the cache holds
+        if kv_offload is not None and plan.hold is not None:
+            budget = plan.hold.eviction
+            kept = None if budget is None else KvHold(eviction=budget)
+            plan = dataclasses.replace(plan, hold=kept)
     if not plan.fits:
         fits = fitting_layouts(
             dep,

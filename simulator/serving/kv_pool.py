@@ -12,7 +12,8 @@ Here (`KvPoolSpec`, `mode: distributed`):
 
 - Each replica's cache is a `PooledBlockManager`: its own blocks first; when they run out,
   `free` also counts what the other replicas can lend, and `allocate` borrows the rest from the
-  creditors with the most room to spare (greedy, the gManager's choice in miniature). A
+  creditors on its own node first, then from those with the most room to spare (greedy, the
+  gManager's choice in miniature; replicas fill nodes in scenario order, `replica_nodes`). A
   replica lends what it has free above its watermark and above what its own running requests
   will still grow into, at most `max_lend_fraction` of its blocks; one borrowing does not lend
   and one lending does not borrow (the paper's debtor and creditor roles). Lent blocks count
@@ -24,11 +25,14 @@ Here (`KvPoolSpec`, `mode: distributed`):
   would preempt. Any other starts only when all its KV fits beside the running requests'
   growth with what replicas without a queue (or idle) can lend: one started on room it cannot
   finish in would be preempted and recomputed over and over.
-- A step of a debtor pays the query/result exchange with its creditors on the pool's link
-  (`PoolLink.exchange_s`): per layer, each query token of a request with borrowed blocks sends its
-  query (heads x head dim in the activation dtype) and receives its partial output (heads x
-  value dim) and two fp32 softmax statistics per head (running max and sum), each GPU its TP
-  share on its own link, plus a round trip of the link's latency per layer.
+- A step of a debtor pays the query/result exchange with its creditors (`PoolLink.exchange_s`):
+  per layer, each query token of a request with borrowed blocks sends its query (heads x head
+  dim in the activation dtype) and receives its partial output (heads x value dim) and two
+  fp32 softmax statistics per head (running max and sum), each GPU its TP share on its own
+  link, plus a round trip of the link's latency per layer. With the link `auto` and a pool
+  over several nodes, creditors on the debtor's node are reached over the GPU fabric (NVLink;
+  PCIe without one) and the others over the scale-out network, the two at once (a step pays
+  the longer); one node, or a link named in the spec, prices every creditor alike.
 - The creditor's attention over the borrowed tokens is priced by the creditor's own step timer
   (the step's GPU time with the borrowed context, less the same step without it) and added to
   the creditor's next step.
@@ -36,8 +40,9 @@ Here (`KvPoolSpec`, `mode: distributed`):
   part and the creditor's run at once, so on identical devices that is an upper bound on the
   longer of the two.
 
-Not modelled: the paper's migration of blocks back when room frees, creditors' choice by
-locality, overlap of the exchange with the debtor's other layers. Decode runs are stepped one
+Not modelled: the paper's migration of blocks back when room frees (its debt graph: here a
+debtor never lends, so no circle of debts forms), overlap of the exchange with the debtor's
+other layers. Decode runs are stepped one
 by one in a pool (no analytic segments): another replica's admission may take the room a run
 would need.
 """
@@ -53,6 +58,7 @@ from simulator.errors import SpecError
 from simulator.serving.kv_cache import BlockManager
 from simulator.serving.kv_transfer import device_link, link_factors, resolve_link_kind
 from simulator.serving.request import Request
+from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import MLAttention
 from simulator.specs.serving import KvPoolSpec
 
@@ -70,6 +76,7 @@ __all__ = [
     "pool_link",
     "pool_plan",
     "query_bytes_per_token",
+    "replica_nodes",
 ]
 
 ACT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -119,18 +126,24 @@ def pool_link(spec: KvPoolSpec, deps: Sequence[tuple[Deployment, int]]) -> list[
         raise SpecError(exc.reason, field="kv_pool.link") from None
     factors = link_factors()
     ends = [device_link(kind, dep.hardware, factors) for dep, _ in deps]
-    bandwidth = min(bw for bw, _ in ends)
-    latency = max(lat for _, lat in ends)
-    return [
-        PoolLink(
-            kind=kind,
-            bandwidth_bytes_per_s=bandwidth,
-            latency_s=latency,
-            bytes_per_token_layer=query_bytes_per_token(dep),
-            num_layers=dep.model.num_layers,
-        )
-        for dep, _ in deps
-    ]
+    return [_link(kind, ends, dep) for dep, _ in deps]
+
+
+def _link(kind: str, ends: Sequence[tuple[float, float]], dep: Deployment) -> PoolLink:
+    """`dep`'s PoolLink over `kind` whose ends are `ends` (bandwidth, latency): the slower end
+    sets the bandwidth, the longer the latency."""
+    return PoolLink(
+        kind=kind,
+        bandwidth_bytes_per_s=min(bw for bw, _ in ends),
+        latency_s=max(lat for _, lat in ends),
+        bytes_per_token_layer=query_bytes_per_token(dep),
+        num_layers=dep.model.num_layers,
+    )
+
+
+def fabric_kind(hw: HardwareSpec) -> str:
+    """The link between two GPUs of one node of `hw`: its GPU fabric, else PCIe."""
+    return "pcie" if hw.interconnect.topology == "pcie" else "nvlink"
 
 
 class PooledBlockManager(BlockManager):
@@ -148,9 +161,13 @@ class PooledBlockManager(BlockManager):
         host_blocks: int,
         pool: KvPool,
         link: PoolLink,
+        node: int = 0,
+        local_link: PoolLink | None = None,
     ) -> None:
         self.pool = pool
-        self.link = link
+        self.link = link  # to the creditors (on other nodes, where `local_link` is set)
+        self.node = node
+        self.local_link = local_link  # to creditors on its own node (None: `link`)
         self.lent = 0  # blocks of this cache other replicas hold
         self.borrowed = 0  # blocks of other caches this replica's requests hold
         self.loans: dict[int, dict[int, int]] = {}  # request id -> {creditor member: blocks}
@@ -310,17 +327,20 @@ class KvPool:
         return any(m.used for m in self.members)
 
     def borrow(self, debtor: PooledBlockManager, req: Request, blocks: int) -> None:
-        """Lend `blocks` to `req` of `debtor`, from the creditors with the most room first."""
+        """Lend `blocks` to `req` of `debtor`, from the creditors on its node first, then from
+        those with the most room."""
         creditors = sorted(
             (m for m in self.members if m is not debtor),
-            key=lambda m: (-self.lendable(m), m.member),
+            key=lambda m: (m.node != debtor.node, -self.lendable(m), m.member),
         )
         loans = debtor.loans.setdefault(req.id, {})
         left = blocks
         for creditor in creditors:
-            take = min(left, self.lendable(creditor))
-            if take <= 0:
+            if not left:
                 break
+            take = min(left, self.lendable(creditor))
+            if take <= 0:  # (one on its node with nothing to lend: the next)
+                continue
             creditor._own -= take
             creditor.lent += take
             creditor.peak_used = max(creditor.peak_used, creditor.num_blocks - creditor._own)
@@ -364,13 +384,17 @@ class KvPool:
         self.remote_s += extra
         if not kv.borrowed:
             return extra
-        query_tokens = 0
+        # query tokens sent out: in all, to creditors on its node, to those elsewhere
+        queried = local = remote = 0
         work: dict[int, tuple[list[tuple[int, int, bool]], list[int]]] = {}
         for req, n in plan.entries:
             held = kv.borrowed_tokens(req)
             if not held:
                 continue
-            query_tokens += n
+            queried += n
+            near = {self.members[member].node == kv.node for member in held}
+            local += n if True in near else 0
+            remote += n if False in near else 0
             for member, tokens in held.items():
                 chunks, decodes = work.setdefault(member, ([], []))
                 if n == 1:
@@ -387,7 +411,10 @@ class KvPool:
                 chunks=[(n, 0, last) for n, _, last in chunks], decode_contexts=[1] * len(decodes)
             )
             self.members[member].pending_s += max(0.0, with_context - bare)
-        exchange = kv.link.exchange_s(query_tokens)
+        if kv.local_link is None:  # one link to every creditor: each token goes out once
+            exchange = kv.link.exchange_s(queried)
+        else:  # the fabric and the network at once
+            exchange = max(kv.local_link.exchange_s(local), kv.link.exchange_s(remote))
         self.exchange_s += exchange
         return extra + exchange
 
@@ -403,19 +430,55 @@ class KvPool:
 
 @dataclass(frozen=True)
 class PoolPlan:
-    """A distributed pool as `serving.cluster.serve` takes it: the spec and each replica
-    group's link (`pool_link`)."""
+    """A distributed pool as `serving.cluster.serve` takes it: the spec, each replica group's
+    link (`pool_link`) and link to creditors on its own node (None: the same), and each
+    replica's node (`replica_nodes`, by replica index)."""
 
     spec: KvPoolSpec
     links: tuple[PoolLink, ...]
+    local_links: tuple[PoolLink | None, ...] = ()
+    nodes: tuple[int, ...] = ()
+
+
+def replica_nodes(deps: Sequence[tuple[Deployment, int]]) -> list[int]:
+    """The node of each replica (in scenario order), replicas filling nodes in turn: one that
+    does not fit what is left of a node starts the next, one of several nodes takes them
+    whole, and a group of another hardware type starts a node of its own."""
+    nodes: list[int] = []
+    node, used, hardware = 0, 0, None
+    for dep, count in deps:
+        per_node = dep.hardware.interconnect.gpus_per_node
+        gpus = dep.layout.devices_per_replica
+        if hardware is not None and dep.hardware.id != hardware and used:
+            node, used = node + 1, 0
+        hardware = dep.hardware.id
+        for _ in range(count):
+            if used and used + gpus > per_node:
+                node, used = node + 1, 0
+            nodes.append(node)
+            if gpus >= per_node:  # whole nodes of its own
+                node, used = node + -(-gpus // per_node), 0
+            else:
+                used += gpus
+    return nodes
 
 
 def pool_plan(spec: KvPoolSpec | None, deps: Sequence[tuple[Deployment, int]]) -> PoolPlan | None:
     """The pool a scenario's `kv_pool` asks for over its groups (`deps`: deployment, replica
-    count); None when off."""
+    count); None when off. With the link `auto` over several nodes, creditors on a debtor's
+    node are priced over the GPU fabric (`local_links`), the others over the network."""
     if spec is None or spec.mode == "off":
         return None
-    return PoolPlan(spec=spec, links=tuple(pool_link(spec, deps)))
+    links = tuple(pool_link(spec, deps))
+    nodes = tuple(replica_nodes(deps))
+    local: tuple[PoolLink | None, ...] = (None,) * len(links)
+    if spec.link == "auto" and len(set(nodes)) > 1:
+        factors = link_factors()
+        local = tuple(
+            _link(kind, [device_link(kind, dep.hardware, factors)], dep)
+            for dep, kind in ((dep, fabric_kind(dep.hardware)) for dep, _ in deps)
+        )
+    return PoolPlan(spec=spec, links=links, local_links=local, nodes=nodes)
 
 
 def install(
@@ -459,6 +522,8 @@ def install(
             host_blocks=group.host_blocks,
             pool=pool,
             link=plan.links[group_of[replica.index]],
+            node=plan.nodes[replica.index] if plan.nodes else 0,
+            local_link=plan.local_links[group_of[replica.index]] if plan.local_links else None,
         )
         replica._segments = False
         replica.pool_step = pool.step_s

@@ -157,12 +157,14 @@ class TieredBlockManager(PrefixCachingBlockManager):
         tiers: KVTiers,
         watermark: float = 0.01,
         host_blocks: int = 0,
+        hold: KvHold | None = None,
     ) -> None:
         super().__init__(
             num_blocks=num_blocks,
             block_size=block_size,
             watermark=watermark,
             host_blocks=host_blocks,
+            hold=hold,
         )
         self.tiers = tiers
         self.async_loads = tiers.async_loads
@@ -268,10 +270,13 @@ class TieredBlockManager(PrefixCachingBlockManager):
     def release(self, req: Request) -> None:
         """Free `req`'s blocks (PrefixCachingBlockManager), then write the full blocks it
         computed to every lower tier, its own run first and its keyed blocks tail first (so
-        its head is the most recently used)."""
+        its head is the most recently used). Under a KV token budget its own content is not a
+        run from its prefix's end any more (the budget evicted from it): only its keyed blocks
+        are written."""
         size = self.block_size
         keys, valid, stream = req.cache_keys, req.num_computed // size, req.stream
-        own = valid - req.prefix_len // size if stream < -1 else 0
+        whole = stream < -1 and self.hold is None
+        own = valid - req.prefix_len // size if whole else 0
         super().release(req)
         for tier in self.lower:
             if own > 0:
@@ -317,8 +322,8 @@ def block_manager(
     hold: KvHold | None = None,
 ) -> BlockManager:
     """An empty KV cache: plain, with prefix caching, or with tiers below HBM (which implies
-    prefix caching); `hold` (sliding windows) applies to the plain one and, on the requests'
-    own blocks, to the prefix-caching one."""
+    prefix caching); `hold` (sliding windows, a KV token budget) applies to the plain one and,
+    on the requests' own blocks, to the prefix-caching and tiered ones."""
     if tiers is not None:
         return TieredBlockManager(
             num_blocks=num_blocks,
@@ -326,6 +331,7 @@ def block_manager(
             tiers=tiers,
             watermark=watermark,
             host_blocks=host_blocks,
+            hold=hold,
         )
     if prefix_caching:
         return PrefixCachingBlockManager(

@@ -49,7 +49,7 @@ from simulator.costmodel.nanobatch import (
     overlapped_time,
 )
 from simulator.costmodel.offload import OffloadPlan
-from simulator.costmodel.ops import Op, batch_ops, sampler_pass_op, step_ops
+from simulator.costmodel.ops import Op, batch_ops, eviction_ops, sampler_pass_op, step_ops
 from simulator.costmodel.roofline import OpCost, evaluate, total_launches, total_time
 from simulator.costmodel.step import engine_time
 from simulator.specs.deployment import Parallelism, Precision
@@ -125,6 +125,21 @@ def verify_shape(
         prefill_kv_tokens=n * np.minimum(cached + tokens, window or np.inf),
         sampled=np.asarray(logits),
     )
+
+
+def verify_pricing(
+    model: ModelSpec, layout: Parallelism, prec: Precision, verify: BatchShape
+) -> tuple[Precision, list[Op]]:
+    """The precision a verification batch (`verify_shape`) is priced at and the ops it adds.
+    Under a KV token budget a verification is no prompt, though GQA prices it as prompt
+    chunks: SnapKV's selection does not run on its tokens, and H2O scores the attention
+    weights of every query it verifies (each over the KV it attends to: the chunks' pairs).
+    MLA verifies as decode queries, which the budget's decode kernels already price."""
+    if prec.kv_eviction is None or isinstance(model.attention, MLAttention):
+        return prec, []
+    queries = BatchShape(decode_seqs=verify.prefill_tokens, decode_kv_tokens=verify.prefill_pairs)
+    scores = eviction_ops(model, layout.tp, prec, queries, "decode")
+    return prec.model_copy(update={"kv_eviction": None}), scores
 
 
 def _log_grid(top: float, points: int) -> np.ndarray:
@@ -306,7 +321,7 @@ class StepTimer:
             verify = verify_shape(
                 model=dep.model, num_seqs=seqs.ravel(), context=ctx.ravel(), tokens=verify_tokens
             )
-            v_gpu, v_k = (a.reshape(seqs.shape) for a in self._table(verify, "batch"))
+            v_gpu, v_k = (a.reshape(seqs.shape) for a in self._verify_table(verify))
             # A verification reads every KV token the plain decode of the same sequences reads,
             # and computes more: never cheaper than that decode (`verify_floor`).
             v_gpu = verify_floor(v_gpu, gpu)
@@ -364,17 +379,37 @@ class StepTimer:
         self._pre_k = float(np.ravel(kernels)[0])
 
     # -- tables ---------------------------------------------------------------------------------
-    def _table(self, batch: BatchShape, scales_with: str) -> tuple[np.ndarray, np.ndarray]:
-        """(GPU seconds, kernel launches) of the ops that scale with `scales_with`, per element
-        of the vectorised `batch`."""
+    def _verify_table(self, verify: BatchShape) -> tuple[np.ndarray, np.ndarray]:
+        """`_table(verify, "batch")` of a verification batch, priced as `verify_pricing` says
+        (its added ops at each nano-batch's shape)."""
         dep = self._dep
+        prec, _ = verify_pricing(dep.model, dep.layout, dep.precision, verify)
+
+        def added(b: BatchShape) -> list[Op]:
+            return verify_pricing(dep.model, dep.layout, dep.precision, b)[1]
+
+        return self._table(verify, "batch", precision=prec, extra=added)
+
+    def _table(
+        self,
+        batch: BatchShape,
+        scales_with: str,
+        *,
+        precision: Precision | None = None,
+        extra: Callable[[BatchShape], list[Op]] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(GPU seconds, kernel launches) of the ops that scale with `scales_with`, per element
+        of the vectorised `batch`; `precision` in place of the deployment's, and the `extra`
+        ops of the batch (at its nano-batches' shape) added."""
+        dep = self._dep
+        prec = dep.precision if precision is None else precision
         size = np.broadcast_shapes(*(np.shape(getattr(batch, f)) for f in BatchShape.__slots__))
         batch = nano_shape(batch, self._nano)
         if scales_with == "batch" and self._ops is step_ops:  # those alone: the same ops
             ops = batch_ops(
                 dep.model,
                 dep.layout,
-                dep.precision,
+                prec,
                 batch,
                 gpus_per_node=dep.hardware.interconnect.gpus_per_node,
             )
@@ -382,11 +417,11 @@ class StepTimer:
             gpus_per_node = dep.hardware.interconnect.gpus_per_node
             ops = [
                 op
-                for op in self._ops(
-                    dep.model, dep.layout, dep.precision, batch, gpus_per_node=gpus_per_node
-                )
+                for op in self._ops(dep.model, dep.layout, prec, batch, gpus_per_node=gpus_per_node)
                 if op.scales_with == scales_with
             ]
+        if extra is not None:
+            ops += extra(batch)
         costs = evaluate(ops, dep.hardware, self._engine)
         if self._only is not None:  # one class of a nano-batched step, over its nano-batches
             gpu = np.zeros(size) + self._nano * class_times(costs)[self._only]

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Literal
 
+import numpy as np
 from pydantic import Field
 
 from simulator.errors import SpecError
@@ -194,6 +195,13 @@ class KvEviction(Frozen):
         if self.policy == "snapkv":
             return min(prompt, self.budget_tokens) + computed - prompt
         return min(computed, self.budget_tokens)
+
+    def held_of(self, computed: np.ndarray | float, prompt: np.ndarray | float) -> np.ndarray:
+        """`held`, elementwise over arrays of computed and prompt tokens."""
+        c, p = np.asarray(computed, dtype=float), np.asarray(prompt, dtype=float)
+        budget = float(self.budget_tokens)
+        after = np.minimum(p, budget) + c - p if self.policy == "snapkv" else np.minimum(c, budget)
+        return np.where(c <= p, c, after)
 
     @property
     def decode_cap(self) -> float:

@@ -19,7 +19,9 @@ from simulator.serving.kv_pool import (
     PooledBlockManager,
     PoolLink,
     pool_link,
+    pool_plan,
     query_bytes_per_token,
+    replica_nodes,
 )
 from simulator.serving.request import Request
 from simulator.specs.scenario import Scenario
@@ -131,6 +133,65 @@ def test_the_exchange_is_priced_from_the_model_dims() -> None:
     assert far.kind == "scale-out" and far.exchange_s(10) > ten
 
 
+def test_replicas_fill_nodes_in_turn() -> None:
+    h100 = deployment(model="llama-3.1-8b", hardware="h100_sxm")
+    tp2 = deployment(model="llama-3.1-8b", hardware="h100_sxm", tensor_parallel_size=2)
+    tp16 = deployment(model="llama-3.1-70b", hardware="h100_sxm", tensor_parallel_size=16)
+    a100 = deployment(model="llama-3.1-8b", hardware="a100_sxm_80gb")
+    assert replica_nodes([(h100, 16)]) == [0] * 8 + [1] * 8
+    assert replica_nodes([(tp2, 3), (h100, 3)]) == [0, 0, 0, 0, 0, 1]  # 6 + 1 + 1, then 1
+    assert replica_nodes([(tp16, 2), (h100, 1)]) == [0, 2, 4]
+    assert replica_nodes([(h100, 2), (a100, 2)]) == [0, 0, 1, 1]  # another type: a new node
+
+
+def test_a_debtor_borrows_on_its_node_first_and_pays_each_link() -> None:
+    """Two nodes: the debtor's node neighbour has less room than the far creditor, yet lends
+    first; a request whose blocks sit on its node pays the fabric's exchange, one whose blocks
+    sit on the other node the network's, one with both the longer of the two."""
+    far = PoolLink(
+        kind="scale-out",
+        bandwidth_bytes_per_s=40e9,
+        latency_s=10e-6,
+        bytes_per_token_layer=16640.0,
+        num_layers=32,
+    )
+    pool = KvPool(KvPoolSpec(mode="distributed"))
+    sizes_nodes = [(20, 0), (12, 0), (40, 1)]
+    debtor, near, other = (
+        PooledBlockManager(
+            num_blocks=n,
+            block_size=16,
+            watermark=0.0,
+            host_blocks=0,
+            pool=pool,
+            link=far,
+            node=node,
+            local_link=LINK,
+        )
+        for n, node in sizes_nodes
+    )
+    req = request(0, prompt=(20 + 10) * 16)
+    assert debtor.allocate(req, req.prompt_len)
+    assert debtor.loans[req.id] == {near.member: 10}  # its neighbour, not the roomier one
+    both = request(1, prompt=20 * 16)
+    assert debtor.allocate(both, both.prompt_len)  # 2 more from its neighbour, 18 from far
+    assert debtor.loans[both.id] == {near.member: 2, other.member: 18}
+    assert LINK.exchange_s(1) < far.exchange_s(1)
+
+
+def test_a_pool_over_two_nodes_prices_neighbours_over_the_fabric() -> None:
+    dep = deployment(model="llama-3.1-8b", hardware="h100_sxm")
+    plan = pool_plan(KvPoolSpec(mode="distributed"), [(dep, 16)])
+    assert plan is not None and plan.nodes == tuple([0] * 8 + [1] * 8)
+    ((link,), (local,)) = plan.links, plan.local_links
+    assert link.kind == "scale-out" and local is not None and local.kind == "nvlink"
+    assert local.exchange_s(10) < link.exchange_s(10)
+    one = pool_plan(KvPoolSpec(mode="distributed"), [(dep, 4)])  # one node: one link
+    assert one is not None and one.local_links == (None,)
+    named = pool_plan(KvPoolSpec(mode="distributed", link="infiniband"), [(dep, 16)])
+    assert named is not None and named.local_links == (None,)  # the spec's link for every one
+
+
 def scenario(pool: dict[str, Any] | None, **group: Any) -> Scenario:
     data: dict[str, Any] = {
         "name": "pool-test",
@@ -166,6 +227,24 @@ def test_requests_longer_than_one_cache_run_on_the_pool() -> None:
     pool = result.summary["kv_pool"]
     assert pool["requests_borrowing"] > 0 and pool["peak_blocks_on_loan"] > 0
     assert pool["exchange_s"] > 0 and pool["remote_attention_s"] > 0
+
+
+def test_over_two_nodes_neighbours_lend_over_the_fabric() -> None:
+    """Sixteen H100 replicas (two nodes), caches a quarter of the GPU: with the link `auto`
+    debtors borrow from their own node first, over NVLink, and spend a fraction of the
+    exchange time of the same pool with every creditor over InfiniBand."""
+
+    def run(link: str) -> dict[str, float]:
+        small = {"gpu_memory_utilization": 0.245, "enable_prefix_caching": False}
+        base = scenario({"mode": "distributed", "link": link}, **small)
+        group = base.replicas[0].model_copy(update={"count": 16})
+        load = base.workload.model_copy(update={"num_prompts": 96, "request_rate": 16.0})
+        result = runner.run(base.model_copy(update={"replicas": [group], "workload": load}))
+        return result.summary["kv_pool"]
+
+    near, far = run("auto"), run("infiniband")
+    assert near["requests_borrowing"] > 0 and far["requests_borrowing"] > 0
+    assert near["exchange_s"] < 0.5 * far["exchange_s"]
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.costmodel.deployment import deployment
-from simulator.costmodel.memory import plan_memory
+from simulator.costmodel.memory import KvHold, plan_memory
 from simulator.errors import SpecError
 from simulator.metrics.summary import kv_tier_summary
 from simulator.runs import runner
@@ -30,6 +30,7 @@ from simulator.serving.cluster import ReplicaGroup, SimResult, serve
 from simulator.serving.kv_cache import RUN
 from simulator.serving.kv_tiers import KVTiers, Tier, TieredBlockManager, plan_tiers
 from simulator.serving.request import Request
+from simulator.specs.deployment import KvEviction
 from simulator.specs.scenario import load_scenario
 from simulator.specs.serving import KVOffloadSpec, SchedulerSpec
 from simulator.workload.requests import RequestTable
@@ -167,6 +168,27 @@ def test_an_evicted_prefix_is_reloaded_from_the_cpu_tier_instead_of_recomputed()
     row = kv.tier_row()
     assert row[:3] == (4, 12, 0)  # HBM blocks in use, CPU blocks, NVMe blocks
     assert row[5:7] == (12 * MiB, 4 * MiB)  # bytes written to and read from the CPU tier
+
+
+def test_under_a_budget_the_tiers_get_the_shared_prefix_only() -> None:
+    """A SnapKV budget of 32 tokens: a request of its own stream with a 64-token shared prefix
+    and 64 tokens of its own keeps its prefix whole and what the budget keeps of the rest; when
+    it ends the tiers get the prefix's 4 keyed blocks and no run of its own content (the budget
+    evicted from it, so what is left no longer follows the prefix); the next request with that
+    prefix finds it."""
+    hold = KvHold(eviction=KvEviction(budget_tokens=32))
+    kv = TieredBlockManager(num_blocks=40, block_size=16, tiers=tiers(), watermark=0.0, hold=hold)
+    first = Request(id=0, arrival_s=0.0, prompt_len=128, output_len=4, prefix_id=5, prefix_len=64)
+    compute(kv, first, 128)
+    first.num_output = 1
+    compute(kv, first, 1)  # its first decode: the budget keeps 32 of the prompt (+ 1 new)
+    assert first.blocks < 9  # 9 without a budget
+    kv.release(first)
+    cpu = kv.lower[0]
+    assert cpu.written == 4 and (RUN, first.stream, 0, 0) not in cpu.lru
+    assert kv.free == kv.num_blocks
+    again = Request(id=1, arrival_s=0.0, prompt_len=100, output_len=4, prefix_id=5, prefix_len=64)
+    assert kv.prefix_hit(again) == 64
 
 
 def test_a_preempted_request_swaps_out_and_back_at_the_tier_bandwidth() -> None:
@@ -453,6 +475,20 @@ def test_the_long_context_scenario_reloads_instead_of_recomputing(tmp_path: Path
     assert samples["cpu_bytes_read"].iloc[-1] == s["kv_offload_cpu_bytes_read"]
     assert samples["cpu_blocks"].max() <= samples["cpu_capacity_blocks"].iloc[0]
     assert not (tmp_path / "off").exists() and without.sim.kv_tiers is None
+
+
+def test_a_budget_with_kv_offload_keeps_its_savings() -> None:
+    """The long-context offload scenario (16 conversations over 120K-token documents, a 200
+    GiB CPU tier) with a 4,096-token SnapKV budget: the documents (shared prefixes) are still
+    found in the tiers as often, and each decode reads what the budget keeps: faster TPOT."""
+    scenario = load_scenario(SCENARIOS / "long_context_kv_offload.yaml")
+    group = scenario.replicas[0]
+    budget = group.model_copy(update={"kv_budget": 4096})
+    plain = runner.run(scenario).summary
+    kept = runner.run(scenario.model_copy(update={"replicas": [budget]})).summary
+    assert kept["prefix_cache_hit_rate"] == pytest.approx(plain["prefix_cache_hit_rate"], rel=0.01)
+    assert kept["prefix_cache_hit_tokens_cpu"] > 0
+    assert kept["mean_tpot_ms"] < 0.8 * plain["mean_tpot_ms"]
 
 
 @settings(max_examples=30, deadline=None)
