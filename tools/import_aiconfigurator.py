@@ -6,6 +6,8 @@
     python tools/import_aiconfigurator.py --repo PATH --system h200_sxm --version 0.14.0 \
         --tables gemm,context_attention,generation_attention,nccl --nccl-version 2.26.2 \
         --out-dir simulator/data/measured/aiconfigurator/h200_sxm
+    python tools/import_aiconfigurator.py --repo PATH --system h100_sxm --version 0.14.0 \
+        --tables moe --out-dir simulator/data/measured/aiconfigurator/h100_sxm
 
 NVIDIA's ai-dynamo/aiconfigurator (Apache-2.0) keeps per-kernel timings of real GPUs under
 `aic-core/src/aiconfigurator_core/systems/data/<system>/` (snapshot 095f58a for the bundled
@@ -21,7 +23,12 @@ the layout of the A100 and H100 tables already bundled, each value copied unchan
   with bfloat16 activations, head dim 128 and no sliding window (the bundled H100 tables are
   these rows of its 0.14.0 tables, which hold no others);
 - `nccl.csv` (`op_name, nccl_dtype, num_gpus, message_size_elements, latency_ms`): all_reduce,
-  all_gather and alltoall (reduce_scatter left out, as for H100, whose table is NCCL 2.27.3's).
+  all_gather and alltoall (reduce_scatter left out, as for H100, whose table is NCCL 2.27.3's);
+- `moe.csv` (`moe/vllm/<version>/moe_perf.parquet`; the columns of `AIC_MOE_COLUMNS`): vLLM's
+  Triton fused MoE (`kernel_source` vllm_fused_moe) in bf16, fp8 and fp8_block under balanced
+  routing, at tensor x expert parallel sizes of one node (<= 8). Not part of the calibration's
+  four tables: the `moe` validation suite reads it (H100, H200, B200; A100's table times
+  power-law routing only).
 Needs pyarrow (the dev extra) and git.
 """
 
@@ -34,7 +41,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.validate.data import AIC_COLUMNS
+from simulator.validate.data import AIC_COLUMNS, AIC_MOE_COLUMNS
 
 DATA = "aic-core/src/aiconfigurator_core/systems/data"
 DTYPES = ("bfloat16", "fp8")
@@ -42,7 +49,9 @@ COLUMNS = AIC_COLUMNS["gemm"]  # the bundled layouts, as the loader reads them
 ATTENTION_COLUMNS = AIC_COLUMNS["context_attention"]
 NCCL_COLUMNS = AIC_COLUMNS["nccl"]
 NCCL_OPS = ("all_reduce", "all_gather", "alltoall")
-TABLES = tuple(AIC_COLUMNS)
+MOE_COLUMNS = AIC_MOE_COLUMNS
+MOE_DTYPES = ("bfloat16", "fp8", "fp8_block")
+TABLES = (*AIC_COLUMNS, "moe")
 H100_TABLE = Path(__file__).resolve().parent.parent / (
     "simulator/data/measured/aiconfigurator/h100_sxm/gemm.csv"
 )
@@ -66,6 +75,8 @@ def read_table(
         return _parquet(repo, commit, f"{system}/gemm/vllm/{version}/gemm_perf.parquet")
     if table == "nccl":
         return _parquet(repo, commit, f"{system}/comm/nccl/{nccl_version}/nccl_perf.parquet")
+    if table == "moe":
+        return _parquet(repo, commit, f"{system}/moe/vllm/{version}/moe_perf.parquet")
     return _parquet(repo, commit, f"{system}/attention/vllm/{version}/{table}_perf.parquet")
 
 
@@ -94,6 +105,20 @@ def nccl_rows(table: pd.DataFrame) -> pd.DataFrame:
     return renamed[NCCL_COLUMNS].reset_index(drop=True)
 
 
+def moe_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The fused-MoE rows kept, in the bundled layout and a stable order: vLLM's Triton
+    `fused_experts` in bf16, fp8 and block-fp8, balanced routing, layouts of one node (TP x EP
+    <= 8)."""
+    kept = table[
+        table["moe_dtype"].isin(MOE_DTYPES)
+        & (table["kernel_source"] == "vllm_fused_moe")
+        & (table["distribution"] == "balanced")
+        & (table["moe_tp_size"] * table["moe_ep_size"] <= 8)
+    ]
+    kept = kept.rename(columns={"latency": "latency_ms"})[MOE_COLUMNS]
+    return kept.sort_values(MOE_COLUMNS[:-1], kind="stable").reset_index(drop=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", type=Path, required=True, help="an aiconfigurator checkout")
@@ -119,6 +144,8 @@ def main() -> None:
             rows = bundled_rows(table, m_grid)
         elif name == "nccl":
             rows = nccl_rows(table)
+        elif name == "moe":
+            rows = moe_rows(table)
         else:
             rows = attention_rows(table)
         out = args.out_dir / f"{name}.csv"

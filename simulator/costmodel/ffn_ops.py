@@ -99,20 +99,28 @@ def expert_imbalance_from_skew(*, num_experts: int, ep: int, skew: float) -> flo
 
 
 def expert_ffn_ops(
-    model: ModelSpec, layout: Parallelism, prec: Precision, *, group_tokens: Num
+    model: ModelSpec,
+    layout: Parallelism,
+    prec: Precision,
+    *,
+    group_tokens: Num,
+    hit: Num | None = None,
 ) -> list[Op]:
     """The routed experts' FFNs on the busiest device of the EP group, for `group_tokens`
     tokens routed by the whole group (the TP group's tokens; under DP attention, every
     attention rank's). Experts are split over `ep` ranks, each expert's FFN over the devices
     left over (tp / ep, or tp * dp / ep with DP attention). The busiest rank gets
     `expert_load_imbalance` times the mean share of the group's top_k * tokens assignments;
-    they are spread over the experts of that rank the group's tokens hit (uniform routing)."""
+    they are spread over the experts of that rank the group's tokens hit: `hit` of the
+    group's (default: uniform routing's expectation, `experts_hit`)."""
     moe = model.moe
     assert moe is not None
     wide = layout.ep > layout.tp
     expert_tp = (layout.tp * (layout.dp if wide else 1)) // layout.ep
     imbalance = layout.expert_load_imbalance if layout.ep > 1 else 1.0
-    hit = experts_hit(moe.num_experts, moe.top_k, group_tokens) / layout.ep
+    if hit is None:
+        hit = experts_hit(moe.num_experts, moe.top_k, group_tokens)
+    hit = np.asarray(hit, dtype=float) / layout.ep
     rank_tokens = imbalance * np.asarray(group_tokens, dtype=float) * moe.top_k / layout.ep
     return mlp_ops(
         "expert_",
@@ -186,11 +194,19 @@ def routing_ops(model: ModelSpec, prec: Precision, *, tokens: Num) -> list[Op]:
     ]
 
 
-def moe_ops(model: ModelSpec, layout: Parallelism, prec: Precision, b: BatchShape) -> list[Op]:
+def moe_ops(
+    model: ModelSpec,
+    layout: Parallelism,
+    prec: Precision,
+    b: BatchShape,
+    *,
+    experts_hit_by: Num | None = None,
+) -> list[Op]:
     """A MoE layer on one device: router, top-k, routed experts, shared experts, and with DP
     attention (ep > tp: experts spread over tp * dp devices) the all-to-alls. Here every
     attention rank of the group holds this step's batch; `serving.dp_group` prices ranks with
-    different batches."""
+    different batches. `experts_hit_by`: the distinct experts the group's tokens select (a
+    benchmark's routing; default: uniform routing's expectation)."""
     moe = model.moe
     assert moe is not None
     h, count, t = model.hidden_size, float(model.num_moe_layers), b.num_tokens
@@ -208,7 +224,7 @@ def moe_ops(model: ModelSpec, layout: Parallelism, prec: Precision, b: BatchShap
         ),
         elementwise("topk_softmax", bytes_=t * moe.num_experts * 4.0 * 2, count=count),
         *routing_ops(model, prec, tokens=t),
-        *expert_ffn_ops(model, layout, prec, group_tokens=group_tokens),
+        *expert_ffn_ops(model, layout, prec, group_tokens=group_tokens, hit=experts_hit_by),
     ]
     if moe.shared_expert is not None:
         shared = MLP(

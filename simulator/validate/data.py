@@ -74,6 +74,20 @@ AIC_COLUMNS: dict[str, list[str]] = {
     "generation_attention": _ATTENTION,
     "nccl": ["op_name", "nccl_dtype", "num_gpus", "message_size_elements", "latency_ms"],
 }
+# vLLM's fused MoE (`fused_experts`) under balanced routing (every expert hit that the
+# tokens can hit), one node's layouts; aiconfigurator's `moe` table, the folders that hold one
+AIC_MOE_COLUMNS = [
+    "moe_dtype",
+    "num_tokens",
+    "hidden_size",
+    "inter_size",
+    "topk",
+    "num_experts",
+    "moe_tp_size",
+    "moe_ep_size",
+    "latency_ms",
+]
+AIC_MOE_DEVICES = ("h100_sxm", "h200_sxm", "b200_sxm")
 VIDUR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 # the memory-bound kernels between them: RMSNorm, rotary embedding, SiLU-and-mul (one thread
 # block per token each, vLLM's custom kernels) and the residual add (a PyTorch elementwise op)
@@ -127,6 +141,15 @@ def aiconfigurator(device: str, table: str) -> pd.DataFrame:
     if table not in AIC_COLUMNS:
         raise SpecError(f"unknown table {table!r} ({', '.join(AIC_COLUMNS)})", field="table")
     return read_measured(f"aiconfigurator/{device}/{table}.csv", AIC_COLUMNS[table])
+
+
+def aiconfigurator_moe(device: str) -> pd.DataFrame:
+    """The fused-MoE table of one system folder of AIC_MOE_DEVICES."""
+    if device not in AIC_MOE_DEVICES:
+        raise SpecError(
+            f"no MoE table for {device!r} ({', '.join(AIC_MOE_DEVICES)})", field="device"
+        )
+    return read_measured(f"aiconfigurator/{device}/moe.csv", AIC_MOE_COLUMNS)
 
 
 def llmsim_gemm(device: str) -> pd.DataFrame:

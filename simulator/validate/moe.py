@@ -14,6 +14,14 @@ The bf16 rows on H100 are what the profile's `fused_moe_fraction` (the kernel's 
 efficiency against the GEMM library's) is fitted to (`fit_fraction`; `python -m
 simulator.validate.moe --fit` prints it): suite `moe_fit`. The rest (H100 fp8, H200, A100,
 B200) is held out: suite `moe`.
+
+Also held out, source A1: aiconfigurator's tables of the same kernel in vLLM 0.14.0 (H100,
+H200) and 0.19.0 (B200) (`aiconfigurator/<device>/moe.csv`, `data.aiconfigurator_moe`):
+`fused_experts` alone (routing given: no top-k, no router), under balanced routing (each token
+on experts of its own, so `min(E, tokens x top_k)` experts are hit, not uniform routing's
+expectation), in bf16, fp8 and block-fp8 (priced as llmsim's fp8), for eleven MoE shapes at
+tensor x expert parallel layouts of one node (`tensor_parallel`, `expert_parallel`; the
+`intermediate_size` column is then each expert's full size).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from simulator.specs.engine import EngineSpec
 from simulator.specs.hf import from_hf_config
 from simulator.specs.model import ModelSpec
 from simulator.validate import data
+from simulator.validate.data import AIC_DEVICES, AIC_MOE_DEVICES, AIC_VLLM
 from simulator.validate.frame import finish_split
 
 SUITE, FIT_SUITE = "moe", "moe_fit"
@@ -84,27 +93,81 @@ def _shape_model(num_experts: int, top_k: int, hidden: int, inter: int) -> Model
     )
 
 
+LAYOUT = ["tensor_parallel", "expert_parallel", "routing"]
+# what a call of each source runs besides the expert GEMMs: benchmark_moe.py times fused_topk
+# too; aiconfigurator's fused_experts is given the routing
+NOT_RUN = {"uniform": ("router",), "balanced": ("router", "topk_softmax")}
+
+
 def predict_s(rows: pd.DataFrame, engine: EngineSpec) -> np.ndarray:
-    """Seconds of one fused-MoE call per row under `engine`."""
+    """Seconds of one fused-MoE call per row under `engine` (rows without layout columns: one
+    GPU, uniform routing)."""
+    defaults = dict(zip(LAYOUT, (1, 1, "uniform"), strict=True))
+    rows = rows.assign(**{c: rows.get(c, d) for c, d in defaults.items()})
+    rows = rows.fillna(defaults)
     out = np.zeros(len(rows))
-    for key, group in rows.groupby(["hardware", *SHAPE], sort=False):
-        hardware, experts, top_k, hidden, inter, dtype = key
+    for key, group in rows.groupby(["hardware", *SHAPE, *LAYOUT], sort=False):
+        hardware, experts, top_k, hidden, inter, dtype, tp, ep, routing = key
         model = _shape_model(int(experts), int(top_k), int(hidden), int(inter))
         dep = deployment(
             model=model,
             hardware=str(hardware),
             engine=engine,
-            quantization="fp8" if dtype == "fp8" else None,
+            tensor_parallel_size=int(tp),
+            expert_parallel_size=int(ep),
+            quantization="fp8" if str(dtype).startswith("fp8") else None,
         )
-        batch = BatchShape(prefill_tokens=group["tokens"].to_numpy(dtype=float))
-        ops = [op for op in moe_ops(model, dep.layout, dep.precision, batch) if op.name != "router"]
+        tokens = group["tokens"].to_numpy(dtype=float)
+        batch = BatchShape(prefill_tokens=tokens)
+        hit = np.minimum(float(experts), tokens * int(top_k)) if routing == "balanced" else None
+        ops = [
+            op
+            for op in moe_ops(model, dep.layout, dep.precision, batch, experts_hit_by=hit)
+            if op.name not in NOT_RUN[str(routing)]
+        ]
         seconds = np.ravel(total_time(evaluate(ops, dep.hardware, dep.engine)))
         out[rows.index.get_indexer(group.index)] = seconds
     return out
 
 
+def aiconfigurator_rows() -> pd.DataFrame:
+    """The A1 rows in the suite's columns (see the module doc)."""
+    frames = []
+    for folder in AIC_MOE_DEVICES:
+        t = data.aiconfigurator_moe(folder)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "source": "A1",
+                    "hardware": AIC_DEVICES[folder],
+                    "gpu": folder,
+                    "kernel": "vllm_triton_fused_moe",
+                    "config": f"vllm {AIC_VLLM[folder]}",
+                    "dtype": t["moe_dtype"].replace({"bfloat16": "bf16"}),
+                    "num_experts": t["num_experts"],
+                    "top_k": t["topk"],
+                    "hidden_size": t["hidden_size"],
+                    "intermediate_size": t["inter_size"],
+                    "tokens": t["num_tokens"],
+                    "latency_us": t["latency_ms"] * 1e3,
+                    "tensor_parallel": t["moe_tp_size"] * t["moe_ep_size"],
+                    "expert_parallel": t["moe_ep_size"],
+                    "routing": "balanced",
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
 def _fits(rows: pd.DataFrame) -> np.ndarray:
-    return ((rows["hardware"] == FIT_HARDWARE) & (rows["dtype"] == FIT_DTYPE)).to_numpy()
+    """The rows the fraction was fitted to: benchmark_moe.py's bf16 rows on H100."""
+    fit = (rows["hardware"] == FIT_HARDWARE) & (rows["dtype"] == FIT_DTYPE)
+    return (fit & (rows["source"] != "A1")).to_numpy()
+
+
+def _layout(row: object) -> str:
+    tp, ep = getattr(row, "tensor_parallel", 1), getattr(row, "expert_parallel", 1)
+    return "" if (tp, ep) == (1, 1) else f" tp{tp} ep{ep}"
 
 
 def moe_cases(rows: pd.DataFrame, engine: EngineSpec) -> pd.DataFrame:
@@ -117,7 +180,7 @@ def moe_cases(rows: pd.DataFrame, engine: EngineSpec) -> pd.DataFrame:
             "kind": "fused_moe",
             "case": [
                 f"E{r.num_experts} top{r.top_k} {r.hidden_size}x{r.intermediate_size} "
-                f"{r.dtype} {r.config} m={r.tokens}"
+                f"{r.dtype} {r.config}{_layout(r)} m={r.tokens}"
                 for r in rows.itertuples()
             ],
             "predicted_s": predict_s(rows, engine),
@@ -132,7 +195,9 @@ def moe_cases(rows: pd.DataFrame, engine: EngineSpec) -> pd.DataFrame:
 
 @cache
 def _suite() -> pd.DataFrame:
-    return moe_cases(measured(), load_engine("vllm"))
+    one_gpu = measured().assign(tensor_parallel=1, expert_parallel=1, routing="uniform")
+    rows = pd.concat([one_gpu, aiconfigurator_rows()], ignore_index=True)
+    return moe_cases(rows, load_engine("vllm"))
 
 
 def moe_suite() -> pd.DataFrame:
