@@ -5,7 +5,7 @@ data, and a YAML writer. `import factories` works from every test folder (pyproj
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,8 @@ from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.step import StepCost, engine_step_time, step_cost
 from simulator.serving.cluster import ReplicaGroup
+from simulator.serving.kv_cache import BlockManager
+from simulator.serving.request import Request
 from simulator.specs.serving import SchedulerSpec
 from simulator.workload.requests import RequestTable
 
@@ -207,3 +209,21 @@ def write_yaml(path: Path, data: dict[str, Any]) -> Path:
     """`data` as YAML at `path` (keys in their order); returns the path."""
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
+
+
+def speculative_steps(
+    kv: BlockManager, plain: BlockManager, *, prompt: int, accepted: Sequence[int], k: int
+) -> Iterator[tuple[Request, Request]]:
+    """One request on `kv` and its twin on `plain`: the prompt computed, then a speculative step
+    per entry of `accepted` (1 + k slots taken, the rejected rolled back, as
+    `Replica._accepted` does), the pair yielded after each step's allocation."""
+    req = Request(id=0, arrival_s=0.0, prompt_len=prompt, output_len=1000)
+    twin = Request(id=0, arrival_s=0.0, prompt_len=prompt, output_len=1000)
+    assert kv.allocate(req, prompt) and plain.allocate(twin, prompt)
+    req.num_computed = twin.num_computed = prompt
+    for a in accepted:
+        assert kv.allocate(req, 1 + k) and plain.allocate(twin, 1 + k)
+        yield req, twin
+        for r in (req, twin):
+            r.num_computed += 1 + a
+            r.num_output += 1 + a

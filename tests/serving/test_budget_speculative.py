@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from clitools import run_cli
-from factories import scenario_data
+from factories import scenario_data, speculative_steps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +15,6 @@ from simulator.costmodel.memory import KvHold
 from simulator.runs import runner
 from simulator.serving.drafter import resolve_drafter
 from simulator.serving.kv_cache import BlockManager, PrefixCachingBlockManager
-from simulator.serving.request import Request
 from simulator.specs.deployment import KvEviction
 from simulator.specs.loader import validate
 from simulator.specs.scenario import Scenario
@@ -44,16 +43,8 @@ def test_speculative_steps_keep_the_budget_and_balance(
     eviction = KvEviction(budget_tokens=budget, policy=policy)  # type: ignore[arg-type]
     kv = cls(num_blocks=10_000, block_size=16, hold=KvHold(eviction=eviction))
     plain = cls(num_blocks=10_000, block_size=16)
-    req = Request(id=0, arrival_s=0.0, prompt_len=prompt, output_len=1000)
-    twin = Request(id=0, arrival_s=0.0, prompt_len=prompt, output_len=1000)
-    assert kv.allocate(req, prompt) and plain.allocate(twin, prompt)
-    req.num_computed = twin.num_computed = prompt
-    for a in accepted:
-        assert kv.allocate(req, 1 + K) and plain.allocate(twin, 1 + K)
+    for req, twin in speculative_steps(kv, plain, prompt=prompt, accepted=accepted, k=K):
         keeps = eviction.held(req.num_computed + 1 + K, prompt)
-        for r in (req, twin):
-            r.num_computed += 1 + a  # the rejected proposals' slots are rolled back
-            r.num_output += 1 + a
         assert req.blocks <= twin.blocks
         assert req.blocks <= -(-keeps // 16)
     kv.release(req)

@@ -10,10 +10,9 @@ from hypothesis import strategies as st
 from simulator.costmodel.memory import KvHold
 from simulator.runs import runner
 from simulator.serving.kv_cache import BlockManager, PrefixCachingBlockManager
-from simulator.serving.request import Request
 from simulator.specs.loader import validate
 from simulator.specs.scenario import Scenario
-from tests.factories import scenario_data
+from tests.factories import scenario_data, speculative_steps
 
 K = 3  # proposals a step
 
@@ -34,15 +33,7 @@ def test_speculative_steps_hold_the_window_and_balance(
     cls = PrefixCachingBlockManager if prefix_caching else BlockManager
     kv = cls(num_blocks=10_000, block_size=16, hold=KvHold(window=window, window_share=1.0))
     plain = cls(num_blocks=10_000, block_size=16)
-    req = Request(id=0, arrival_s=0.0, prompt_len=prompt, output_len=1000)
-    twin = Request(id=0, arrival_s=0.0, prompt_len=prompt, output_len=1000)
-    assert kv.allocate(req, prompt) and plain.allocate(twin, prompt)
-    req.num_computed = twin.num_computed = prompt
-    for a in accepted:
-        assert kv.allocate(req, 1 + K) and plain.allocate(twin, 1 + K)
-        for r in (req, twin):
-            r.num_computed += 1 + a  # the rejected proposals' slots are rolled back
-            r.num_output += 1 + a
+    for req, twin in speculative_steps(kv, plain, prompt=prompt, accepted=accepted, k=K):
         assert req.blocks <= twin.blocks
         assert req.blocks <= -(-(window + 1 + K) // 16) + 1
     kv.release(req)
