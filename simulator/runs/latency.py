@@ -201,13 +201,6 @@ def _check_lengths(
     return served
 
 
-def kept_context(dep: Deployment, context: np.ndarray, prompt: int) -> np.ndarray:
-    """The KV each decode of a `prompt`-token sequence attends to at `context` tokens: all of
-    it, or what a KV token budget keeps (a window is the batch shape's)."""
-    eviction = dep.precision.kv_eviction
-    return context if eviction is None else eviction.held_of(context, prompt)
-
-
 def _wave(
     dep: Deployment,
     *,
@@ -266,7 +259,7 @@ def _wave(
         )
         rows = pd.concat([pre_rows, dec_rows.assign(phase="decode")], ignore_index=True)
         return prefill, decode, pre_cost, dec_cost, rows
-    context = kept_context(dep, input_len + np.arange(1, output_len, dtype=float), input_len)
+    context = dep.precision.kv_kept(input_len + np.arange(1, output_len, dtype=float), input_len)
     dec = BatchShape.decode(
         batch_size=np.full(context.shape, float(batch_size)), context_len=context, window=window
     )

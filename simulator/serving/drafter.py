@@ -209,9 +209,9 @@ class Drafter:
         q, n = self.verify_tokens, float(batch_size)
         per_step = self.spec.expected_tokens
         steps = math.ceil((output_len - 1) / per_step - 1e-9) if output_len > 1 else 0
-        ctx = input_len + 1.0 + per_step * np.arange(steps, dtype=float)
-        if self.prec.kv_eviction is not None:  # what a KV token budget keeps
-            ctx = self.prec.kv_eviction.held_of(ctx, input_len)
+        ctx = self.prec.kv_kept(
+            input_len + 1.0 + per_step * np.arange(steps, dtype=float), input_len
+        )
         shape = verify_shape(model=self.target, num_seqs=n, context=ctx, tokens=q, logits=n * q)
         prec, scores = verify_pricing(self.target, self.layout, self.prec, shape)
         cost = step_cost(

@@ -56,9 +56,14 @@ from typing import TYPE_CHECKING
 from simulator.costmodel.deployment import Deployment
 from simulator.errors import SpecError
 from simulator.serving.kv_cache import BlockManager
-from simulator.serving.kv_transfer import device_link, link_factors, resolve_link_kind
+from simulator.serving.kv_transfer import (
+    LinkFactors,
+    device_link,
+    fabric_kind,
+    link_factors,
+    resolve_link_kind,
+)
 from simulator.serving.request import Request
-from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import MLAttention
 from simulator.specs.serving import KvPoolSpec
 
@@ -141,9 +146,10 @@ def _link(kind: str, ends: Sequence[tuple[float, float]], dep: Deployment) -> Po
     )
 
 
-def fabric_kind(hw: HardwareSpec) -> str:
-    """The link between two GPUs of one node of `hw`: its GPU fabric, else PCIe."""
-    return "pcie" if hw.interconnect.topology == "pcie" else "nvlink"
+def _fabric_link(dep: Deployment, factors: LinkFactors) -> PoolLink:
+    """`dep`'s PoolLink to creditors on its own node: the node's GPU fabric."""
+    kind = fabric_kind(dep.hardware)
+    return _link(kind, [device_link(kind, dep.hardware, factors)], dep)
 
 
 class PooledBlockManager(BlockManager):
@@ -474,10 +480,7 @@ def pool_plan(spec: KvPoolSpec | None, deps: Sequence[tuple[Deployment, int]]) -
     local: tuple[PoolLink | None, ...] = (None,) * len(links)
     if spec.link == "auto" and len(set(nodes)) > 1:
         factors = link_factors()
-        local = tuple(
-            _link(kind, [device_link(kind, dep.hardware, factors)], dep)
-            for dep, kind in ((dep, fabric_kind(dep.hardware)) for dep, _ in deps)
-        )
+        local = tuple(_fabric_link(dep, factors) for dep, _ in deps)
     return PoolPlan(spec=spec, links=links, local_links=local, nodes=nodes)
 
 

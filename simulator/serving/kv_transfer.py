@@ -136,6 +136,11 @@ def device_link(kind: str, hw: HardwareSpec, factors: LinkFactors) -> tuple[floa
             return net.scale_out_bw_bytes_per_s * factors.network_fraction, net.scale_out_latency_s
 
 
+def fabric_kind(hw: HardwareSpec) -> str:
+    """The link between two GPUs of one node of `hw`: its GPU fabric, else PCIe."""
+    return "pcie" if hw.interconnect.topology == "pcie" else "nvlink"
+
+
 def resolve_link_kind(kind: LinkKind, pools: Sequence[tuple[Deployment, int]]) -> str:
     """The link `kind` names, `auto` resolved over every group of the deployment."""
     ids = {dep.hardware.id for dep, _ in pools}
@@ -153,7 +158,7 @@ def resolve_link_kind(kind: LinkKind, pools: Sequence[tuple[Deployment, int]]) -
         return kind
     gpus = sum(_gpus(dep) * count for dep, count in pools)
     if one_type and gpus <= first.interconnect.gpus_per_node:
-        return "nvlink" if fabric else "pcie"
+        return fabric_kind(first)
     return "scale-out"
 
 

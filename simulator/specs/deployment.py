@@ -263,6 +263,13 @@ class Precision(Frozen):
     shadowkv: ShadowKV | None = None  # low-rank keys on the GPU, values in host memory
     swiftkv: SwiftKV | None = None  # prompt tokens skip the last layers; AcrossKV sharing
 
+    def kv_kept(self, computed: np.ndarray, prompt: float) -> np.ndarray:
+        """The KV tokens sequences of `prompt` prompt tokens keep with `computed` computed: all
+        of them, or what the KV token budget keeps (a window is the batch shape's)."""
+        if self.kv_eviction is None:
+            return computed
+        return self.kv_eviction.held_of(computed, prompt)
+
     @property
     def weight_only(self) -> bool:
         """True when quantized weights are dequantised and multiplied in 16-bit."""

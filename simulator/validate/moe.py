@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sys
 from functools import cache
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -66,8 +67,9 @@ SHAPE = ["num_experts", "top_k", "hidden_size", "intermediate_size", "dtype"]
 
 
 def measured() -> pd.DataFrame:
-    """The bundled fused-MoE timings."""
-    return data.read_measured("moe/fused_moe.csv", COLUMNS)
+    """The bundled fused-MoE timings (benchmark_moe.py's: one GPU, uniform routing)."""
+    rows = data.read_measured("moe/fused_moe.csv", COLUMNS)
+    return rows.assign(tensor_parallel=1, expert_parallel=1, routing="uniform")
 
 
 @cache
@@ -100,11 +102,7 @@ NOT_RUN = {"uniform": ("router",), "balanced": ("router", "topk_softmax")}
 
 
 def predict_s(rows: pd.DataFrame, engine: EngineSpec) -> np.ndarray:
-    """Seconds of one fused-MoE call per row under `engine` (rows without layout columns: one
-    GPU, uniform routing)."""
-    defaults = dict(zip(LAYOUT, (1, 1, "uniform"), strict=True))
-    rows = rows.assign(**{c: rows.get(c, d) for c, d in defaults.items()})
-    rows = rows.fillna(defaults)
+    """Seconds of one fused-MoE call per row under `engine` (rows with the LAYOUT columns)."""
     out = np.zeros(len(rows))
     for key, group in rows.groupby(["hardware", *SHAPE, *LAYOUT], sort=False):
         hardware, experts, top_k, hidden, inter, dtype, tp, ep, routing = key
@@ -165,8 +163,8 @@ def _fits(rows: pd.DataFrame) -> np.ndarray:
     return (fit & (rows["source"] != "A1")).to_numpy()
 
 
-def _layout(row: object) -> str:
-    tp, ep = getattr(row, "tensor_parallel", 1), getattr(row, "expert_parallel", 1)
+def _layout(row: Any) -> str:
+    tp, ep = row.tensor_parallel, row.expert_parallel
     return "" if (tp, ep) == (1, 1) else f" tp{tp} ep{ep}"
 
 
@@ -195,8 +193,7 @@ def moe_cases(rows: pd.DataFrame, engine: EngineSpec) -> pd.DataFrame:
 
 @cache
 def _suite() -> pd.DataFrame:
-    one_gpu = measured().assign(tensor_parallel=1, expert_parallel=1, routing="uniform")
-    rows = pd.concat([one_gpu, aiconfigurator_rows()], ignore_index=True)
+    rows = pd.concat([measured(), aiconfigurator_rows()], ignore_index=True)
     return moe_cases(rows, load_engine("vllm"))
 
 

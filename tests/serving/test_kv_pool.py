@@ -37,13 +37,27 @@ LINK = PoolLink(
 )
 
 
-def pool_of(*sizes: int, fraction: float = 1.0) -> tuple[KvPool, list[PooledBlockManager]]:
+def pool_of(
+    *sizes: int,
+    fraction: float = 1.0,
+    nodes: tuple[int, ...] = (),
+    link: PoolLink = LINK,
+    local_link: PoolLink | None = None,
+) -> tuple[KvPool, list[PooledBlockManager]]:
+    """A pool of caches of `sizes` blocks on `nodes` (default: all on node 0)."""
     pool = KvPool(KvPoolSpec(mode="distributed", max_lend_fraction=fraction))
     members = [
         PooledBlockManager(
-            num_blocks=n, block_size=16, watermark=0.0, host_blocks=0, pool=pool, link=LINK
+            num_blocks=n,
+            block_size=16,
+            watermark=0.0,
+            host_blocks=0,
+            pool=pool,
+            link=link,
+            node=node,
+            local_link=local_link,
         )
-        for n in sizes
+        for n, node in zip(sizes, nodes or (0,) * len(sizes), strict=True)
     ]
     return pool, members
 
@@ -155,21 +169,7 @@ def test_a_debtor_borrows_on_its_node_first_and_pays_each_link() -> None:
         bytes_per_token_layer=16640.0,
         num_layers=32,
     )
-    pool = KvPool(KvPoolSpec(mode="distributed"))
-    sizes_nodes = [(20, 0), (12, 0), (40, 1)]
-    debtor, near, other = (
-        PooledBlockManager(
-            num_blocks=n,
-            block_size=16,
-            watermark=0.0,
-            host_blocks=0,
-            pool=pool,
-            link=far,
-            node=node,
-            local_link=LINK,
-        )
-        for n, node in sizes_nodes
-    )
+    _, (debtor, near, other) = pool_of(20, 12, 40, nodes=(0, 0, 1), link=far, local_link=LINK)
     req = request(0, prompt=(20 + 10) * 16)
     assert debtor.allocate(req, req.prompt_len)
     assert debtor.loans[req.id] == {near.member: 10}  # its neighbour, not the roomier one
