@@ -51,9 +51,8 @@ from simulator.validate.data import AIC_DEVICES, AIC_MOE_DEVICES, AIC_VLLM
 from simulator.validate.frame import finish_split
 
 SUITE, FIT_SUITE = "moe", "moe_fit"
-LISTED_RELEASE = (
-    "vllm-0.14.0"  # the `vllm` profile's fused_moe_configs (A1 on H100 and H200 ran it)
-)
+# the `vllm` profile's fused_moe_configs, which A1 ran on H100 and H200
+LISTED_RELEASE = "vllm-0.14.0"
 FIT_DTYPE = "bf16"
 FIT_HARDWARE = "h100_sxm"
 COLUMNS = [
