@@ -146,7 +146,15 @@ def test_a_writer_killed_at_a_random_moment_leaves_a_whole_folder(
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         time.sleep(rng.uniform(0, 0.3))  # the moment of the kill, not a deadline
         proc.send_signal(sig)
-        proc.wait()
+        while True:
+            try:
+                proc.wait(timeout=30)
+                break
+            except subprocess.TimeoutExpired:
+                # a Ctrl-C can be lost: Python drops an exception raised inside a finalizer
+                # ("Exception ignored in ..."), and the writer writes on; press it again, as a
+                # user would (a retry, not a deadline: the test never fails on time)
+                proc.send_signal(sig)
         check_manifest(out, "run", names)
         versions = {(out / name).read_text()[0] for name in names}
         assert len(versions) == 1, versions  # all A or all B, never a mix

@@ -15,6 +15,7 @@ from simulator.costmodel.ops import Op
 from simulator.specs._base import Curve
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import DecodeSplit, GemmEfficiency, HardwareSpec, RowKernel
+from simulator.specs.loader import tuned_moe_shapes
 
 ALL_ROW_KERNELS = frozenset(get_args(RowKernel))
 PREFILL_TILE = 128.0  # query rows per thread block in flash-attention prefill
@@ -173,6 +174,23 @@ class Kernels:
     # the fused MoE kernel's compute efficiency against the GEMM library's, by dtype
     # (`EngineSpec.fused_moe_fraction`; a dtype not named: 1)
     moe_fraction: Mapping[str, float] = field(default_factory=dict)
+    # the shapes vLLM ships a tuned fused-MoE configuration for on this device, (local experts,
+    # intermediate per shard, dtype) (`EngineSpec.fused_moe_configs`; None: every shape), and
+    # the default configuration's compute efficiency against a tuned one's, by dtype
+    moe_tuned: frozenset[tuple[int, int, str]] | None = None
+    moe_default: Mapping[str, float] = field(default_factory=dict)
+
+    def moe_default_factor(self, shape: tuple[int, int], dtype: str) -> float | None:
+        """The default configuration's compute efficiency against a tuned one's for the fused
+        MoE GEMMs of `shape` (local experts, intermediate per shard) in `dtype`, where vLLM
+        ships no configuration for the shape (bf16 and fp16 share a file); None where it does,
+        or the profile names no factor."""
+        if self.moe_tuned is None or dtype not in self.moe_default:
+            return None
+        key = "bf16" if dtype == "fp16" else dtype
+        if (shape[0], shape[1], key) in self.moe_tuned:
+            return None
+        return self.moe_default[dtype]
 
 
 def kernels(hw: HardwareSpec, engine: EngineSpec | None) -> Kernels:
@@ -189,6 +207,11 @@ def kernels(hw: HardwareSpec, engine: EngineSpec | None) -> Kernels:
         hw.efficiency.attention_speed(engine.attention_kernel),
         frozenset(engine.scalar_row_kernels),
         engine.fused_moe_fraction,
+        # the default configuration's cost was measured on NVIDIA GPUs alone (H100, H200)
+        None
+        if engine.fused_moe_configs is None or hw.vendor != "nvidia"
+        else tuned_moe_shapes(engine.fused_moe_configs, hw.id),
+        engine.fused_moe_default_fraction,
     )
 
 

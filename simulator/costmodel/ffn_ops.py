@@ -27,12 +27,15 @@ def mlp_ops(
     layers: tuple[int, int] = (0, 0),
     groups: Num = 1.0,
     scales_with: ScalesWith = "tokens",
-    fused_moe: bool = False,
+    fused_moe: tuple[int, int] | None = None,
+    moe_tokens: Num = 0.0,
 ) -> list[Op]:
     """An MLP on `tokens` tokens, its intermediate dimension split over `shards` devices: the
     up projection (gate and up fused when gated), the activation and the down projection;
-    `groups` independent MLPs fused in each launch (a MoE layer's experts, whose GEMMs are
-    `fused_moe`). `layers`: the layers [start, stop) it stands for (their weight formats)."""
+    `groups` independent MLPs fused in each launch (a MoE layer's experts, whose GEMMs run in
+    the fused MoE kernel where `fused_moe` gives its shape: local experts, intermediate size
+    per shard; `moe_tokens`, the tokens of its call). `layers`: the layers [start, stop) it stands
+    for (their weight formats)."""
     inter = mlp.intermediate_size / shards
     up_n = (2 if mlp.gated else 1) * inter
     a = DTYPE_BYTES[prec.activations]
@@ -50,7 +53,9 @@ def mlp_ops(
             layers=layers,
             groups=groups,
             scales_with=scales_with,
-            fused_moe=fused_moe,
+            fused_moe=fused_moe is not None,
+            moe_shape=fused_moe or (0, 0),
+            moe_tokens=moe_tokens,
         ),
         gated_act(
             f"{prefix}act", g * tokens, inter, act_bytes=a, count=count, scales_with=scales_with
@@ -73,7 +78,9 @@ def mlp_ops(
             layers=layers,
             groups=groups,
             scales_with=scales_with,
-            fused_moe=fused_moe,
+            fused_moe=fused_moe is not None,
+            moe_shape=fused_moe or (0, 0),
+            moe_tokens=moe_tokens,
         ),
     ]
 
@@ -133,7 +140,8 @@ def expert_ffn_ops(
         layers=(model.num_dense_layers, model.num_layers),
         groups=hit,
         scales_with="ep_group" if wide else "tokens",
-        fused_moe=True,
+        fused_moe=(moe.num_experts // layout.ep, moe.expert.intermediate_size // expert_tp),
+        moe_tokens=group_tokens,
     )
 
 

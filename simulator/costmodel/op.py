@@ -99,6 +99,8 @@ class Op:
     kv_bytes: Num = 0.0
     pre_bytes: Num = 0.0
     fused_moe: bool = False
+    moe_shape: tuple[int, int] = (0, 0)  # fused MoE: (local experts, intermediate per shard)
+    moe_tokens: Num = 0.0  # fused MoE: the tokens of the kernel's call (vLLM's M)
     weight_only: bool = False
     kv_row_elems: float = 0.0
     launch: RowLaunch | None = None
@@ -128,11 +130,15 @@ def gemm(
     groups: Num = 1.0,
     scales_with: ScalesWith = "tokens",
     fused_moe: bool = False,
+    moe_shape: tuple[int, int] = (0, 0),
+    moe_tokens: Num = 0.0,
 ) -> Op:
     """A (groups x) m-by-k times k-by-n GEMM whose k-by-n operand is a stored weight. A W8A8
     or NVFP4 W4A4 GEMM (8- or 4-bit compute, 16-bit activations) reads activations quantised
     by a kernel before it (`pre_bytes`: read 16-bit, write 8-bit, or 4-bit with block scales).
-    `fused_moe`: routed experts' GEMMs in the engine's fused MoE kernel. The weight is stored
+    `fused_moe`: routed experts' GEMMs in the engine's fused MoE kernel, whose configuration
+    vLLM picks by `moe_shape` (local experts, intermediate size per shard) and the call's
+    `moe_tokens`. The weight is stored
     in `weight_dtype`, else in the formats of `linears` (linear -> share of the weight) over
     `layers` [start, stop) (`Precision.gemm_weights`), else in the main weight format."""
     a = DTYPE_BYTES[prec.activations]
@@ -163,6 +169,8 @@ def gemm(
         pre_bytes=np.where(active, pre, 0.0),
         scales_with=scales_with,
         fused_moe=fused_moe,
+        moe_shape=moe_shape,
+        moe_tokens=moe_tokens,
         weight_only=fmt not in UNQUANTISED and dtype == prec.activations,
     )
 

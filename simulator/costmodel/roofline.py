@@ -83,12 +83,19 @@ def _pow2_tiles(lo: int, hi: int) -> list[float]:
 WEIGHT_ONLY_TILE_M = 16
 
 
-def gemm_efficiency(hw: HardwareSpec, op: Op, eff: GemmEfficiency | None = None) -> np.ndarray:
+def gemm_efficiency(
+    hw: HardwareSpec,
+    op: Op,
+    eff: GemmEfficiency | None = None,
+    *,
+    tile: tuple[int, int] | None = None,
+) -> np.ndarray:
     """Fraction of the dense peak a GEMM reaches: library peak fraction x tile padding x wave
     quantisation x size ramp (of the work the tile costs), at most the device's data ceiling
     (real weights). The tile (powers of two between the spec's minimum and maximum) is the
-    fastest for the shape; split-K fills the machine when there are fewer output tiles than
-    SMs and k is long. `eff`: the GEMM library's factors (default: the device's own)."""
+    fastest for the shape, or the kernel's fixed `tile` (rows, columns); split-K fills the
+    machine when there are fewer output tiles than SMs and k is long. `eff`: the GEMM
+    library's factors (default: the device's own)."""
     eff = hw.efficiency.gemm if eff is None else eff
     m = np.maximum(np.asarray(op.m, dtype=float), 1.0)
     n = np.maximum(np.asarray(op.n, dtype=float), 1.0)
@@ -102,21 +109,34 @@ def gemm_efficiency(hw: HardwareSpec, op: Op, eff: GemmEfficiency | None = None)
     flops = np.asarray(op.flops, dtype=float)
     best = np.zeros(np.broadcast_shapes(m.shape, n.shape, groups.shape, max_split.shape))
     tile_m_min = min(eff.tile_m_min, WEIGHT_ONLY_TILE_M) if op.weight_only else eff.tile_m_min
-    for tile_m in _pow2_tiles(tile_m_min, eff.tile_m):
-        for tile_n in _pow2_tiles(eff.tile_n_min, eff.tile_n):
-            tiles_m, tiles_n = np.ceil(m / tile_m), np.ceil(n / tile_n)
-            padding = (m * n) / (tiles_m * tile_m * tiles_n * tile_n)
-            tiles = tiles_m * tiles_n * groups
-            split_k = np.clip(np.floor(units / tiles), 1.0, max_split)
-            work = tiles * split_k
-            waves = work / (np.ceil(work / units) * units)
-            # The size ramp follows the work this tile costs: its padded FLOPs over the wave
-            # utilisation (time = X / curve(X) with X never falling as m or n grows, and the
-            # curve's bounded elasticity keeps that monotone). The library takes the fastest.
-            occupied = padding * waves
-            best = np.maximum(best, occupied * curve(flops / occupied))
+    if tile is None:
+        tiles = [
+            (tile_m, tile_n)
+            for tile_m in _pow2_tiles(tile_m_min, eff.tile_m)
+            for tile_n in _pow2_tiles(eff.tile_n_min, eff.tile_n)
+        ]
+    else:  # a kernel's fixed configuration, which does not split k
+        tiles, max_split = [tile], np.ones_like(max_split)
+    for tile_m, tile_n in tiles:
+        tiles_m, tiles_n = np.ceil(m / tile_m), np.ceil(n / tile_n)
+        padding = (m * n) / (tiles_m * tile_m * tiles_n * tile_n)
+        count = tiles_m * tiles_n * groups
+        split_k = np.clip(np.floor(units / count), 1.0, max_split)
+        work = count * split_k
+        waves = work / (np.ceil(work / units) * units)
+        # The size ramp follows the work this tile costs: its padded FLOPs over the wave
+        # utilisation (time = X / curve(X) with X never falling as m or n grows, and the
+        # curve's bounded elasticity keeps that monotone). The library takes the fastest.
+        occupied = padding * waves
+        best = np.maximum(best, occupied * curve(flops / occupied))
     ceiling = eff.data_ceiling.get(op.dtype)  # type: ignore[call-overload]
     return frac * best if ceiling is None else np.minimum(frac * best, ceiling)
+
+
+# vLLM's get_default_config (vllm/model_executor/layers/fused_moe/fused_moe.py, 0.6-0.14) for
+# calls of more tokens than local experts: BLOCK_SIZE_M 64, BLOCK_SIZE_N 64 (BLOCK_SIZE_K 32,
+# GROUP_SIZE_M 8, Triton's default warps and stages), whatever the shape
+DEFAULT_MOE_TILE = (64, 64)
 
 
 def _peak(hw: HardwareSpec, dtype: str) -> float:
@@ -147,6 +167,12 @@ def _kernel_cost(
             comp_eff = gemm_efficiency(hw, op, k.gemm)
             if op.fused_moe:  # the engine's fused MoE kernel, not the GEMM library
                 comp_eff = comp_eff * k.moe_fraction.get(op.dtype, 1.0)
+                factor = k.moe_default_factor(op.moe_shape, op.dtype)
+                if factor is not None:  # vLLM's default configuration: its large-batch tile
+                    large = np.asarray(op.moe_tokens, dtype=float) > op.moe_shape[0]
+                    fixed = gemm_efficiency(hw, op, k.gemm, tile=DEFAULT_MOE_TILE)
+                    fixed = fixed * k.moe_fraction.get(op.dtype, 1.0) * factor
+                    comp_eff = np.where(large, fixed, comp_eff)
         case "attention_prefill":
             comp_eff = (
                 at.prefill_fraction

@@ -362,6 +362,20 @@ class EngineSpec(Frozen):
         description="compute efficiency of the engine's fused MoE kernel (routed experts' "
         "GEMMs) against its GEMM library's, by dtype; a dtype not named: 1",
     )
+    fused_moe_configs: str | None = Field(
+        default=None,
+        description="the vLLM release (simulator/specs/fused_moe_configs.yaml, or 'none') whose "
+        "shipped fused-MoE kernel configurations the routed experts run with: a shape without "
+        "one runs the default configuration, at fused_moe_default_fraction for calls of more "
+        "tokens than local experts (on NVIDIA GPUs, where that was measured); None: every "
+        "shape as with a tuned configuration",
+    )
+    fused_moe_default_fraction: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=dict,
+        description="compute efficiency of the fused MoE kernel's default configuration for "
+        "calls of more tokens than local experts against a tuned one's, by dtype (with "
+        "fused_moe_configs); a dtype not named: 1",
+    )
     min_p: LogitsPass | None = Field(
         default=None,
         description="cost of the min-p filter of randomly sampled requests (vLLM's softmax, "

@@ -25,6 +25,8 @@ MODELS_DIR = _PACKAGE_DIR / "models"
 HF_IDS_FILE = MODELS_DIR / "hf_ids.yaml"
 ENGINES_DIR = _PACKAGE_DIR / "engines"
 HOST_CPUS_FILE = _PACKAGE_DIR / "host_cpus.yaml"
+FUSED_MOE_CONFIGS_FILE = _PACKAGE_DIR / "fused_moe_configs.yaml"
+NO_MOE_CONFIGS = "none"  # a `fused_moe_configs` release that ships no configuration
 # The hardware specs live at the top of the repository (`hardware_specs/`); an installed wheel
 # carries a copy inside the package (simulator/hardware_specs). LLMSIM_HARDWARE_PATH adds
 # folders of the user's own.
@@ -647,7 +649,44 @@ def _load_engine_file(path: Path, calibrated: bool = True) -> EngineSpec:
     engine = validate(EngineSpec, _engine_data(path, calibrated), source=str(path))
     if engine.host_cpu is not None:
         host_cpu(engine.host_cpu, source=str(path), field="host_cpu")
+    if engine.fused_moe_configs is not None:
+        tuned_moe_shapes(engine.fused_moe_configs, "", source=str(path))
     return engine
+
+
+@cache
+def _fused_moe_configs() -> dict[str, Any]:
+    data = read_yaml(FUSED_MOE_CONFIGS_FILE)
+    if not isinstance(data, dict):
+        raise SpecError("expected a mapping", source=str(FUSED_MOE_CONFIGS_FILE))
+    return data
+
+
+def tuned_moe_shapes(
+    release: str, hardware: str, *, source: str = "", field: str = "fused_moe_configs"
+) -> frozenset[tuple[int, int, str]]:
+    """(local experts, intermediate size per shard, compute dtype) of the routed-expert shapes
+    vLLM `release` ships a tuned fused-MoE configuration for on `hardware` (an id), from
+    `simulator/specs/fused_moe_configs.yaml`; none for `NO_MOE_CONFIGS`. An unknown release
+    is a SpecError naming the known ones."""
+    if release == NO_MOE_CONFIGS:
+        return frozenset()
+    table = _fused_moe_configs()
+    if release not in table:
+        known = [NO_MOE_CONFIGS, *sorted(table)]
+        raise SpecError(
+            f"unknown vLLM release {release!r}{did_you_mean(release, known)} "
+            f"(known: {', '.join(known)})",
+            source=source,
+            field=field,
+        )
+    return _moe_shapes(release, hardware)
+
+
+@cache
+def _moe_shapes(release: str, hardware: str) -> frozenset[tuple[int, int, str]]:
+    by_dtype = _fused_moe_configs()[release].get(hardware) or {}
+    return frozenset((int(e), int(n), str(dt)) for dt, pairs in by_dtype.items() for e, n in pairs)
 
 
 def _engine_path(engine: str) -> Path:

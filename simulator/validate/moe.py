@@ -15,13 +15,16 @@ efficiency against the GEMM library's) is fitted to (`fit_fraction`; `python -m
 simulator.validate.moe --fit` prints it): suite `moe_fit`. The rest (H100 fp8, H200, A100,
 B200) is held out: suite `moe`.
 
-Also held out, source A1: aiconfigurator's tables of the same kernel in vLLM 0.14.0 (H100,
-H200) and 0.19.0 (B200) (`aiconfigurator/<device>/moe.csv`, `data.aiconfigurator_moe`):
+Source A1: aiconfigurator's tables of the same kernel in vLLM 0.14.0 (H100, H200) and 0.19.0
+(B200) (`aiconfigurator/<device>/moe.csv`, `data.aiconfigurator_moe`):
 `fused_experts` alone (routing given: no top-k, no router), under balanced routing (each token
 on experts of its own, so `min(E, tokens x top_k)` experts are hit, not uniform routing's
 expectation), in bf16, fp8 and block-fp8 (priced as llmsim's fp8), for eleven MoE shapes at
 tensor x expert parallel layouts of one node (`tensor_parallel`, `expert_parallel`; the
-`intermediate_size` column is then each expert's full size).
+`intermediate_size` column is then each expert's full size). Its H100 bf16 rows of shapes
+vLLM 0.14.0 ships no configuration file for (`untuned`) are what the profile's
+`fused_moe_default_fraction` is fitted to (`fit_default_fraction`), in `moe_fit` too; the rest
+of A1 is held out.
 """
 
 from __future__ import annotations
@@ -41,12 +44,15 @@ from simulator.costmodel.roofline import evaluate, total_time
 from simulator.specs import load_engine
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hf import from_hf_config
+from simulator.specs.loader import NO_MOE_CONFIGS, tuned_moe_shapes
 from simulator.specs.model import ModelSpec
 from simulator.validate import data
 from simulator.validate.data import AIC_DEVICES, AIC_MOE_DEVICES, AIC_VLLM
 from simulator.validate.frame import finish_split
 
 SUITE, FIT_SUITE = "moe", "moe_fit"
+# the `vllm` profile's fused_moe_configs, which A1 ran on H100 and H200
+LISTED_RELEASE = "vllm-0.14.0"
 FIT_DTYPE = "bf16"
 FIT_HARDWARE = "h100_sxm"
 COLUMNS = [
@@ -66,10 +72,28 @@ COLUMNS = [
 SHAPE = ["num_experts", "top_k", "hidden_size", "intermediate_size", "dtype"]
 
 
+# The configuration each source's kernel ran with, as the rows are priced (`kernel_config`):
+# `listed`, the one the `vllm` profile's release ships for the shape, else its default;
+# `tuned`; `default`, vLLM's default configuration before vllm-project/vllm PR #34846
+# (merged 2026-02-18: batch-aware tiles and warps, "up to 2x" at large batches), which is what
+# `fused_moe_default_fraction` prices. The defaults after it run within 5-11% of a tuned
+# configuration (K2's and K4's default and tuned columns; A1 on B200, vLLM 0.19.0): priced as
+# tuned.
+AFTER_NEW_DEFAULTS = {"K2", "K4"}  # benchmark_moe.py runs dated after PR #34846
+
+
+def _kernel_config(source: str, config: str) -> str:
+    """A K-source row's `kernel_config` (see above)."""
+    return "tuned" if config == "tuned" or source in AFTER_NEW_DEFAULTS else "default"
+
+
 def measured() -> pd.DataFrame:
     """The bundled fused-MoE timings (benchmark_moe.py's: one GPU, uniform routing)."""
     rows = data.read_measured("moe/fused_moe.csv", COLUMNS)
-    return rows.assign(tensor_parallel=1, expert_parallel=1, routing="uniform")
+    configs = [_kernel_config(s, c) for s, c in zip(rows["source"], rows["config"], strict=True)]
+    return rows.assign(
+        tensor_parallel=1, expert_parallel=1, routing="uniform", kernel_config=configs
+    )
 
 
 @cache
@@ -95,7 +119,9 @@ def _shape_model(num_experts: int, top_k: int, hidden: int, inter: int) -> Model
     )
 
 
-LAYOUT = ["tensor_parallel", "expert_parallel", "routing"]
+LAYOUT = ["tensor_parallel", "expert_parallel", "routing", "kernel_config"]
+# `kernel_config` -> the engine's fused_moe_configs that prices it (`listed`: the profile's own)
+CONFIGS: dict[str, str | None] = {"tuned": None, "default": NO_MOE_CONFIGS}
 # what a call of each source runs besides the expert GEMMs: benchmark_moe.py times fused_topk
 # too; aiconfigurator's fused_experts is given the routing
 NOT_RUN = {"uniform": ("router",), "balanced": ("router", "topk_softmax")}
@@ -105,12 +131,16 @@ def predict_s(rows: pd.DataFrame, engine: EngineSpec) -> np.ndarray:
     """Seconds of one fused-MoE call per row under `engine` (rows with the LAYOUT columns)."""
     out = np.zeros(len(rows))
     for key, group in rows.groupby(["hardware", *SHAPE, *LAYOUT], sort=False):
-        hardware, experts, top_k, hidden, inter, dtype, tp, ep, routing = key
+        hardware, experts, top_k, hidden, inter, dtype, tp, ep, routing, config = key
         model = _shape_model(int(experts), int(top_k), int(hidden), int(inter))
+        if config != "listed":
+            engine_ = engine.model_copy(update={"fused_moe_configs": CONFIGS[str(config)]})
+        else:
+            engine_ = engine
         dep = deployment(
             model=model,
             hardware=str(hardware),
-            engine=engine,
+            engine=engine_,
             tensor_parallel_size=int(tp),
             expert_parallel_size=int(ep),
             quantization="fp8" if str(dtype).startswith("fp8") else None,
@@ -151,16 +181,39 @@ def aiconfigurator_rows() -> pd.DataFrame:
                     "tensor_parallel": t["moe_tp_size"] * t["moe_ep_size"],
                     "expert_parallel": t["moe_ep_size"],
                     "routing": "balanced",
+                    # vLLM 0.14.0 as the `vllm` profile; 0.19.0's defaults as tuned (above)
+                    "kernel_config": "listed"
+                    if f"vllm-{AIC_VLLM[folder]}" == LISTED_RELEASE
+                    else "tuned",
                 }
             )
         )
     return pd.concat(frames, ignore_index=True)
 
 
+def untuned(rows: pd.DataFrame) -> np.ndarray:
+    """Which `listed` rows run vLLM's default configuration: their shape (local experts,
+    intermediate size per shard) has no file in the profile's release for their device."""
+    out = np.zeros(len(rows), dtype=bool)
+    for i, r in enumerate(rows.itertuples()):
+        if r.kernel_config != "listed":
+            continue
+        shard = int(r.tensor_parallel) // int(r.expert_parallel)
+        key = (
+            int(r.num_experts) // int(r.expert_parallel),
+            int(r.intermediate_size) // shard,
+            "fp8" if str(r.dtype).startswith("fp8") else str(r.dtype),
+        )
+        out[i] = key not in tuned_moe_shapes(LISTED_RELEASE, str(r.hardware))
+    return out
+
+
 def _fits(rows: pd.DataFrame) -> np.ndarray:
-    """The rows the fraction was fitted to: benchmark_moe.py's bf16 rows on H100."""
-    fit = (rows["hardware"] == FIT_HARDWARE) & (rows["dtype"] == FIT_DTYPE)
-    return (fit & (rows["source"] != "A1")).to_numpy()
+    """The rows the fractions were fitted to: benchmark_moe.py's bf16 rows on H100 (tuned) and
+    A1's bf16 rows on H100 that ran vLLM 0.14.0's default configuration."""
+    fit = ((rows["hardware"] == FIT_HARDWARE) & (rows["dtype"] == FIT_DTYPE)).to_numpy()
+    k_rows = (rows["source"] != "A1").to_numpy()
+    return fit & (k_rows | untuned(rows))
 
 
 def _layout(row: Any) -> str:
@@ -202,27 +255,42 @@ def moe_suite() -> pd.DataFrame:
     return _suite().copy()
 
 
-def fit_fraction() -> float:
-    """The `vllm` profile's fused_moe_fraction for bf16: the compute-efficiency factor that
-    best predicts the H100 bf16 rows (least squares on the log of predicted / measured)."""
-    rows = measured()
-    rows = rows[_fits(rows)].reset_index(drop=True)
+def _least_squares(rows: pd.DataFrame, field: str, base: EngineSpec) -> float:
+    """The value of the engine's `field` (for bf16) that best predicts `rows` (least squares
+    on the log of predicted / measured)."""
     seconds = rows["latency_us"].to_numpy(dtype=float) * 1e-6
-    base = load_engine("vllm")
 
     def loss(fraction: float) -> float:
-        engine = base.model_copy(update={"fused_moe_fraction": {FIT_DTYPE: fraction}})
+        engine = base.model_copy(update={field: {FIT_DTYPE: fraction}})
         return float(np.sum(np.log(predict_s(rows, engine) / seconds) ** 2))
 
     return float(minimize_scalar(loss, bounds=(0.05, 1.0), method="bounded").x)
 
 
+def fit_fraction() -> float:
+    """The `vllm` profile's fused_moe_fraction for bf16: the compute-efficiency factor that
+    best predicts benchmark_moe.py's H100 bf16 rows (a tuned configuration)."""
+    rows = measured()
+    return _least_squares(
+        rows[_fits(rows)].reset_index(drop=True), "fused_moe_fraction", load_engine("vllm")
+    )
+
+
+def fit_default_fraction() -> float:
+    """The `vllm` profile's fused_moe_default_fraction for bf16: what best predicts A1's H100
+    bf16 rows that ran vLLM 0.14.0's default configuration, the tuned fraction as fitted."""
+    rows = aiconfigurator_rows()
+    rows = rows[_fits(rows)].reset_index(drop=True)
+    return _least_squares(rows, "fused_moe_default_fraction", load_engine("vllm"))
+
+
 def main(argv: list[str]) -> int:
-    """`python -m simulator.validate.moe --fit`: print the fitted fraction."""
+    """`python -m simulator.validate.moe --fit`: print the fitted fractions."""
     if argv != ["--fit"]:
         print("usage: python -m simulator.validate.moe --fit", file=sys.stderr)
         return 2
     print(f"fused_moe_fraction: {{{FIT_DTYPE}: {fit_fraction():.3f}}}")
+    print(f"fused_moe_default_fraction: {{{FIT_DTYPE}: {fit_default_fraction():.3f}}}")
     return 0
 
 

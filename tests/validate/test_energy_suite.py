@@ -44,7 +44,7 @@ def test_bundled_runs_name_known_ids_and_hold_their_histograms() -> None:
     assert set(df["hardware"]) == {"h100_sxm", "b200"}
     for model in df["model"].unique():
         load_model(model)
-    assert (df["engine"] == "vllm").all() and df["async_scheduling"].astype(bool).all()
+    assert (df["engine"] == "vllm-0.11").all() and df["async_scheduling"].astype(bool).all()
     for _, row in df.iterrows():
         lengths = output_lengths(row)
         assert len(lengths) == row["num_prompts"]  # one length per published request
