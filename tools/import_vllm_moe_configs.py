@@ -23,7 +23,7 @@ import yaml
 OUT = Path(__file__).resolve().parents[1] / "simulator" / "specs" / "fused_moe_configs.yaml"
 NAME = re.compile(
     r"E=(\d+),N=(\d+),device_name=([^,]+?)"  # local experts, N, the device
-    r"(?:,dtype=([^,]+?))?(?:,block_shape=\[\d+, ?\d+\])?\.json$"
+    r"(?:,dtype=([^,]+?))?(,block_shape=\[\d+, ?\d+\])?\.json$"
 )
 # torch.cuda.get_device_name() with spaces as underscores -> llmsim hardware id
 DEVICES = {
@@ -44,8 +44,9 @@ DEVICES = {
     "AMD_Instinct_MI300X": "mi300x",
     "AMD_Instinct_MI325X": "mi325x",
 }
-# the configuration's dtype -> llmsim's compute dtype (block-wise fp8 is priced as fp8)
-DTYPES = {None: "bf16", "fp8_w8a8": "fp8"}
+# the configuration's dtype (and whether its file names a block shape) -> the key llmsim looks
+# it up by: bf16 (and fp16, which shares its files), fp8 per tensor, fp8 in blocks
+DTYPES = {(None, False): "bf16", ("fp8_w8a8", False): "fp8", ("fp8_w8a8", True): "fp8_block"}
 
 
 def shapes(wheel: Path) -> tuple[str, dict[str, dict[str, list[list[int]]]]]:
@@ -56,9 +57,10 @@ def shapes(wheel: Path) -> tuple[str, dict[str, dict[str, list[list[int]]]]]:
         for name in z.namelist():
             if "/fused_moe/configs/" not in name or not (m := NAME.search(name)):
                 continue
-            experts, n, device, dtype = m.groups()
-            if device in DEVICES and dtype in DTYPES:
-                found[DEVICES[device]][DTYPES[dtype]].add((int(experts), int(n)))
+            experts, n, device, dtype, block = m.groups()
+            key = DTYPES.get((dtype, block is not None))
+            if device in DEVICES and key is not None:
+                found[DEVICES[device]][key].add((int(experts), int(n)))
     table = {
         hw: {dt: [list(s) for s in sorted(v)] for dt, v in sorted(by.items())}
         for hw, by in sorted(found.items())
@@ -80,7 +82,7 @@ def main(wheels: list[str]) -> int:
         "# shard]. Written by tools/import_vllm_moe_configs.py from the file names under\n"
         "# vllm/model_executor/layers/fused_moe/configs/ in each release's wheel (PyPI). A shape\n"
         "# not listed runs vLLM's get_default_config (EngineSpec.fused_moe_default_fraction).\n"
-        "# fp8 counts per-tensor and block-wise files alike (llmsim prices both as fp8).\n"
+        "# dtype: bf16 (fp16 shares its files), fp8 (per-tensor scales), fp8_block (block-wise).\n"
     )
     OUT.write_text(
         header + yaml.safe_dump(body, default_flow_style=None, width=100, sort_keys=True)

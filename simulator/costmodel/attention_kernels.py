@@ -180,17 +180,20 @@ class Kernels:
     moe_tuned: frozenset[tuple[int, int, str]] | None = None
     moe_default: Mapping[str, float] = field(default_factory=dict)
 
-    def moe_default_factor(self, shape: tuple[int, int], dtype: str) -> float | None:
+    def moe_default_factor(
+        self, shape: tuple[int, int], dtype: str, *, fp8_blocks: bool = False
+    ) -> float | None:
         """The default configuration's compute efficiency against a tuned one's for the fused
-        MoE GEMMs of `shape` (local experts, intermediate per shard) in `dtype`, where vLLM
-        ships no configuration for the shape (bf16 and fp16 share a file); None where it does,
-        or the profile names no factor."""
-        if self.moe_tuned is None or dtype not in self.moe_default:
+        MoE GEMMs of `shape` (local experts, intermediate per shard) in `dtype` (`fp8_blocks`:
+        block-wise fp8, with files and a default of its own), where vLLM ships no
+        configuration for the shape (bf16 and fp16 share a file); None where it does, or the
+        profile names no factor."""
+        kind = "fp8_block" if fp8_blocks else dtype
+        if self.moe_tuned is None or kind not in self.moe_default:
             return None
-        key = "bf16" if dtype == "fp16" else dtype
-        if (shape[0], shape[1], key) in self.moe_tuned:
+        if (shape[0], shape[1], "bf16" if kind == "fp16" else kind) in self.moe_tuned:
             return None
-        return self.moe_default[dtype]
+        return self.moe_default[kind]
 
 
 def kernels(hw: HardwareSpec, engine: EngineSpec | None) -> Kernels:

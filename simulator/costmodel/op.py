@@ -101,6 +101,7 @@ class Op:
     fused_moe: bool = False
     moe_shape: tuple[int, int] = (0, 0)  # fused MoE: (local experts, intermediate per shard)
     moe_tokens: Num = 0.0  # fused MoE: the tokens of the kernel's call (vLLM's M)
+    fp8_blocks: bool = False  # an fp8 GEMM on weights scaled per block (Precision.fp8_blocks)
     weight_only: bool = False
     kv_row_elems: float = 0.0
     launch: RowLaunch | None = None
@@ -171,6 +172,7 @@ def gemm(
         fused_moe=fused_moe,
         moe_shape=moe_shape,
         moe_tokens=moe_tokens,
+        fp8_blocks=dtype == "fp8" and prec.fp8_blocks,
         weight_only=fmt not in UNQUANTISED and dtype == prec.activations,
     )
 

@@ -167,7 +167,7 @@ def _kernel_cost(
             comp_eff = gemm_efficiency(hw, op, k.gemm)
             if op.fused_moe:  # the engine's fused MoE kernel, not the GEMM library
                 comp_eff = comp_eff * k.moe_fraction.get(op.dtype, 1.0)
-                factor = k.moe_default_factor(op.moe_shape, op.dtype)
+                factor = k.moe_default_factor(op.moe_shape, op.dtype, fp8_blocks=op.fp8_blocks)
                 if factor is not None:  # vLLM's default configuration: its large-batch tile
                     large = np.asarray(op.moe_tokens, dtype=float) > op.moe_shape[0]
                     fixed = gemm_efficiency(hw, op, k.gemm, tile=DEFAULT_MOE_TILE)

@@ -259,6 +259,7 @@ class Precision(Frozen):
     activations: Literal["fp32", "bf16", "fp16"]
     formats: WeightFormats | None = None
     matrix_formats: tuple[str, ...] = ()
+    fp8_blocks: bool = False  # fp8 weights scaled per block (the checkpoint's own), not tensor
     kv_eviction: KvEviction | None = None  # a KV token budget (None: every token kept)
     shadowkv: ShadowKV | None = None  # low-rank keys on the GPU, values in host memory
     swiftkv: SwiftKV | None = None  # prompt tokens skip the last layers; AcrossKV sharing
@@ -397,4 +398,6 @@ def resolve_precision(
         activations=act,
         formats=formats,
         matrix_formats=matrix,
+        # a block-wise fp8 checkpoint served as fp8 keeps its blocks (vLLM's Fp8Config)
+        fp8_blocks=weights == "fp8" and model.weight_block_size is not None,
     )

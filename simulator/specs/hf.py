@@ -348,6 +348,23 @@ def _weight_dtype(
     return found, formats
 
 
+def _weight_block(cfg: dict[str, Any]) -> tuple[int, int] | None:
+    """The block of an fp8 checkpoint's block-wise weight scales (`weight_block_size`, as vLLM's
+    Fp8Config reads it); None: scaled per tensor or channel."""
+    block = (cfg.get("quantization_config") or {}).get("weight_block_size")
+    if block is None:
+        return None
+    if (
+        not isinstance(block, list)
+        or len(block) != 2
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
+        raise ConfigKeyError(
+            "quantization_config", f"weight_block_size: expected two positive ints, got {block!r}"
+        )
+    return (block[0], block[1])
+
+
 def _compressed_tensors(quant: dict[str, Any]) -> tuple[str | None, str]:
     """(weight format, description) of a compressed-tensors config: its groups' weights must
     agree on one format."""
@@ -421,5 +438,6 @@ def from_hf_config(cfg: dict[str, Any], *, name: str = "") -> ModelSpec:
         dtype=dtype,
         weight_dtype=weights,
         weight_formats=formats,
+        weight_block_size=_weight_block(cfg) if weights == "fp8" else None,
         max_position_embeddings=_context(cfg, model_type),
     )

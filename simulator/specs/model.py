@@ -261,6 +261,11 @@ class ModelSpec(Frozen):
         description="the checkpoint's format of each linear where they differ (None: every "
         "linear in weight_dtype, the embedding and LM head in dtype)",
     )
+    weight_block_size: tuple[int, int] | None = Field(
+        default=None,
+        description="the block of block-wise fp8 weight scales (quantization_config's "
+        "weight_block_size, e.g. DeepSeek-V3's 128 x 128); None: per-tensor or per-channel",
+    )
     max_position_embeddings: int = Field(default=4096, gt=0, le=MAX_TOKENS)
 
     @model_validator(mode="after")

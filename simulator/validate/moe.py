@@ -145,12 +145,15 @@ def predict_s(rows: pd.DataFrame, engine: EngineSpec) -> np.ndarray:
             expert_parallel_size=int(ep),
             quantization="fp8" if str(dtype).startswith("fp8") else None,
         )
+        precision = dep.precision
+        if dtype == "fp8_block":  # a block-wise fp8 checkpoint (its files and default)
+            precision = precision.model_copy(update={"fp8_blocks": True})
         tokens = group["tokens"].to_numpy(dtype=float)
         batch = BatchShape(prefill_tokens=tokens)
         hit = np.minimum(float(experts), tokens * int(top_k)) if routing == "balanced" else None
         ops = [
             op
-            for op in moe_ops(model, dep.layout, dep.precision, batch, experts_hit_by=hit)
+            for op in moe_ops(model, dep.layout, precision, batch, experts_hit_by=hit)
             if op.name not in NOT_RUN[str(routing)]
         ]
         seconds = np.ravel(total_time(evaluate(ops, dep.hardware, dep.engine)))
@@ -202,18 +205,22 @@ def untuned(rows: pd.DataFrame) -> np.ndarray:
         key = (
             int(r.num_experts) // int(r.expert_parallel),
             int(r.intermediate_size) // shard,
-            "fp8" if str(r.dtype).startswith("fp8") else str(r.dtype),
+            str(r.dtype),  # bf16, fp8 (per tensor) or fp8_block, as the files are listed
         )
         out[i] = key not in tuned_moe_shapes(LISTED_RELEASE, str(r.hardware))
     return out
 
 
+DEFAULT_DTYPES = ("bf16", "fp8")  # the default configuration's fractions fitted (not fp8_block)
+
+
 def _fits(rows: pd.DataFrame) -> np.ndarray:
     """The rows the fractions were fitted to: benchmark_moe.py's bf16 rows on H100 (tuned) and
-    A1's bf16 rows on H100 that ran vLLM 0.14.0's default configuration."""
-    fit = ((rows["hardware"] == FIT_HARDWARE) & (rows["dtype"] == FIT_DTYPE)).to_numpy()
-    k_rows = (rows["source"] != "A1").to_numpy()
-    return fit & (k_rows | untuned(rows))
+    A1's bf16 and per-tensor fp8 rows on H100 that ran vLLM 0.14.0's default configuration."""
+    h100 = (rows["hardware"] == FIT_HARDWARE).to_numpy()
+    k_rows = ((rows["source"] != "A1") & (rows["dtype"] == FIT_DTYPE)).to_numpy()
+    default = untuned(rows) & rows["dtype"].isin(DEFAULT_DTYPES).to_numpy()
+    return h100 & (k_rows | default)
 
 
 def _layout(row: Any) -> str:
@@ -255,13 +262,13 @@ def moe_suite() -> pd.DataFrame:
     return _suite().copy()
 
 
-def _least_squares(rows: pd.DataFrame, field: str, base: EngineSpec) -> float:
-    """The value of the engine's `field` (for bf16) that best predicts `rows` (least squares
+def _least_squares(rows: pd.DataFrame, field: str, base: EngineSpec, dtype: str) -> float:
+    """The value of the engine's `field` for `dtype` that best predicts `rows` (least squares
     on the log of predicted / measured)."""
     seconds = rows["latency_us"].to_numpy(dtype=float) * 1e-6
 
     def loss(fraction: float) -> float:
-        engine = base.model_copy(update={field: {FIT_DTYPE: fraction}})
+        engine = base.model_copy(update={field: {**getattr(base, field), dtype: fraction}})
         return float(np.sum(np.log(predict_s(rows, engine) / seconds) ** 2))
 
     return float(minimize_scalar(loss, bounds=(0.05, 1.0), method="bounded").x)
@@ -271,17 +278,17 @@ def fit_fraction() -> float:
     """The `vllm` profile's fused_moe_fraction for bf16: the compute-efficiency factor that
     best predicts benchmark_moe.py's H100 bf16 rows (a tuned configuration)."""
     rows = measured()
-    return _least_squares(
-        rows[_fits(rows)].reset_index(drop=True), "fused_moe_fraction", load_engine("vllm")
-    )
-
-
-def fit_default_fraction() -> float:
-    """The `vllm` profile's fused_moe_default_fraction for bf16: what best predicts A1's H100
-    bf16 rows that ran vLLM 0.14.0's default configuration, the tuned fraction as fitted."""
-    rows = aiconfigurator_rows()
     rows = rows[_fits(rows)].reset_index(drop=True)
-    return _least_squares(rows, "fused_moe_default_fraction", load_engine("vllm"))
+    return _least_squares(rows, "fused_moe_fraction", load_engine("vllm"), FIT_DTYPE)
+
+
+def fit_default_fraction(dtype: str = FIT_DTYPE) -> float:
+    """The `vllm` profile's fused_moe_default_fraction for `dtype` (bf16, or fp8 per tensor):
+    what best predicts A1's H100 rows of it that ran vLLM 0.14.0's default configuration, the
+    tuned fraction as fitted."""
+    rows = aiconfigurator_rows()
+    rows = rows[_fits(rows) & (rows["dtype"] == dtype).to_numpy()].reset_index(drop=True)
+    return _least_squares(rows, "fused_moe_default_fraction", load_engine("vllm"), dtype)
 
 
 def main(argv: list[str]) -> int:
@@ -290,7 +297,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m simulator.validate.moe --fit", file=sys.stderr)
         return 2
     print(f"fused_moe_fraction: {{{FIT_DTYPE}: {fit_fraction():.3f}}}")
-    print(f"fused_moe_default_fraction: {{{FIT_DTYPE}: {fit_default_fraction():.3f}}}")
+    fractions = ", ".join(f"{d}: {fit_default_fraction(d):.3f}" for d in DEFAULT_DTYPES)
+    print(f"fused_moe_default_fraction: {{{fractions}}}")
     return 0
 
 

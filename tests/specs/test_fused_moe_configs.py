@@ -79,5 +79,34 @@ def test_the_tool_reads_the_file_names_of_a_wheel(tmp_path: Path) -> None:
     assert release == "vllm-1.2.3"
     assert table == {
         "h100_sxm": {"bf16": [[8, 7168]]},
-        "h200_sxm": {"fp8": [[16, 1024], [256, 256]]},
+        "h200_sxm": {"fp8": [[16, 1024]], "fp8_block": [[256, 256]]},
     }
+
+
+def test_block_wise_fp8_checkpoints_keep_their_blocks() -> None:
+    """DeepSeek-V3's checkpoint scales its fp8 weights per 128 x 128 block: served as fp8 it
+    looks up vLLM's block-wise files; `--quantization fp8` on a bf16 checkpoint is per tensor."""
+    import simulator as sim
+
+    deepseek = sim.deployment(model="deepseek-v3", hardware="h200_sxm", tensor_parallel_size=8)
+    assert deepseek.model.weight_block_size == (128, 128) and deepseek.precision.fp8_blocks
+    qwen = sim.deployment(model="qwen3-30b-a3b", hardware="h100_sxm", quantization="fp8")
+    assert qwen.precision.weights == "fp8" and not qwen.precision.fp8_blocks
+    assert (256, 256, "fp8_block") in tuned_moe_shapes("vllm-0.14.0", "h200_sxm")
+
+
+def test_a_malformed_block_size_names_the_key() -> None:
+    from simulator.specs.hf import ConfigKeyError, from_hf_config
+
+    config = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 512,
+        "vocab_size": 1000,
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128]},
+    }
+    with pytest.raises(ConfigKeyError) as info:
+        from_hf_config(config)
+    assert "weight_block_size" in str(info.value)
