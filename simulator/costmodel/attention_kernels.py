@@ -180,6 +180,13 @@ class Kernels:
     moe_tuned: frozenset[tuple[int, int, str]] | None = None
     moe_default: Mapping[str, float] = field(default_factory=dict)
 
+    def moe_fraction_of(self, dtype: str, *, fp8_blocks: bool = False) -> float:
+        """The fused MoE kernel's compute efficiency against the GEMM library's in `dtype`
+        (block-wise fp8 by its own entry where the profile names one, else as fp8)."""
+        if fp8_blocks and "fp8_block" in self.moe_fraction:
+            return self.moe_fraction["fp8_block"]
+        return self.moe_fraction.get(dtype, 1.0)
+
     def moe_default_factor(
         self, shape: tuple[int, int], dtype: str, *, fp8_blocks: bool = False
     ) -> float | None:

@@ -212,15 +212,18 @@ def untuned(rows: pd.DataFrame) -> np.ndarray:
 
 
 DEFAULT_DTYPES = ("bf16", "fp8")  # the default configuration's fractions fitted (not fp8_block)
+BLOCK_DTYPE = "fp8_block"  # block-wise fp8: a fused_moe_fraction of its own
 
 
 def _fits(rows: pd.DataFrame) -> np.ndarray:
-    """The rows the fractions were fitted to: benchmark_moe.py's bf16 rows on H100 (tuned) and
-    A1's bf16 and per-tensor fp8 rows on H100 that ran vLLM 0.14.0's default configuration."""
+    """The rows the fractions were fitted to: benchmark_moe.py's bf16 rows on H100 (tuned),
+    A1's bf16 and per-tensor fp8 rows on H100 that ran vLLM 0.14.0's default configuration,
+    and A1's block-wise fp8 rows on H100."""
     h100 = (rows["hardware"] == FIT_HARDWARE).to_numpy()
     k_rows = ((rows["source"] != "A1") & (rows["dtype"] == FIT_DTYPE)).to_numpy()
     default = untuned(rows) & rows["dtype"].isin(DEFAULT_DTYPES).to_numpy()
-    return h100 & (k_rows | default)
+    blocks = ((rows["source"] == "A1") & (rows["dtype"] == BLOCK_DTYPE)).to_numpy()
+    return h100 & (k_rows | default | blocks)
 
 
 def _layout(row: Any) -> str:
@@ -282,6 +285,15 @@ def fit_fraction() -> float:
     return _least_squares(rows, "fused_moe_fraction", load_engine("vllm"), FIT_DTYPE)
 
 
+def fit_block_fraction() -> float:
+    """The `vllm` profile's fused_moe_fraction for block-wise fp8: what best predicts A1's H100
+    block-wise fp8 rows, with a file or not (its default configuration is close to tuned
+    ones; the kernel's per-block scaling is the cost)."""
+    rows = aiconfigurator_rows()
+    rows = rows[_fits(rows) & (rows["dtype"] == BLOCK_DTYPE).to_numpy()].reset_index(drop=True)
+    return _least_squares(rows, "fused_moe_fraction", load_engine("vllm"), BLOCK_DTYPE)
+
+
 def fit_default_fraction(dtype: str = FIT_DTYPE) -> float:
     """The `vllm` profile's fused_moe_default_fraction for `dtype` (bf16, or fp8 per tensor):
     what best predicts A1's H100 rows of it that ran vLLM 0.14.0's default configuration, the
@@ -296,7 +308,8 @@ def main(argv: list[str]) -> int:
     if argv != ["--fit"]:
         print("usage: python -m simulator.validate.moe --fit", file=sys.stderr)
         return 2
-    print(f"fused_moe_fraction: {{{FIT_DTYPE}: {fit_fraction():.3f}}}")
+    tuned = f"{FIT_DTYPE}: {fit_fraction():.3f}, {BLOCK_DTYPE}: {fit_block_fraction():.3f}"
+    print(f"fused_moe_fraction: {{{tuned}}}")
     fractions = ", ".join(f"{d}: {fit_default_fraction(d):.3f}" for d in DEFAULT_DTYPES)
     print(f"fused_moe_default_fraction: {{{fractions}}}")
     return 0

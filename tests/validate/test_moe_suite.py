@@ -17,6 +17,7 @@ from simulator.validate.moe import (
     FIT_SUITE,
     SUITE,
     aiconfigurator_rows,
+    fit_block_fraction,
     fit_default_fraction,
     fit_fraction,
     measured,
@@ -40,10 +41,11 @@ def test_suite_rows_and_which_are_fitted() -> None:
     assert list(df.columns[: len(COLUMNS)]) == COLUMNS
     assert SUITE in SUITE_NAMES and FIT_SUITE in SUITE_NAMES
     fit = df[df["suite"] == FIT_SUITE]
-    # benchmark_moe.py's tuned H100 rows, and A1's H100 bf16 and per-tensor fp8 rows of shapes
-    # vLLM 0.14.0 ships no configuration for
-    assert len(fit) == 15 + 1944 + 2079 and fit["fitted"].all()
-    assert set(fit["device"]) == {"h100_sxm"} and set(fit["dtype"]) == {"bf16", "fp8"}
+    # benchmark_moe.py's tuned H100 rows, A1's H100 bf16 and per-tensor fp8 rows of shapes vLLM
+    # 0.14.0 ships no configuration for, and A1's H100 block-wise fp8 rows
+    assert len(fit) == 15 + 1944 + 2079 + 1863 and fit["fitted"].all()
+    assert set(fit["device"]) == {"h100_sxm"}
+    assert set(fit["dtype"]) == {"bf16", "fp8", "fp8_block"}
     held = df[df["suite"] == SUITE]
     assert not held["fitted"].any()
     assert (held["source"] != "A1").sum() == 71  # the pull requests' rows
@@ -104,6 +106,7 @@ def test_the_fit_reproduces_the_profiles_factor() -> None:
         fitted = fit_default_fraction(dtype)
         assert fitted == pytest.approx(vllm.fused_moe_default_fraction[dtype], abs=5e-4)
     assert "fp8_block" not in vllm.fused_moe_default_fraction  # a default of its own
+    assert fit_block_fraction() == pytest.approx(vllm.fused_moe_fraction["fp8_block"], abs=5e-4)
     assert load_engine("sglang").fused_moe_fraction == vllm.fused_moe_fraction
     assert load_engine("sglang").fused_moe_configs is None  # SGLang ships configurations of its own
 
@@ -160,9 +163,11 @@ def test_held_out_error_is_pinned_loosely() -> None:
     assert held["a100_sxm_80gb"]["mape_pct"] < 15  # 11.6 (15.5 before the factor)
     # 33.5 with aiconfigurator's tables (19.7 on the pull request's rows, 21.7 before the
     # factor): the many-expert shapes at thousands of tokens run 2-3x the price
-    # 22.4: its bf16 rows 27.6 -> 17.3 and per-tensor fp8 43.1 -> 21.7 with the files
-    assert held["h200_sxm"]["mape_pct"] < 26
-    assert summary["suites"][FIT_SUITE]["mape_pct"] < 18  # 15.5 (the old default's rows in it)
+    # 18.7: its bf16 rows 27.6 -> 17.3 and per-tensor fp8 43.1 -> 21.7 with the files, block
+    # fp8 29.4 -> 16.6 with its fraction
+    assert held["h200_sxm"]["mape_pct"] < 22
+    assert held["b200"]["mape_pct"] < 31  # 27.0 (34.0 before block fp8's fraction)
+    assert summary["suites"][FIT_SUITE]["mape_pct"] < 18  # 15.6 (the old default's rows in it)
 
 
 def test_the_default_configuration_is_priced_on_nvidia_gpus_alone() -> None:
@@ -178,4 +183,6 @@ def test_the_default_configuration_is_priced_on_nvidia_gpus_alone() -> None:
     fp8 = vllm.fused_moe_default_fraction["fp8"]
     assert nvidia.moe_default_factor((128, 768), "fp8") == fp8  # per tensor: no file
     assert nvidia.moe_default_factor((128, 768), "fp8", fp8_blocks=True) is None  # no factor
+    assert nvidia.moe_fraction_of("fp8") == 1.0  # per tensor: the library's efficiency
+    assert nvidia.moe_fraction_of("fp8", fp8_blocks=True) == vllm.fused_moe_fraction["fp8_block"]
     assert kernels(load_hardware("h100_sxm"), load_engine("sglang")).moe_tuned is None
