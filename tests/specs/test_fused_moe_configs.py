@@ -46,6 +46,7 @@ def test_profiles_name_the_release_they_ran() -> None:
     assert load_engine("vllm-0.11").fused_moe_configs == "vllm-0.11.1"
     assert load_engine("vllm-0.9").fused_moe_configs == "vllm-0.9.2"
     assert load_engine("vllm-0.8").fused_moe_configs == "vllm-0.8.5"
+    assert load_engine("vllm-0.7").fused_moe_configs == "vllm-0.7.3"
     for engine in ("sglang", "trtllm", "llamacpp", "vllm-0.6"):
         assert load_engine(engine).fused_moe_configs is None
 
