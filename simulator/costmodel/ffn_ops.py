@@ -53,8 +53,7 @@ def mlp_ops(
             layers=layers,
             groups=groups,
             scales_with=scales_with,
-            fused_moe=fused_moe is not None,
-            moe_shape=fused_moe or (0, 0),
+            fused_moe=fused_moe,
             moe_tokens=moe_tokens,
         ),
         gated_act(
@@ -78,8 +77,7 @@ def mlp_ops(
             layers=layers,
             groups=groups,
             scales_with=scales_with,
-            fused_moe=fused_moe is not None,
-            moe_shape=fused_moe or (0, 0),
+            fused_moe=fused_moe,
             moe_tokens=moe_tokens,
         ),
     ]

@@ -77,8 +77,10 @@ class Op:
     memory-bound kernel that must run first (activation quantisation of a W8A8 GEMM).
     `launch` is the thread-block launch of a one-block-per-row elementwise kernel (None:
     priced by its bytes alone). `fused_moe`: a routed experts' GEMM, run by the engine's fused
-    MoE kernel (`EngineSpec.fused_moe_fraction`). `weight_only`: a GEMM on quantised weights
-    dequantised and multiplied in 16-bit (Marlin, ggml). Collectives move `msg_bytes` among
+    MoE kernel (`EngineSpec.fused_moe_fraction`), as that kernel's shape (local experts,
+    intermediate size per shard: what its configuration is picked by); None for any other.
+    `weight_only`: a GEMM on quantised weights dequantised and multiplied in 16-bit (Marlin,
+    ggml). Collectives move `msg_bytes` among
     `group_size` devices. `scales_with` says which batch quantities the cost depends on."""
 
     name: str
@@ -98,8 +100,7 @@ class Op:
     kv_dtype: str = ""
     kv_bytes: Num = 0.0
     pre_bytes: Num = 0.0
-    fused_moe: bool = False
-    moe_shape: tuple[int, int] = (0, 0)  # fused MoE: (local experts, intermediate per shard)
+    fused_moe: tuple[int, int] | None = None
     moe_tokens: Num = 0.0  # fused MoE: the tokens of the kernel's call (vLLM's M)
     fp8_blocks: bool = False  # an fp8 GEMM on weights scaled per block (Precision.fp8_blocks)
     weight_only: bool = False
@@ -130,15 +131,14 @@ def gemm(
     layers: tuple[int, int] = (0, 0),
     groups: Num = 1.0,
     scales_with: ScalesWith = "tokens",
-    fused_moe: bool = False,
-    moe_shape: tuple[int, int] = (0, 0),
+    fused_moe: tuple[int, int] | None = None,
     moe_tokens: Num = 0.0,
 ) -> Op:
     """A (groups x) m-by-k times k-by-n GEMM whose k-by-n operand is a stored weight. A W8A8
     or NVFP4 W4A4 GEMM (8- or 4-bit compute, 16-bit activations) reads activations quantised
     by a kernel before it (`pre_bytes`: read 16-bit, write 8-bit, or 4-bit with block scales).
     `fused_moe`: routed experts' GEMMs in the engine's fused MoE kernel, whose configuration
-    vLLM picks by `moe_shape` (local experts, intermediate size per shard) and the call's
+    vLLM picks by this shape (local experts, intermediate size per shard) and the call's
     `moe_tokens`. The weight is stored
     in `weight_dtype`, else in the formats of `linears` (linear -> share of the weight) over
     `layers` [start, stop) (`Precision.gemm_weights`), else in the main weight format."""
@@ -170,7 +170,6 @@ def gemm(
         pre_bytes=np.where(active, pre, 0.0),
         scales_with=scales_with,
         fused_moe=fused_moe,
-        moe_shape=moe_shape,
         moe_tokens=moe_tokens,
         fp8_blocks=dtype == "fp8" and prec.fp8_blocks,
         weight_only=fmt not in UNQUANTISED and dtype == prec.activations,

@@ -165,12 +165,12 @@ def _kernel_cost(
     match op.kind:
         case "gemm":
             comp_eff = gemm_efficiency(hw, op, k.gemm)
-            if op.fused_moe:  # the engine's fused MoE kernel, not the GEMM library
+            if op.fused_moe is not None:  # the engine's fused MoE kernel, not the GEMM library
                 fraction = k.moe_fraction_of(op.dtype, fp8_blocks=op.fp8_blocks)
                 comp_eff = comp_eff * fraction
-                factor = k.moe_default_factor(op.moe_shape, op.dtype, fp8_blocks=op.fp8_blocks)
+                factor = k.moe_default_factor(op.fused_moe, op.dtype, fp8_blocks=op.fp8_blocks)
                 if factor is not None:  # vLLM's default configuration: its large-batch tile
-                    large = np.asarray(op.moe_tokens, dtype=float) > op.moe_shape[0]
+                    large = np.asarray(op.moe_tokens, dtype=float) > op.fused_moe[0]
                     fixed = gemm_efficiency(hw, op, k.gemm, tile=DEFAULT_MOE_TILE)
                     fixed = fixed * fraction * factor
                     comp_eff = np.where(large, fixed, comp_eff)
