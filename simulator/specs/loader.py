@@ -650,7 +650,7 @@ def _load_engine_file(path: Path, calibrated: bool = True) -> EngineSpec:
     if engine.host_cpu is not None:
         host_cpu(engine.host_cpu, source=str(path), field="host_cpu")
     if engine.fused_moe_configs is not None:
-        tuned_moe_shapes(engine.fused_moe_configs, "", source=str(path))
+        check_moe_release(engine.fused_moe_configs, source=str(path))
     return engine
 
 
@@ -662,17 +662,11 @@ def _fused_moe_configs() -> dict[str, Any]:
     return data
 
 
-def tuned_moe_shapes(
-    release: str, hardware: str, *, source: str = "", field: str = "fused_moe_configs"
-) -> frozenset[tuple[int, int, str]]:
-    """(local experts, intermediate size per shard, compute dtype) of the routed-expert shapes
-    vLLM `release` ships a tuned fused-MoE configuration for on `hardware` (an id), from
-    `simulator/specs/fused_moe_configs.yaml`; none for `NO_MOE_CONFIGS`. An unknown release
-    is a SpecError naming the known ones."""
-    if release == NO_MOE_CONFIGS:
-        return frozenset()
+def check_moe_release(release: str, *, source: str = "", field: str = "fused_moe_configs") -> None:
+    """A SpecError naming the known releases unless `release` is one of
+    `simulator/specs/fused_moe_configs.yaml` or `NO_MOE_CONFIGS`."""
     table = _fused_moe_configs()
-    if release not in table:
+    if release != NO_MOE_CONFIGS and release not in table:
         known = [NO_MOE_CONFIGS, *sorted(table)]
         raise SpecError(
             f"unknown vLLM release {release!r}{did_you_mean(release, known)} "
@@ -680,7 +674,15 @@ def tuned_moe_shapes(
             source=source,
             field=field,
         )
-    return _moe_shapes(release, hardware)
+
+
+def tuned_moe_shapes(release: str, hardware: str) -> frozenset[tuple[int, int, str]]:
+    """(local experts, intermediate size per shard, dtype key: bf16, fp8 or fp8_block) of the
+    routed-expert shapes vLLM `release` ships a tuned fused-MoE configuration for on `hardware`
+    (an id), from `simulator/specs/fused_moe_configs.yaml`; none for `NO_MOE_CONFIGS`. An
+    unknown release is a SpecError (`check_moe_release`)."""
+    check_moe_release(release)
+    return frozenset() if release == NO_MOE_CONFIGS else _moe_shapes(release, hardware)
 
 
 @cache
