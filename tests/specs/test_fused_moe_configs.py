@@ -49,6 +49,10 @@ def test_profiles_name_the_release_they_ran() -> None:
     assert load_engine("vllm-0.7").fused_moe_configs == "vllm-0.7.3"
     for engine in ("sglang", "trtllm", "llamacpp", "vllm-0.6"):
         assert load_engine(engine).fused_moe_configs is None
+    # vllm-0.7 starts from vllm-0.6, so it carries the vllm profile's fitted fractions as copies
+    vllm, v07 = load_engine("vllm"), load_engine("vllm-0.7")
+    assert v07.fused_moe_fraction == vllm.fused_moe_fraction
+    assert v07.fused_moe_default_fraction == vllm.fused_moe_default_fraction
 
 
 def test_an_unknown_release_names_the_known_ones(tmp_path: Path) -> None:
