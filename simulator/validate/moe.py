@@ -289,18 +289,22 @@ def fit_block_fraction() -> float:
     """The `vllm` profile's fused_moe_fraction for block-wise fp8: what best predicts A1's H100
     block-wise fp8 rows, with a file or not (its default configuration is close to tuned
     ones; the kernel's per-block scaling is the cost)."""
-    rows = aiconfigurator_rows()
-    rows = rows[_fits(rows) & (rows["dtype"] == BLOCK_DTYPE).to_numpy()].reset_index(drop=True)
-    return _least_squares(rows, "fused_moe_fraction", load_engine("vllm"), BLOCK_DTYPE)
+    return _fit_a1("fused_moe_fraction", BLOCK_DTYPE)
 
 
 def fit_default_fraction(dtype: str = FIT_DTYPE) -> float:
     """The `vllm` profile's fused_moe_default_fraction for `dtype` (bf16, or fp8 per tensor):
     what best predicts A1's H100 rows of it that ran vLLM 0.14.0's default configuration, the
     tuned fraction as fitted."""
+    return _fit_a1("fused_moe_default_fraction", dtype)
+
+
+def _fit_a1(field: str, dtype: str) -> float:
+    """The `vllm` profile's `field` for `dtype` that best predicts A1's H100 rows of it kept
+    for fitting (`_fits`)."""
     rows = aiconfigurator_rows()
     rows = rows[_fits(rows) & (rows["dtype"] == dtype).to_numpy()].reset_index(drop=True)
-    return _least_squares(rows, "fused_moe_default_fraction", load_engine("vllm"), dtype)
+    return _least_squares(rows, field, load_engine("vllm"), dtype)
 
 
 def main(argv: list[str]) -> int:
