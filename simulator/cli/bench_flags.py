@@ -188,7 +188,9 @@ PdPartitionOpt = Annotated[
         "--pd-partition",
         help="intra-GPU prefill/decode partitioning (Nexus): a prefill and a decode stream run "
         "at once on shares of the SMs over one KV cache; static:SHARE (the prefill stream's SM "
-        "share, 0-1) or dynamic:TBT_MS (decode gets the least SMs meeting that TBT)",
+        "share, 0-1) or dynamic:TBT_MS (decode gets the least SMs meeting that TBT); then "
+        ",prefill=spf (the prefill queue shortest prompt first) and, dynamic, ,hysteresis=H "
+        "(the decode share falls only to one within (1-H) x the TBT)",
     ),
 ]
 EnableLoraOpt = Annotated[

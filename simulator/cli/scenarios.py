@@ -126,7 +126,10 @@ def run_cmd(
     if pd_partition is not None:  # the flag's own error, before the file is read
         from simulator.specs.serving import parse_pd_partition
 
-        parse_pd_partition(pd_partition)
+        try:
+            parse_pd_partition(pd_partition)
+        except SpecError as exc:
+            raise SpecError(exc.reason, field="--pd-partition") from None
     if power_budget is not None and not power_budget > 0:
         raise SpecError(f"must be above 0 W, got {power_budget:g}", field="--power-budget")
     result = runner.run(

@@ -261,6 +261,10 @@ def format_serve_summary(
     if lora:
         lines.append("{s:{c}^{n}}".format(s="LoRA adapters", n=WIDTH, c="-"))
         lines += lora
+    split = pd_partition_lines(s)
+    if split:
+        lines.append("{s:{c}^{n}}".format(s="Intra-GPU P/D split", n=WIDTH, c="-"))
+        lines += split
     lines += _fleet_section(s)
     lines += _power_section(s)
     lines += bound_lines(s)
@@ -334,7 +338,8 @@ def format_throughput_summary(summary: Mapping[str, float | int | None]) -> str:
     if spans:
         coverage = float(_num(summary["interval_coverage"]))
         lines.append(f"Error bands at {coverage:.0%}: {', '.join(spans)}")
-    return "\n".join(lines + lora_lines(summary) + bound_lines(summary) + band_lines(summary))
+    lines += lora_lines(summary) + pd_partition_lines(summary)
+    return "\n".join(lines + bound_lines(summary) + band_lines(summary))
 
 
 def lora_lines(summary: Mapping[str, Any]) -> list[str]:
@@ -349,6 +354,20 @@ def lora_lines(summary: Mapping[str, Any]) -> list[str]:
         f"{_num(lora['adapter_load_bytes']) / 2**30:.2f} GiB, {_num(lora['adapter_load_s']):.3f} s",
         f"LoRA adapters per step: {_num(lora['mean_adapters_per_step']):.2f} mean, "
         f"{lora['max_adapters_per_step']} most (max_loras {lora['max_loras']})",
+    ]
+
+
+def pd_partition_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The dynamic intra-GPU split's lines (`serving.pd_partition.split_summary`) where the
+    summary has them: its choices with both streams busy, how many changed the split, and
+    the decode stream's mean SM share."""
+    split = summary.get("pd_partition")
+    if not isinstance(split, Mapping):
+        return []
+    return [
+        _row("Split decisions (both streams busy):", int(_num(split["split_decisions"]))),
+        _row("Split changes:", int(_num(split["split_changes"]))),
+        _row("Mean decode SM share:", _num(split["mean_decode_share"]), ".2f"),
     ]
 
 

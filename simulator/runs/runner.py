@@ -416,6 +416,8 @@ def _simulate(
         summary["lora"] = sim.lora
     if sim.kv_pool is not None:
         summary["kv_pool"] = sim.kv_pool
+    if sim.pd_partition is not None:
+        summary["pd_partition"] = sim.pd_partition
     if scenario.autoscale is not None:
         summary.update(fleet_summary(scenario, sim, plans, deps, goodput or {}))
     if sim.power is not None:

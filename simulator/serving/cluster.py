@@ -47,6 +47,7 @@ from simulator.serving.kv_tiers import (
     TieredBlockManager,
 )
 from simulator.serving.lora import AdapterCache, lora_summary
+from simulator.serving.pd_partition import PdPartitioned, split_summary
 from simulator.serving.power import PowerBudget, PowerController
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
@@ -80,6 +81,9 @@ class SimResult:
     fleet_gpu_seconds: dict[int, float] | None = None
     # with a distributed KV pool (serving.kv_pool): what it lent and what that cost
     kv_pool: dict[str, float] | None = None
+    # with intra-GPU P/D partitioning, dynamic (serving.pd_partition.split_summary): its
+    # split's choices
+    pd_partition: dict[str, float] | None = None
     # with a power budget (serving.power): the fleet's sampled draw, and replica-seconds capped
     power: pd.DataFrame | None = None
     power_capped_replica_s: float | None = None
@@ -218,6 +222,8 @@ def serve(
     )
     if pool is not None:
         result = dataclasses.replace(result, kv_pool=pool.summary())
+    if any(isinstance(group.loop, PdPartitioned) for group in groups):
+        result = dataclasses.replace(result, pd_partition=split_summary(replicas))
     result = with_power(result, controller)
     if fleet is None:
         return result

@@ -26,9 +26,13 @@ stream gets the smallest share on a grid of tenths whose decode step (its runnin
 priced under contention) meets the TBT target, at most 0.9; the prefill stream gets the rest.
 A stream alone on the replica has the whole GPU, priced exactly as today's replica.
 
-Not modelled: the paper's hysteresis and its phase-specific schedulers (each stream here keeps
-the engine's scheduler), kernel-level interference beyond the bandwidth shares, the SM split's
-switching cost. Both streams' steps are recorded under the replica's index, so they overlap in
+The paper names hysteresis and phase-specific schedulers without their details being
+available here; llmsim offers its own reading of each (`PdPartition`): `hysteresis` h keeps a
+dynamic decode share that still meets the target unless a smaller one meets (1 - h) x the
+target (it rises at once, falls only with margin), and `prefill_order: spf` puts the prefill
+stream's queue in shortest-prompt-first order before each of its steps (the decode stream keeps
+the engine's order). Not modelled: kernel-level interference beyond the bandwidth shares, the
+SM split's switching cost (the run counts the switches, `split_summary`). Both streams' steps are recorded under the replica's index, so they overlap in
 time in the step rows; the energy account counts the GPU once while both run
 (`runs.energy.stream_overlap`)."""
 
@@ -163,6 +167,11 @@ class _Split:
         self.last_decode_share = 0.0  # the decode stream's SM share at its last step
         # the last dynamic choice: (time, decode sequences, their context) and its share
         self._chosen: tuple[tuple[float, int, float], float] = ((-1.0, 0, 0.0), 0.0)
+        # the dynamic split's choices with both streams busy: how many, how many changed the
+        # decode share from the one before, and the shares' sum (`split_summary`)
+        self.decisions = 0
+        self.changes = 0
+        self.share_sum = 0.0
 
     def timer(self, stream: Stream) -> StepTimer:
         assert self.prefill is not None and self.decode is not None
@@ -182,7 +191,9 @@ class _Split:
 
     def decode_share(self) -> float:
         """Dynamic split: the smallest decode share whose step of the decode stream's running
-        batch, with the prefill stream busy, meets the TBT target (the largest if none does)."""
+        batch, with the prefill stream busy, meets the TBT target (the largest if none does).
+        With hysteresis h, a share that still meets the target is kept unless a smaller one
+        meets (1 - h) x the target: the split falls only with margin, and rises at once."""
         assert self.decode is not None
         reqs = self.decode.running
         if not reqs:  # preempted requests recomputing, or none yet: an even split
@@ -192,13 +203,22 @@ class _Split:
         key = (self.decode.env.now, len(reqs), total)  # a step reads its timer more than once
         if key == self._chosen[0]:
             return self._chosen[1]
-        chosen = DECODE_SHARES[-1]
-        for share in DECODE_SHARES:
+
+        def meets(share: float, limit: float) -> bool:
             timer = self.timers.stream_timer("decode", share, both_busy=True)
             step = timer.decode_run(num_seqs=len(reqs), total_context=total, steps=1)
-            if float(step[0]) <= target:
-                chosen = share
-                break
+            return float(step[0]) <= limit
+
+        before = self._chosen[1] if self.decisions else None
+        band = self.partition.hysteresis
+        if band and before is not None and meets(before, target):
+            lower = [share for share in DECODE_SHARES if share < before]
+            chosen = next((s for s in lower if meets(s, target * (1.0 - band))), before)
+        else:
+            chosen = next((s for s in DECODE_SHARES if meets(s, target)), DECODE_SHARES[-1])
+        self.decisions += 1
+        self.changes += before is not None and chosen != before
+        self.share_sum += chosen
         self._chosen = (key, chosen)
         return chosen
 
@@ -216,10 +236,42 @@ class _Split:
 
     def prefill_step(self, prefill: Replica) -> None:
         """At a prefill step boundary: a decode stream with only preempted requests waiting
-        may find the blocks the prefill stream freed."""
+        may find the blocks the prefill stream freed. With `spf` the prefill stream's queue
+        is put in shortest-prompt-first order (priority first, then the fewest prompt tokens
+        left, then arrival) before it schedules; prompts already started are not cut."""
         assert self.decode is not None
         if self.decode.waiting and not self.decode.running:
             self.decode.wake()
+        waiting = prefill.waiting
+        if self.partition.prefill_order == "spf" and len(waiting) > 1:
+            ordered = sorted(waiting, key=_shortest_prompt_first)
+            waiting.clear()
+            waiting.extend(ordered)
+
+
+def _shortest_prompt_first(req: Request) -> tuple[int, int, float, int]:
+    return (req.priority, req.remaining, req.arrival_s, req.id)
+
+
+def split_summary(replicas: list[Replica]) -> dict[str, float] | None:
+    """The dynamic splits' choices while both streams were busy, over the partitioned
+    replicas among `replicas`: how many, how many changed the decode share from the one
+    before, and the mean decode share chosen (None when none is partitioned dynamically)."""
+    splits = [
+        r._split
+        for r in replicas
+        if isinstance(r, StreamReplica)
+        and r.stream == "prefill"
+        and r._split.partition.mode == "dynamic"
+    ]
+    if not splits:
+        return None
+    decisions = sum(s.decisions for s in splits)
+    return {
+        "split_decisions": float(decisions),
+        "split_changes": float(sum(s.changes for s in splits)),
+        "mean_decode_share": sum(s.share_sum for s in splits) / decisions if decisions else 0.0,
+    }
 
 
 class StreamReplica(Replica):

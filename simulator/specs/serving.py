@@ -282,38 +282,51 @@ def kv_offload_problem(
     return None
 
 
-PD_PARTITION_FORMS = "static:<prefill SM share in (0, 1)> or dynamic:<decode TBT target in ms>"
+PD_PARTITION_FORMS = (
+    "static:<prefill SM share in (0, 1)> or dynamic:<decode TBT target in ms>, then optionally "
+    ",prefill=fcfs|spf and (dynamic) ,hysteresis=<fraction of the target in [0, 1)>"
+)
 
 
 class PdPartition(Frozen):
     """Intra-GPU prefill/decode partitioning (Nexus, arXiv 2507.06608; serving.pd_partition):
-    a prefill stream and a decode stream run at once on one replica's GPUs, each on its share
+    a prefill and a decode stream run at once on one replica's GPUs, each on its share
     of the SMs. `static`: the prefill stream always has `prefill_share` of them, the decode
     stream the rest. `dynamic`: before each step the decode stream takes the smallest share
     whose step meets `tbt_target_s`, the prefill stream the rest; a stream alone has the
-    whole GPU."""
+    whole GPU. `hysteresis` (dynamic; a fraction h of the target): the decode share rises as
+    soon as its step would miss the target, and falls only to a share whose step is within
+    (1 - h) x the target. `prefill_order`: the prefill stream's queue, `fcfs` (the engine's)
+    or `spf` (shortest prompt first: fewest prompt tokens left)."""
 
     mode: Literal["static", "dynamic"]
     prefill_share: float | None = Field(default=None, gt=0, lt=1)
     tbt_target_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    hysteresis: float = Field(default=0.0, ge=0, lt=1)
+    prefill_order: Literal["fcfs", "spf"] = "fcfs"
 
     @property
     def text(self) -> str:
-        """How the flag spells it: "static:0.6", "dynamic:50"."""
+        """How the flag spells it: "static:0.6", "dynamic:50,prefill=spf,hysteresis=0.2"."""
         if self.mode == "static":
-            return f"static:{self.prefill_share:g}"
-        return f"dynamic:{(self.tbt_target_s or 0.0) * 1e3:g}"
+            text = f"static:{self.prefill_share:g}"
+        else:
+            text = f"dynamic:{(self.tbt_target_s or 0.0) * 1e3:g}"
+        if self.prefill_order != "fcfs":
+            text += f",prefill={self.prefill_order}"
+        if self.hysteresis:
+            text += f",hysteresis={self.hysteresis:g}"
+        return text
 
 
 def parse_pd_partition(text: str) -> PdPartition:
-    """`static:<share>` or `dynamic:<TBT ms>` as a PdPartition; SpecError (field
-    pd_partition) for anything else, a share outside (0, 1) or a target that is not a
-    positive number of milliseconds."""
-    mode, _, value = text.strip().partition(":")
-    try:
-        number = float(value)
-    except ValueError:
-        number = float("nan")
+    """`static:<share>` or `dynamic:<TBT ms>`, then `,prefill=fcfs|spf` and (dynamic only)
+    `,hysteresis=<fraction>` in any order, as a PdPartition; SpecError (field pd_partition)
+    for anything else, a share outside (0, 1), a target that is not a positive number of
+    milliseconds, an unknown or repeated option or a hysteresis outside [0, 1)."""
+    head, *options = text.strip().split(",")
+    mode, _, value = head.strip().partition(":")
+    number = _number(value)
     if mode == "static":
         if not 0.0 < number < 1.0:
             raise SpecError(
@@ -321,13 +334,40 @@ def parse_pd_partition(text: str) -> PdPartition:
                 f"(expected {PD_PARTITION_FORMS})",
                 field="pd_partition",
             )
-        return PdPartition(mode="static", prefill_share=number)
-    if mode == "dynamic":
+        fields: dict[str, Any] = {"mode": "static", "prefill_share": number}
+    elif mode == "dynamic":
         if not (0.0 < number < float("inf")):
             raise SpecError(
                 f"{text!r}: the decode TBT target must be a positive number of milliseconds "
                 f"(expected {PD_PARTITION_FORMS})",
                 field="pd_partition",
             )
-        return PdPartition(mode="dynamic", tbt_target_s=number / 1e3)
-    raise SpecError(f"{text!r}: expected {PD_PARTITION_FORMS}", field="pd_partition")
+        fields = {"mode": "dynamic", "tbt_target_s": number / 1e3}
+    else:
+        raise SpecError(f"{text!r}: expected {PD_PARTITION_FORMS}", field="pd_partition")
+    for option in options:
+        key, _, value = option.strip().partition("=")
+        if key == "prefill" and value in ("fcfs", "spf") and "prefill_order" not in fields:
+            fields["prefill_order"] = value
+        elif key == "hysteresis" and mode == "dynamic" and "hysteresis" not in fields:
+            if not 0.0 <= _number(value) < 1.0:
+                raise SpecError(
+                    f"{text!r}: the hysteresis is a fraction of the TBT target in [0, 1)",
+                    field="pd_partition",
+                )
+            fields["hysteresis"] = _number(value)
+        else:
+            raise SpecError(
+                f"{text!r}: {option.strip()!r} is not an option here (expected "
+                f"{PD_PARTITION_FORMS})",
+                field="pd_partition",
+            )
+    return PdPartition(**fields)
+
+
+def _number(text: str) -> float:
+    """`text` as a float; NaN (which every range check refuses) when it is not a number."""
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")

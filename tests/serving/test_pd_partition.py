@@ -2,7 +2,10 @@
 `--pd-partition`, a replica group's `pd_partition`): the flag and the field run, bad splits
 are one-line errors, a partition never gives a stream more than the GPU, a stream alone is
 priced as today's replica, and on a prefill/decode-mixed load the dynamic split beats
-colocated serving on tail TBT and offline throughput (the paper's direction)."""
+colocated serving on tail TBT and offline throughput (the paper's direction). The phase
+scheduling options: the prefill stream's queue in shortest-prompt-first order, and the
+dynamic split's hysteresis (it falls only with margin, never misses a target it could meet,
+and changes no more often)."""
 
 from __future__ import annotations
 
@@ -20,16 +23,19 @@ from simulator.runs import runner
 from simulator.serving.pd_partition import (
     DECODE_SHARES,
     PartitionTimers,
+    _Split,
     bandwidth_shares,
     partition_hardware,
     saturation,
 )
+from simulator.serving.request import Request
 from simulator.serving.steptime import StepTimer
 from simulator.specs import load_hardware
 from simulator.specs.engine_args import EngineArgs
 from simulator.specs.loader import validate
 from simulator.specs.scenario import Scenario
-from simulator.specs.serving import parse_pd_partition
+from simulator.specs.serving import PdPartition, parse_pd_partition
+from simulator.workload.requests import RequestTable
 from tests.clitools import one_line_error, run_cli
 from tests.factories import scenario_data
 
@@ -53,10 +59,32 @@ def test_the_flag_parses_both_forms_and_refuses_the_rest() -> None:
     assert (dynamic.mode, dynamic.tbt_target_s, dynamic.text) == ("dynamic", 0.05, "dynamic:50")
     bad_values = ["static:0", "static:1", "static:1.5", "static:-0.2", "static:x", "static"]
     bad_values += ["dynamic", "dynamic:0", "dynamic:-5", "dynamic:inf", "nexus", "0.6", ""]
+    bad_values += [
+        "static:0.5,hysteresis=0.2",
+        "dynamic:50,hysteresis=1",
+        "dynamic:50,hysteresis=-0.1",
+    ]
+    bad_values += ["dynamic:50,prefill=lifo", "dynamic:50,prefill=spf,prefill=fcfs", "dynamic:50,"]
+    bad_values += ["dynamic:50,speed=2", "dynamic:50,hysteresis=x"]
     for bad in bad_values:
         with pytest.raises(SpecError) as exc:
             parse_pd_partition(bad)
         assert exc.value.field == "pd_partition"
+
+
+def test_the_phase_options_parse_in_any_order_and_spell_back() -> None:
+    both = parse_pd_partition("dynamic:40, hysteresis=0.25 ,prefill=spf")
+    assert (both.prefill_order, both.hysteresis, both.tbt_target_s) == ("spf", 0.25, 0.04)
+    assert both.text == "dynamic:40,prefill=spf,hysteresis=0.25"
+    assert parse_pd_partition(both.text) == both
+    static = parse_pd_partition("static:0.6,prefill=spf")
+    assert (static.prefill_order, static.hysteresis, static.text) == (
+        "spf",
+        0.0,
+        "static:0.6,prefill=spf",
+    )
+    # the defaults spell as before: the engine's queue order, no hysteresis
+    assert parse_pd_partition("dynamic:50,prefill=fcfs,hysteresis=0").text == "dynamic:50"
 
 
 @pytest.mark.parametrize("value", ["static:1.2", "static:0", "dynamic", "half"])
@@ -216,3 +244,145 @@ def test_run_takes_the_flag_for_every_colocated_group(
     path.write_text(json.dumps(disagg))
     err = one_line_error(capsys, "run", str(path), "--pd-partition", "dynamic:50")
     assert "colocated" in err
+
+
+def _first_token_order(partition: str) -> list[int]:
+    """Four prompts, longest first, a millisecond apart, on one partitioned H100 whose step
+    holds 1,024 prompt tokens: the request ids in the order their first tokens came."""
+    data = scenario_data(input_len=64, output_len=4, num_prompts=4, seed=0,
+                         group={"hardware": "h100_sxm", "pd_partition": partition,
+                                "scheduler": {"max_num_batched_tokens": 1024}})  # fmt: skip
+    own = RequestTable(
+        arrival_s=[0.0, 0.001, 0.002, 0.003], prompt_len=[3000, 2000, 1000, 500], output_len=[4] * 4
+    )
+    frame = runner.run(validate(Scenario, data, source="t"), requests=own).sim.requests
+    return frame.sort_values("first_token_s")["request_id"].tolist()
+
+
+def test_shortest_prompt_first_serves_the_queued_prompts_shortest_first() -> None:
+    # the first prompt starts alone; the three queued behind it go in arrival order (FCFS)
+    # or shortest first (spf), and a started prompt is not cut
+    assert _first_token_order("dynamic:50") == [0, 1, 2, 3]
+    assert _first_token_order("dynamic:50,prefill=spf") == [0, 3, 2, 1]
+    assert _first_token_order("static:0.5,prefill=spf") == [0, 3, 2, 1]
+
+
+@pytest.mark.slow
+def test_under_a_queue_shortest_prompt_first_cuts_median_ttft() -> None:
+    # the prefill stream's queue grows at 45 requests/s on one H100: SPF serves the short
+    # prompts first (median TTFT falls) at the long ones' expense (the tail grows)
+    fcfs = _run("dynamic:50", num_prompts=240, request_rate=25)
+    spf = _run("dynamic:50,prefill=spf", num_prompts=240, request_rate=25)
+    assert spf["median_ttft_ms"] < 0.8 * fcfs["median_ttft_ms"]
+    assert spf["p99_ttft_ms"] > fcfs["p99_ttft_ms"]
+    assert spf["completed"] == fcfs["completed"] == 240
+
+
+class _Decode:
+    """What `_Split.decode_share` reads of a decode stream: its running batch and the clock."""
+
+    def __init__(self) -> None:
+        self.running: list[Request] = []
+        self.env = self
+        self.now = 0.0
+
+
+def _split(partition: str) -> tuple[_Split, _Decode]:
+    dep = deployment(model="llama-3.1-8b", hardware="h100_sxm")
+    args = {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "max_context": 8192}
+    timers = PartitionTimers(dep=dep, full=StepTimer(dep, **args), enforce_eager=False,
+                             sampling=None, offload=None, **args)  # fmt: skip
+    split = _Split(parse_pd_partition(partition), timers)
+    decode = _Decode()
+    split.decode = decode  # type: ignore[assignment]
+    return split, decode
+
+
+def _step_s(split: _Split, share: float, reqs: list[Request]) -> float:
+    total = float(sum(r.num_computed for r in reqs) + len(reqs))
+    timer = split.timers.stream_timer("decode", share, both_busy=True)
+    return float(timer.decode_run(num_seqs=len(reqs), total_context=total, steps=1)[0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    batches=st.lists(
+        st.tuples(st.integers(1, 200), st.integers(100, 6000)), min_size=2, max_size=12
+    ),
+    band=st.sampled_from([0.1, 0.3, 0.6]),
+)
+def test_hysteresis_meets_the_target_falls_only_with_margin_and_changes_less(
+    batches: list[tuple[int, int]], band: float
+) -> None:
+    plain, plain_decode = _split("dynamic:30")
+    held, held_decode = _split(f"dynamic:30,hysteresis={band}")
+    target = 0.030
+    before = None
+    for t, (n, context) in enumerate(batches):
+        reqs = [Request(id=i, arrival_s=0.0, prompt_len=context, output_len=512) for i in range(n)]
+        for r in reqs:
+            r.num_computed = context
+        plain_decode.running = held_decode.running = reqs
+        plain_decode.now = held_decode.now = float(t)
+        least, chosen = plain.decode_share(), held.decode_share()
+        assert chosen >= least  # never below the share the target needs
+        if _step_s(held, least, reqs) <= target:  # the target can be met: it is
+            assert _step_s(held, chosen, reqs) <= target
+        if before is not None and chosen < before:  # fell: only to a share with margin
+            assert _step_s(held, chosen, reqs) <= (1 - band) * target
+        before = chosen
+    assert held.decisions == plain.decisions == len(batches)
+
+
+def _batch(n: int, context: int = 2000) -> list[Request]:
+    reqs = [Request(id=i, arrival_s=0.0, prompt_len=context, output_len=512) for i in range(n)]
+    for r in reqs:
+        r.num_computed = context
+    return reqs
+
+
+def test_hysteresis_holds_the_split_where_the_batch_flickers_across_a_boundary() -> None:
+    # a batch that grows and shrinks by one request across the point where the least share
+    # meeting the target steps up: the plain split flips every step, the held one stays up
+    plain, plain_decode = _split("dynamic:30")
+    held, held_decode = _split("dynamic:30,hysteresis=0.5")
+
+    def least(n: int) -> float:
+        return next(s for s in DECODE_SHARES if _step_s(plain, s, _batch(n)) <= 0.030)
+
+    n = next(n for n in range(1, 256) if least(n + 1) > least(n))
+    assert _step_s(plain, least(n), _batch(n)) > 0.5 * 0.030  # no margin at the lower share
+    for t, size in enumerate([n + 1, n] * 4):
+        plain_decode.running = held_decode.running = _batch(size)
+        plain_decode.now = held_decode.now = float(t)
+        plain.decode_share()
+        assert held.decode_share() == least(n + 1)
+    assert (plain.changes, held.changes) == (7, 0)
+
+
+def test_hysteresis_zero_is_the_plain_dynamic_split_and_the_run_counts_its_choices() -> None:
+    plain = _run("dynamic:50", num_prompts=40, request_rate=20)
+    zero = _run("dynamic:50,hysteresis=0", num_prompts=40, request_rate=20)
+    assert zero == plain
+    split = plain["pd_partition"]
+    assert split["split_decisions"] > 0 and 0 <= split["split_changes"] <= split["split_decisions"]
+    assert 0.1 <= split["mean_decode_share"] <= 0.9
+    held = _run("dynamic:50,hysteresis=0.5", num_prompts=40, request_rate=20)["pd_partition"]
+    assert held["split_changes"] <= split["split_changes"]
+    assert "pd_partition" not in _run("static:0.5", num_prompts=4, request_rate=20)
+    assert "pd_partition" not in _run(None, num_prompts=4, request_rate=20)
+
+
+def test_the_split_and_its_options_print_and_exit_2_when_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = scenario_data(input_len=512, output_len=32, num_prompts=12, request_rate=6, seed=0)
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(data))
+    code, out, err = run_cli(capsys, "run", str(path), "--pd-partition",
+                             "dynamic:50,prefill=spf,hysteresis=0.2")  # fmt: skip
+    assert code == 0, err
+    assert "Split changes:" in out and "Mean decode SM share:" in out
+    err = one_line_error(capsys, "run", str(path), "--pd-partition", "dynamic:50,prefill=lifo")
+    assert "--pd-partition" in err and "prefill=lifo" in err
+    assert PdPartition(mode="dynamic", tbt_target_s=0.05).prefill_order == "fcfs"
