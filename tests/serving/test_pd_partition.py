@@ -219,12 +219,18 @@ def test_the_cli_flag_and_the_api_run_it(
     assert summary["completed"] == 12
 
 
-def test_run_takes_the_flag_for_every_colocated_group(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _scenario_file(tmp_path: Path) -> tuple[dict, Path]:
+    """A small served scenario as its mapping and as s.yaml in `tmp_path`."""
     data = scenario_data(input_len=512, output_len=32, num_prompts=12, request_rate=6, seed=0)
     path = tmp_path / "s.yaml"
     path.write_text(json.dumps(data))
+    return data, path
+
+
+def test_run_takes_the_flag_for_every_colocated_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, path = _scenario_file(tmp_path)
     out = tmp_path / "out"
     code, _, err = run_cli(capsys, "run", str(path), "--pd-partition", "static:0.5",
                            "--out", str(out), "--outputs", "summary")  # fmt: skip
@@ -376,9 +382,7 @@ def test_hysteresis_zero_is_the_plain_dynamic_split_and_the_run_counts_its_choic
 def test_the_split_and_its_options_print_and_exit_2_when_wrong(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    data = scenario_data(input_len=512, output_len=32, num_prompts=12, request_rate=6, seed=0)
-    path = tmp_path / "s.yaml"
-    path.write_text(json.dumps(data))
+    _, path = _scenario_file(tmp_path)
     code, out, err = run_cli(capsys, "run", str(path), "--pd-partition",
                              "dynamic:50,prefill=spf,hysteresis=0.2")  # fmt: skip
     assert code == 0, err
