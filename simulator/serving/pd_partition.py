@@ -32,8 +32,10 @@ dynamic decode share that still meets the target unless a smaller one meets (1 -
 target (it rises at once, falls only with margin), and `prefill_order: spf` puts the prefill
 stream's queue in shortest-prompt-first order before each of its steps (the decode stream keeps
 the engine's order). Not modelled: kernel-level interference beyond the bandwidth shares, the
-SM split's switching cost (the run counts the switches, `split_summary`). Both streams' steps are recorded under the replica's index, so they overlap in
-time in the step rows; the energy account counts the GPU once while both run
+SM split's switching cost (the run counts the switches, `split_summary`).
+
+Both streams' steps are recorded under the replica's index, so they overlap in time in the
+step rows; the energy account counts the GPU once while both run
 (`runs.energy.stream_overlap`)."""
 
 from __future__ import annotations
