@@ -47,7 +47,7 @@ from simulator.serving.kv_tiers import (
     TieredBlockManager,
 )
 from simulator.serving.lora import AdapterCache, lora_summary
-from simulator.serving.pd_partition import PdPartitioned, split_summary
+from simulator.serving.pd_partition import split_summary
 from simulator.serving.power import PowerBudget, PowerController
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
@@ -222,8 +222,9 @@ def serve(
     )
     if pool is not None:
         result = dataclasses.replace(result, kv_pool=pool.summary())
-    if any(isinstance(group.loop, PdPartitioned) for group in groups):
-        result = dataclasses.replace(result, pd_partition=split_summary(replicas))
+    split = split_summary(replicas)
+    if split is not None:
+        result = dataclasses.replace(result, pd_partition=split)
     result = with_power(result, controller)
     if fleet is None:
         return result

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -255,7 +255,7 @@ def _shortest_prompt_first(req: Request) -> tuple[int, int, float, int]:
     return (req.priority, req.remaining, req.arrival_s, req.id)
 
 
-def split_summary(replicas: list[Replica]) -> dict[str, float] | None:
+def split_summary(replicas: Sequence[Replica]) -> dict[str, float] | None:
     """The dynamic splits' choices while both streams were busy, over the partitioned
     replicas among `replicas`: how many, how many changed the decode share from the one
     before, and the mean decode share chosen (None when none is partitioned dynamically)."""
