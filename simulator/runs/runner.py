@@ -410,14 +410,7 @@ def _simulate(
     )
     if scenario.disaggregated:
         summary.update(pool_summary(scenario, sim))
-    if sim.kv_tiers is not None:
-        summary.update(kv_tier_summary(sim.kv_tiers))
-    if sim.lora is not None:
-        summary["lora"] = sim.lora
-    if sim.kv_pool is not None:
-        summary["kv_pool"] = sim.kv_pool
-    if sim.pd_partition is not None:
-        summary["pd_partition"] = sim.pd_partition
+    summary.update(_extras(sim))
     if scenario.autoscale is not None:
         summary.update(fleet_summary(scenario, sim, plans, deps, goodput or {}))
     if sim.power is not None:
@@ -431,6 +424,22 @@ def _simulate(
     )
     result = RunResult(scenario, sim, summary, plans, deps)
     return dataclasses.replace(result, energy=energy_summary(result))
+
+
+def _extras(sim: SimResult) -> dict[str, Any]:
+    """The summary keys of what a run had beside its requests and steps, whether its rows
+    were kept or streamed: the KV tiers' figures, the LoRA adapters' loads, the KV pool's
+    lending and the intra-GPU split's choices."""
+    extras: dict[str, Any] = {}
+    if sim.kv_tiers is not None:
+        extras.update(kv_tier_summary(sim.kv_tiers))
+    if sim.lora is not None:
+        extras["lora"] = sim.lora
+    if sim.kv_pool is not None:
+        extras["kv_pool"] = sim.kv_pool
+    if sim.pd_partition is not None:
+        extras["pd_partition"] = sim.pd_partition
+    return extras
 
 
 def _stream(
@@ -458,10 +467,7 @@ def _stream(
         recorder=recorder,
     )
     summary: dict[str, Any] = folded.summary(percentiles)
-    if sim.kv_tiers is not None:
-        summary.update(kv_tier_summary(sim.kv_tiers))
-    if sim.lora is not None:
-        summary["lora"] = sim.lora
+    summary.update(_extras(sim))
     bound = _bound(scenario, plans, deps, folded.mean_lengths())
     if bound is not None:
         summary.update(_bound_keys(bound, summary.get("total_token_throughput")))

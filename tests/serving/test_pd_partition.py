@@ -33,7 +33,7 @@ from simulator.serving.steptime import StepTimer
 from simulator.specs import load_hardware
 from simulator.specs.engine_args import EngineArgs
 from simulator.specs.loader import validate
-from simulator.specs.scenario import Scenario
+from simulator.specs.scenario import RunOutputs, Scenario
 from simulator.specs.serving import PdPartition, parse_pd_partition
 from simulator.workload.requests import RequestTable
 from tests.clitools import one_line_error, run_cli
@@ -42,14 +42,20 @@ from tests.factories import scenario_data
 MIXED = {"input_len": 2048, "output_len": 256, "range_ratio": 0.5}
 
 
-def _run(partition: str | None, *, num_prompts: int, request_rate: float | None = None) -> dict:
+def _run(
+    partition: str | None,
+    *,
+    num_prompts: int,
+    request_rate: float | None = None,
+    outputs: RunOutputs | None = None,
+) -> dict:
     group: dict[str, object] = {"hardware": "h100_sxm"}
     if partition is not None:
         group["pd_partition"] = partition
     data = scenario_data(
         num_prompts=num_prompts, request_rate=request_rate, group=group, seed=0, **MIXED
     )
-    return runner.run(validate(Scenario, data, source="t")).summary
+    return runner.run(validate(Scenario, data, source="t"), outputs=outputs).summary
 
 
 def test_the_flag_parses_both_forms_and_refuses_the_rest() -> None:
@@ -373,6 +379,9 @@ def test_hysteresis_zero_is_the_plain_dynamic_split_and_the_run_counts_its_choic
     split = plain["pd_partition"]
     assert split["split_decisions"] > 0 and 0 <= split["split_changes"] <= split["split_decisions"]
     assert 0.1 <= split["mean_decode_share"] <= 0.9
+    # a streamed run (no rows kept) counts the same choices
+    streamed = _run("dynamic:50", num_prompts=40, request_rate=20, outputs="stream")
+    assert streamed["pd_partition"] == split
     held = _run("dynamic:50,hysteresis=0.5", num_prompts=40, request_rate=20)["pd_partition"]
     assert held["split_changes"] <= split["split_changes"]
     assert "pd_partition" not in _run("static:0.5", num_prompts=4, request_rate=20)
