@@ -799,8 +799,8 @@ def bench_throughput(
     )
     result = run(scenario)
     summary: dict[str, Any] = throughput_summary(result.sim.requests)
-    if result.sim.lora is not None:
-        summary["lora"] = result.sim.lora
+    extras = _extras(result.sim)  # the sections format_throughput_summary prints of them
+    summary.update({key: extras[key] for key in ("lora", "pd_partition") if key in extras})
     summary.update(
         bound_summary(
             scenario,

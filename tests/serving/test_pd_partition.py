@@ -396,6 +396,14 @@ def test_the_split_and_its_options_print_and_exit_2_when_wrong(
                              "dynamic:50,prefill=spf,hysteresis=0.2")  # fmt: skip
     assert code == 0, err
     assert "Split changes:" in out and "Mean decode SM share:" in out
+    code, out, err = run_cli(
+        capsys,
+        *("bench", "throughput", "--model", "llama-3.1-8b", "--hardware", "h100_sxm"),
+        *("--input-len", "2048", "--output-len", "64", "--num-prompts", "24"),
+        *("--pd-partition", "dynamic:30"),
+    )
+    assert code == 0, err
+    assert "Split changes:" in out  # `bench throughput` prints the split too
     err = one_line_error(capsys, "run", str(path), "--pd-partition", "dynamic:50,prefill=lifo")
     assert "--pd-partition" in err and "prefill=lifo" in err
     assert PdPartition(mode="dynamic", tbt_target_s=0.05).prefill_order == "fcfs"
