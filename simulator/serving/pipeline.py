@@ -226,7 +226,7 @@ class MicroBatching:
     """How `serving.cluster.serve` builds each replica of a group with pipeline
     micro-batching: one PipelineReplica timed by `clock`."""
 
-    clock: StageClock
+    clock: Clock
 
     def build(
         self,

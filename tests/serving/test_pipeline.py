@@ -13,6 +13,7 @@ from factories import (
     MS,
     cost_model_step_s,
     fixed_group,
+    idle_step_timer,
     make_requests,
     make_scheduler,
     times_ms,
@@ -42,7 +43,8 @@ class HandClock:
 
 
 def run_pipeline(requests: RequestTable, scheduler: SchedulerSpec) -> SimResult:
-    group = fixed_group(scheduler=scheduler, loop=MicroBatching(clock=HandClock()))
+    loop = MicroBatching(clock=HandClock())
+    group = fixed_group(scheduler=scheduler, timer=idle_step_timer(), loop=loop)
     return serve(requests, groups=[group])
 
 
