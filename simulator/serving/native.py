@@ -1,0 +1,115 @@
+"""The serving engine's compiled build: which of this package's modules mypyc compiles to C
+(`setup.py`, `make native`), and, when `simulator.serving` is imported, whether the compiled
+modules or their sources run.
+
+The compiled modules are the engine's inner loop (the replica, its scheduler, KV cache and
+step timer, the requests, and the classes built on them); they give the same results as the
+sources, bit for bit (tests/serving/test_native.py), in about 0.6 of the CPU time
+(docs/speed.md). The sources run instead, all of them, when:
+- LLMSIM_PURE_PYTHON is set (to profile: cProfile does not see into compiled functions);
+- any source is newer than its compiled module (it was edited after the build; `make`
+  rebuilds), or only some modules are compiled: a compiled module accepts only the compiled
+  classes of the others, so the two are never mixed;
+- nothing is compiled (no C compiler, or an install without the build step).
+
+This module uses the standard library alone: `setup.py` reads MODULES from it before anything
+is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+PACKAGE = "simulator.serving"
+HERE = Path(__file__).resolve().parent
+# Compiled together (one build: a compiled class is only subclassed within it).
+MODULES = (
+    "request",
+    "kv_cache",
+    "kv_tiers",
+    "kv_pool",
+    "scheduler",
+    "steptime",
+    "replica",
+    "stepping",
+    "pipeline",
+    "dp_group",
+    "pd_partition",
+)
+ENV_PURE = "LLMSIM_PURE_PYTHON"
+# A source this much newer than its compiled module was edited after the build (an install
+# writes both within moments of each other).
+STALE_AFTER_S = 2.0
+
+
+def compiled_files(folder: Path = HERE) -> dict[str, Path]:
+    """The compiled module of each of MODULES that `folder` holds, by name."""
+    found: dict[str, Path] = {}
+    for name in MODULES:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = folder / f"{name}{suffix}"
+            if path.is_file():
+                found[name] = path
+                break
+    return found
+
+
+def sources_reason(folder: Path = HERE, *, pure: bool | None = None) -> str | None:
+    """Why the sources run instead of a compiled build `folder` holds (None: the compiled
+    modules run; also None when nothing is compiled, where the sources run anyway). `pure`:
+    whether LLMSIM_PURE_PYTHON is set (None: read the environment)."""
+    if pure is None:
+        pure = bool(os.environ.get(ENV_PURE))
+    if pure:
+        return f"{ENV_PURE} is set"
+    compiled = compiled_files(folder)
+    if not compiled:
+        return None
+    missing = [name for name in MODULES if name not in compiled]
+    if missing:
+        return f"not compiled: {', '.join(missing)}"
+    stale = [
+        name
+        for name, path in compiled.items()
+        if (folder / f"{name}.py").stat().st_mtime > path.stat().st_mtime + STALE_AFTER_S
+    ]
+    if stale:
+        return f"edited since the build: {', '.join(f'{name}.py' for name in stale)}"
+    return None
+
+
+class _Sources(importlib.abc.MetaPathFinder):
+    """Finds MODULES as their source files, ahead of the compiled ones beside them."""
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None = None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        package, _, name = fullname.rpartition(".")
+        if package != PACKAGE or name not in MODULES:
+            return None
+        return importlib.util.spec_from_file_location(fullname, HERE / f"{name}.py")
+
+
+def choose() -> None:
+    """Run the sources if `sources_reason` gives one (called as the package is imported)."""
+    if sources_reason() is not None and not any(isinstance(f, _Sources) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Sources())
+
+
+def status() -> str:
+    """Which build runs: "compiled", or "sources" with the reason."""
+    if any(isinstance(f, _Sources) for f in sys.meta_path):
+        return f"sources ({sources_reason()})"
+    if not compiled_files():
+        return "sources (not compiled: `make native` builds it)"
+    return "compiled"
