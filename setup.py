@@ -28,7 +28,8 @@ def native_modules() -> list:
     native = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(native)
     paths = [f"simulator/serving/{name}.py" for name in native.MODULES]
-    extensions = mypycify(paths, opt_level="3", group_name="simulator.serving._native")
+    group = f"simulator.serving.{native.LIBRARY.removesuffix('__mypyc')}"
+    extensions = mypycify(paths, opt_level="3", group_name=group)
     for extension in extensions:
         extension.optional = True
     return extensions

@@ -43,6 +43,8 @@ MODULES = (
     "dp_group",
     "pd_partition",
 )
+# The build's shared library, which every compiled module loads (setup.py's group_name).
+LIBRARY = "_native__mypyc"
 ENV_PURE = "LLMSIM_PURE_PYTHON"
 # A source this much newer than its compiled module was edited after the build (an install
 # writes both within moments of each other).
@@ -50,9 +52,10 @@ STALE_AFTER_S = 2.0
 
 
 def compiled_files(folder: Path = HERE) -> dict[str, Path]:
-    """The compiled module of each of MODULES that `folder` holds, by name."""
+    """The compiled module of each of MODULES, and the build's LIBRARY, that `folder` holds,
+    by name."""
     found: dict[str, Path] = {}
-    for name in MODULES:
+    for name in (*MODULES, LIBRARY):
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
             path = folder / f"{name}{suffix}"
             if path.is_file():
@@ -72,13 +75,13 @@ def sources_reason(folder: Path = HERE, *, pure: bool | None = None) -> str | No
     compiled = compiled_files(folder)
     if not compiled:
         return None
-    missing = [name for name in MODULES if name not in compiled]
+    missing = [name for name in (*MODULES, LIBRARY) if name not in compiled]
     if missing:
         return f"not compiled: {', '.join(missing)}"
     stale = [
         name
-        for name, path in compiled.items()
-        if (folder / f"{name}.py").stat().st_mtime > path.stat().st_mtime + STALE_AFTER_S
+        for name in MODULES
+        if (folder / f"{name}.py").stat().st_mtime > compiled[name].stat().st_mtime + STALE_AFTER_S
     ]
     if stale:
         return f"edited since the build: {', '.join(f'{name}.py' for name in stale)}"

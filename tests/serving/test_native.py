@@ -18,9 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
-def _build(folder: Path, *, compiled: tuple[str, ...] = native.MODULES, age_s: float = 0.0) -> None:
-    """Sources of every module in `folder`, and compiled files of `compiled`, written `age_s`
-    seconds after the sources."""
+def _build(
+    folder: Path,
+    *,
+    compiled: tuple[str, ...] = (*native.MODULES, native.LIBRARY),
+    age_s: float = 0.0,
+) -> None:
+    """Sources of every module in `folder`, and compiled files of `compiled` (modules and the
+    build's library), written `age_s` seconds after the sources."""
     for name in native.MODULES:
         source = folder / f"{name}.py"
         source.write_text("")
@@ -51,8 +56,12 @@ def test_the_sources_run_when_asked_when_edited_or_when_the_build_is_partial(
     assert native.sources_reason(tmp_path, pure=False) == "edited since the build: replica.py"
     partial = tmp_path / "partial"
     partial.mkdir()
-    _build(partial, compiled=native.MODULES[1:], age_s=1.0)
+    _build(partial, compiled=(*native.MODULES[1:], native.LIBRARY), age_s=1.0)
     assert native.sources_reason(partial, pure=False) == f"not compiled: {native.MODULES[0]}"
+    (partial / f"{native.LIBRARY}{SUFFIX}").unlink()  # the modules without their library
+    assert native.sources_reason(partial, pure=False) == (
+        f"not compiled: {native.MODULES[0]}, {native.LIBRARY}"
+    )
 
 
 def test_every_compiled_module_is_a_serving_source() -> None:
