@@ -33,13 +33,13 @@ $(DEVSTAMP): $(STAMP)
 	touch $@
 
 # The serving engine's inner loop compiled to C by mypyc, in place (setup.py; the modules are
-# simulator/serving/native.py's): the same results in about 0.6 of the CPU time. Rebuilt when a
-# serving source changes; until then the sources run. Without a C compiler the build says so and
-# the sources run; LLMSIM_PURE_PYTHON=1 skips it.
-$(NATIVE): $(STAMP) setup.py $(wildcard simulator/serving/*.py)
+# simulator/native.py's): the same results in about 0.6 of the CPU time. Rebuilt when a
+# serving or metrics source changes; until then the sources run. Without a C compiler the
+# build says so and the sources run; LLMSIM_PURE_PYTHON=1 skips it.
+$(NATIVE): $(STAMP) setup.py simulator/native.py $(wildcard simulator/serving/*.py simulator/metrics/*.py)
 	$(BIN)/python -m pip install -q "mypy>=1.10"
 	$(BIN)/python setup.py -q build_ext --inplace --parallel 2 || echo "the build failed above"
-	@$(BIN)/python -c "from simulator.serving import native; print('serving engine:', native.status())"
+	@$(BIN)/python -c "from simulator import native; print('serving engine:', native.status())"
 	touch $@
 
 native: $(NATIVE)
@@ -105,4 +105,4 @@ bench-doc: $(NATIVE)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
-	rm -f simulator/serving/*.so simulator/serving/*.pyd
+	find simulator -name '*.so' -delete -o -name '*.pyd' -delete

@@ -18,7 +18,7 @@ memory (the kernel's ru_maxrss of that child); with `--repeat K`, of the run of 
 memory does not. `--root` measures checkouts side by side, their runs interleaved (a
 before and an after: compare their ratios, the noise is shared); a case a checkout cannot run
 (a flag it lacks) shows "n/a". `--sources` also runs each checkout with its serving engine's
-sources in place of its compiled build (LLMSIM_PURE_PYTHON=1; simulator/serving/native.py),
+sources in place of its compiled build (LLMSIM_PURE_PYTHON=1; simulator/native.py),
 interleaved the same way: the compiled build's gain, measured in one run. Each in-process case
 says which engine ran. `--write-doc FILE` (one checkout) rewrites the block between
 `<!-- speed:begin -->` and `<!-- speed:end -->` in FILE with the table, the machine, its load
@@ -83,10 +83,10 @@ def case(name: str, n: int) -> dict[str, Any]:
 
 
 def engine_build() -> str:
-    """Which serving engine ran: "compiled", or "sources" and why (simulator/serving/native.py;
+    """Which serving engine ran: "compiled", or "sources" and why (simulator/native.py;
     a checkout from before it runs the sources)."""
     try:
-        from simulator.serving import native
+        from simulator import native
     except ImportError:
         return "sources"
     return native.status()

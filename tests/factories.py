@@ -6,7 +6,6 @@ data, and a YAML writer. `import factories` works from every test folder (pyproj
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +14,12 @@ import pandas as pd
 import yaml
 
 from simulator.costmodel.batch import BatchShape
-from simulator.costmodel.deployment import Deployment, deployment
+from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.offload import OffloadPlan
 from simulator.costmodel.step import StepCost, engine_step_time, step_cost
 from simulator.serving.cluster import ReplicaGroup
 from simulator.serving.kv_cache import BlockManager
 from simulator.serving.request import Request
-from simulator.serving.steptime import StepTimer
 from simulator.specs.serving import SchedulerSpec
 from simulator.workload.requests import RequestTable
 
@@ -102,15 +100,6 @@ def fixed_group(
         block_size=block_size,
         **fields,
     )
-
-
-@cache
-def idle_step_timer() -> StepTimer:
-    """A real StepTimer for a group whose steps another loop times (DP attention's lockstep,
-    pipeline micro-batching): the group's own timer only has to be one, since the compiled
-    engine (simulator/serving/native.py) takes a StepTimer there and no stand-in."""
-    dep = deployment(model="llama-3.1-8b", hardware="h100_sxm")
-    return StepTimer(dep, max_num_seqs=256, max_num_batched_tokens=2048, max_context=4096)
 
 
 def times_ms(df: pd.DataFrame, column: str) -> list[float]:

@@ -262,7 +262,7 @@ def with_dp_attention(
         max_rank_tokens=max(spec.max_num_batched_tokens, spec.max_num_seqs),
     )
     timer = LockstepTimer(
-        local=group.timer, shared=shared, engine=dep.engine, enforce_eager=enforce_eager
+        local=group.step_timer, shared=shared, engine=dep.engine, enforce_eager=enforce_eager
     )
     return dataclasses.replace(
         group, count=count, loop=DPAttention(ranks=dep.layout.dp, timer=timer)

@@ -52,7 +52,7 @@ class BlockManager:
         self.host_free = host_blocks  # swap space in host memory, in blocks
 
     # A property, not an attribute, because a cache in a pool (serving/kv_pool.py) counts its
-    # room differently: a compiled build (serving/native.py) reaches a subclass's property
+    # room differently: a compiled build (simulator/native.py) reaches a subclass's property
     # through the base class's only where the base has one too.
     @property
     def free(self) -> int:

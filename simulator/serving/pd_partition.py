@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
+from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
 import simpy
@@ -75,7 +75,8 @@ def saturation() -> float:
     """The fraction of the SMs that pulls the whole DRAM bandwidth (pd_partition.yaml)."""
     import yaml
 
-    text = (Path(__file__).parent / "pd_partition.yaml").read_text()
+    # (the package's resources, not `__file__`: a compiled module's is not its own path)
+    text = resources.files("simulator.serving").joinpath("pd_partition.yaml").read_text()
     return float(yaml.safe_load(text)["bandwidth_saturation_sm_fraction"])
 
 
@@ -426,7 +427,7 @@ def with_pd_partition(
     spec = group.scheduler
     timers = PartitionTimers(
         dep=dep,
-        full=group.timer,
+        full=group.step_timer,
         max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens,
         max_context=max_context,

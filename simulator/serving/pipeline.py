@@ -265,7 +265,7 @@ def with_micro_batching(group: ReplicaGroup, dep: Deployment) -> ReplicaGroup:
         )
     clock = StageClock(
         dep,
-        timer=group.timer,
+        timer=group.step_timer,
         max_tokens=max(spec.max_num_batched_tokens, spec.max_num_seqs),
         max_seqs=spec.max_num_seqs,
     )

@@ -92,6 +92,9 @@ class Timer(Protocol):
     @property
     def penalises(self) -> bool: ...
 
+    @property
+    def async_scheduling(self) -> bool: ...
+
     def mixed(
         self,
         *,

@@ -13,7 +13,6 @@ from factories import (
     MS,
     cost_model_step_s,
     fixed_group,
-    idle_step_timer,
     make_requests,
     make_scheduler,
     scenario_data,
@@ -50,8 +49,7 @@ class HandLockstep:
 
 
 def run_ranks(requests: RequestTable, *, ranks: int = 2) -> SimResult:
-    loop = DPAttention(ranks=ranks, timer=HandLockstep())
-    group = fixed_group(timer=idle_step_timer(), loop=loop)
+    group = fixed_group(loop=DPAttention(ranks=ranks, timer=HandLockstep()))  # type: ignore[arg-type]
     return serve(requests, groups=[group], router=RouterSpec(kind="round_robin"))
 
 

@@ -13,7 +13,6 @@ from factories import (
     MS,
     cost_model_step_s,
     fixed_group,
-    idle_step_timer,
     make_requests,
     make_scheduler,
     times_ms,
@@ -43,8 +42,7 @@ class HandClock:
 
 
 def run_pipeline(requests: RequestTable, scheduler: SchedulerSpec) -> SimResult:
-    loop = MicroBatching(clock=HandClock())
-    group = fixed_group(scheduler=scheduler, timer=idle_step_timer(), loop=loop)
+    group = fixed_group(scheduler=scheduler, loop=MicroBatching(clock=HandClock()))
     return serve(requests, groups=[group])
 
 

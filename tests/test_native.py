@@ -1,4 +1,4 @@
-"""The compiled serving engine (simulator/serving/native.py): when its sources run instead, and
+"""The compiled engine (simulator/native.py): when its sources run instead, and
 that the compiled build gives the sources' results, bit for bit."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.serving import native
+from simulator import native
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
@@ -27,11 +27,12 @@ def _build(
     """Sources of every module in `folder`, and compiled files of `compiled` (modules and the
     build's library), written `age_s` seconds after the sources."""
     for name in native.MODULES:
-        source = folder / f"{name}.py"
+        source = native.source(name, folder)
+        source.parent.mkdir(parents=True, exist_ok=True)
         source.write_text("")
         os.utime(source, (1_000_000.0, 1_000_000.0))
     for name in compiled:
-        binary = folder / f"{name}{SUFFIX}"
+        binary = native.source(name, folder).with_suffix(SUFFIX)
         binary.write_bytes(b"")
         os.utime(binary, (1_000_000.0 + age_s, 1_000_000.0 + age_s))
 
@@ -52,21 +53,24 @@ def test_the_sources_run_when_asked_when_edited_or_when_the_build_is_partial(
 ) -> None:
     _build(tmp_path, age_s=1.0)
     assert native.sources_reason(tmp_path, pure=True) == "LLMSIM_PURE_PYTHON is set"
-    os.utime(tmp_path / "replica.py", (1_000_100.0, 1_000_100.0))  # edited after the build
-    assert native.sources_reason(tmp_path, pure=False) == "edited since the build: replica.py"
+    edited = native.source("serving.replica", tmp_path)
+    os.utime(edited, (1_000_100.0, 1_000_100.0))  # edited after the build
+    assert native.sources_reason(tmp_path, pure=False) == (
+        "edited since the build: serving/replica.py"
+    )
     partial = tmp_path / "partial"
     partial.mkdir()
     _build(partial, compiled=(*native.MODULES[1:], native.LIBRARY), age_s=1.0)
     assert native.sources_reason(partial, pure=False) == f"not compiled: {native.MODULES[0]}"
-    (partial / f"{native.LIBRARY}{SUFFIX}").unlink()  # the modules without their library
+    native.source(native.LIBRARY, partial).with_suffix(SUFFIX).unlink()  # no library
     assert native.sources_reason(partial, pure=False) == (
         f"not compiled: {native.MODULES[0]}, {native.LIBRARY}"
     )
 
 
-def test_every_compiled_module_is_a_serving_source() -> None:
+def test_every_compiled_module_is_a_source_of_the_package() -> None:
     for name in native.MODULES:
-        assert (native.HERE / f"{name}.py").is_file()
+        assert native.source(name).is_file()
 
 
 # Scenarios that go through every compiled class: the plain loop, prefix caching, disaggregated
@@ -85,7 +89,7 @@ SCENARIOS = (
 SUMMARY = """
 import json, sys
 from simulator.runs import runner
-from simulator.serving import native
+from simulator import native
 out = {"status": native.status()}
 for name in sys.argv[1:]:
     summary = runner.run(f"scenarios/{name}.yaml").summary
