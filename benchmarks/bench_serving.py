@@ -1,7 +1,7 @@
 """Speed and memory of the serving simulator: prints the table of docs/speed.md.
 
     python benchmarks/bench_serving.py [--synthetic N | --million] [--root DIR ...]
-                                       [--repeat K] [--cases NAME,...] [--json]
+                                       [--sources] [--repeat K] [--cases NAME,...] [--json]
                                        [--write-doc docs/speed.md]
 
 Cases (Llama-3.1-8B on H100s, vLLM profile, energy and summary included), each in a fresh
@@ -17,7 +17,10 @@ memory (the kernel's ru_maxrss of that child); with `--repeat K`, of the run of 
 (the one the machine disturbed least). CPU and wall move with the machine's load; the peak
 memory does not. `--root` measures checkouts side by side, their runs interleaved (a
 before and an after: compare their ratios, the noise is shared); a case a checkout cannot run
-(a flag it lacks) shows "n/a". `--write-doc FILE` (one checkout) rewrites the block between
+(a flag it lacks) shows "n/a". `--sources` also runs each checkout with its serving engine's
+sources in place of its compiled build (LLMSIM_PURE_PYTHON=1; simulator/native.py),
+interleaved the same way: the compiled build's gain, measured in one run. Each in-process case
+says which engine ran. `--write-doc FILE` (one checkout) rewrites the block between
 `<!-- speed:begin -->` and `<!-- speed:end -->` in FILE with the table, the machine, its load
 and the targets: docs/speed.md's current figures come from it (`make bench-doc`).
 """
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +78,39 @@ def case(name: str, n: int) -> dict[str, Any]:
         "requests": int(result.summary["completed"]),
         "steps": len(result.sim.steps),
         "mean_ttft_ms": result.summary["mean_ttft_ms"],
+        "engine": engine_build(),
     }
 
 
-def child(argv: list[str], root: Path) -> dict[str, Any] | None:
-    """CPU, wall and peak memory of `argv` run on the checkout at `root` (None if it fails)."""
+def engine_build() -> str:
+    """Which serving engine ran: "compiled", or "sources" and why (simulator/native.py;
+    a checkout from before it runs the sources)."""
+    try:
+        from simulator import native
+    except ImportError:
+        return "sources"
+    return native.status()
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A checkout to measure, and whether its compiled engine is set aside (LLMSIM_PURE_PYTHON)."""
+
+    root: Path
+    pure: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.root} (sources)" if self.pure else str(self.root)
+
+
+def child(argv: list[str], checkout: Checkout) -> dict[str, Any] | None:
+    """CPU, wall and peak memory of `argv` run on `checkout` (None if it fails)."""
+    root = checkout.root
     env = {**os.environ, "PYTHONPATH": str(root), "OPENBLAS_NUM_THREADS": "1"}
+    env.pop("LLMSIM_PURE_PYTHON", None)
+    if checkout.pure:
+        env["LLMSIM_PURE_PYTHON"] = "1"
     start = time.perf_counter()
     proc = subprocess.Popen(
         argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
@@ -101,16 +132,16 @@ def child(argv: list[str], root: Path) -> dict[str, Any] | None:
     return figures
 
 
-def measure(name: str, root: Path, n: int) -> dict[str, Any] | None:
+def measure(name: str, checkout: Checkout, n: int) -> dict[str, Any] | None:
     if name in CLI_CASES:
         out = Path(tempfile.mkdtemp(prefix="llmsim-bench-")) / "run"
         args = [a.replace("{out}", str(out)) for a in CLI_CASES[name]]
-        figures = child([sys.executable, "-m", "simulator", "run", SCENARIO, *args], root)
+        figures = child([sys.executable, "-m", "simulator", "run", SCENARIO, *args], checkout)
         if figures is not None and out.exists():
             figures["written_mb"] = sum(p.stat().st_size for p in out.iterdir()) / 1e6
         shutil.rmtree(out.parent, ignore_errors=True)
         return figures
-    return child([sys.executable, __file__, "--case", name, "--synthetic", str(n)], root)
+    return child([sys.executable, __file__, "--case", name, "--synthetic", str(n)], checkout)
 
 
 def least(results: list[dict[str, Any] | None]) -> dict[str, Any] | None:
@@ -190,7 +221,8 @@ def doc_block(
             lines.append(
                 f"\n{labels[name]}: {f['requests']:,} requests, {f['steps']:,} steps; the "
                 f"`runner.run` call alone {f['inner_cpu_s']:.2f} s of CPU (the rest of the row "
-                "is the interpreter's start and the imports)."
+                f"is the interpreter's start and the imports); serving engine: "
+                f"{f.get('engine', 'sources')}."
             )
     return "\n".join(lines)
 
@@ -223,15 +255,24 @@ def main() -> None:
     parser.add_argument("--cases", help="comma-separated cases (default all)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write-doc", type=Path, help="rewrite the speed block of this file")
+    parser.add_argument(
+        "--sources",
+        action="store_true",
+        help="also run each checkout's sources (LLMSIM_PURE_PYTHON=1) beside its compiled engine",
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)  # a child's one case
     args = parser.parse_args()
-    if args.write_doc and args.root and len(args.root) > 1:
+    if args.write_doc and ((args.root and len(args.root) > 1) or args.sources):
         parser.error("--write-doc measures one checkout")
     n = 1_000_000 if args.million else args.synthetic
     if args.case:
         print(json.dumps(case(args.case, n)))
         return
-    roots = [r.resolve() for r in args.root or [ROOT]]
+    checkouts = [
+        Checkout(r.resolve(), pure)
+        for r in args.root or [ROOT]
+        for pure in ((False, True) if args.sources else (False,))
+    ]
     host = machine()
     labels = {
         "azure": "Azure conversation hour (19,366 requests), in process",
@@ -250,8 +291,10 @@ def main() -> None:
     runs: dict[str, dict[str, list[dict[str, Any] | None]]] = {}
     for _ in range(args.repeat):
         for name in labels:
-            for root in roots:  # interleaved: the machine's noise falls on each alike
-                runs.setdefault(name, {}).setdefault(str(root), []).append(measure(name, root, n))
+            for checkout in checkouts:  # interleaved: the machine's noise falls on each alike
+                runs.setdefault(name, {}).setdefault(checkout.label, []).append(
+                    measure(name, checkout, n)
+                )
     figures = {
         name: {root: least(results) for root, results in by_root.items()}
         for name, by_root in runs.items()
@@ -269,10 +312,10 @@ def main() -> None:
         f"load average (1/5/15 min) {load} before, {after} after; least CPU of {args.repeat}"
     )
     print()
-    heads = [str(r) for r in roots]
-    ratio = len(roots) == 2
+    heads = [c.label for c in checkouts]
+    ratio = len(checkouts) == 2
     print("| what | " + " | ".join(heads) + (" | CPU ratio | memory ratio |" if ratio else " |"))
-    print("|---" * (1 + len(roots) + (2 if ratio else 0)) + "|")
+    print("|---" * (1 + len(checkouts) + (2 if ratio else 0)) + "|")
     for name, label in labels.items():
         row = [cell(figures[name][h]) for h in heads]
         if ratio:
@@ -287,6 +330,14 @@ def main() -> None:
             if f is not None and "steps" in f:
                 print(f"\n{labels[name]}: {f['requests']:,} requests, {f['steps']:,} steps")
                 break
+    for name in ("azure", "synthetic"):
+        for h in heads if name in figures else ():
+            f = figures[name][h]
+            if f is not None and "inner_cpu_s" in f:
+                print(
+                    f"{h}: the `runner.run` call of the {name} case {f['inner_cpu_s']:.2f} s of "
+                    f"CPU; serving engine: {f.get('engine', 'sources')}"
+                )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from simulator import native
+
+native.choose()  # the compiled engine, or its sources (native.py says when)
+
 if TYPE_CHECKING:
     from simulator.api import *  # noqa: F403
 

@@ -1,6 +1,6 @@
 """The package's import graph: data flows one way through its layers, with no cycles.
 
-units, errors -> outputs -> specs -> costmodel / workload -> metrics -> serving -> runs
+units, errors, native -> outputs -> specs -> costmodel / workload -> metrics -> serving -> runs
 -> planning / validate / regress -> report / calibrate -> api -> cli -> entry points
 (docs/architecture.md draws it). A module
 may import its own package and the layers below it, never a layer above nor another package
@@ -20,7 +20,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "simulator"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("simulator.units", "simulator.errors"),
+    ("simulator.units", "simulator.errors", "simulator.native"),
     ("simulator.outputs",),
     ("simulator.specs",),
     ("simulator.workload", "simulator.costmodel"),

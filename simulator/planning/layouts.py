@@ -261,7 +261,7 @@ def measure(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) 
         sched = group.scheduler
         ceiling = capacity_ceiling(
             dep,
-            group.timer,
+            group.step_timer,
             memory,
             prompt_len=wide.prompt_len,
             output_len=wide.output_len,
@@ -276,7 +276,10 @@ def measure(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) 
     except SpecError as exc:  # not a valid layout here, or it does not fit
         return exc.reason
     floors = latency_floors(
-        group.timer, prompt_len=sample.prompt_len, output_len=sample.output_len, scheduler=sched
+        group.step_timer,
+        prompt_len=sample.prompt_len,
+        output_len=sample.output_len,
+        scheduler=sched,
     )
     entry = next(h for h in c.hardware if h.id == layout.hardware)
     prec = dep.precision
@@ -284,7 +287,7 @@ def measure(spec: PlanSpec, layout: Layout, *, model: ModelSpec, flow: Traffic) 
     price = price_per_gpu_hour(entry)
     margin = plan_margin(spec, [dep])
     return Prepared(
-        layout, dep, sched, price, n, ceiling, floors, label, group.timer, memory, margin
+        layout, dep, sched, price, n, ceiling, floors, label, group.step_timer, memory, margin
     )
 
 

@@ -111,7 +111,7 @@ def power_budget(
             continue
         limit = cap if group.power_cap_w is None else min(cap, group.power_cap_w)
         built = build(group.model_copy(update={"power_cap_w": limit}))
-        timers.append(built[0].timer)
+        timers.append(built[0].step_timer)
         capped_deps.append(built[2])
     parked = sum(
         n * d.layout.devices_per_replica * d.hardware.power.between_steps_w

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import simpy
@@ -92,6 +92,12 @@ def _totals(ops: list[Op], hw: HardwareSpec, engine: EngineSpec) -> tuple[np.nda
     batch element."""
     costs = evaluate(ops, hw, engine)
     return total_time(costs), total_launches(costs)
+
+
+class Lockstep(Protocol):
+    """What a DP group needs to time its steps: `LockstepTimer`, or a test's simpler one."""
+
+    def step(self, batches: Sequence[Batch]) -> float: ...
 
 
 class LockstepTimer:
@@ -164,7 +170,7 @@ class DPGroup:
         size: int,
         first_index: int,
         group: ReplicaGroup,
-        timer: LockstepTimer,
+        timer: Lockstep,
         recorder: Recorder,
         on_finish: Callable[[Request], None],
     ) -> None:
@@ -217,7 +223,7 @@ class DPAttention:
     DPRanks (router targets, each numbered as a replica) stepped by one DPGroup."""
 
     ranks: int
-    timer: LockstepTimer
+    timer: Lockstep
 
     def build(
         self,
@@ -256,7 +262,7 @@ def with_dp_attention(
         max_rank_tokens=max(spec.max_num_batched_tokens, spec.max_num_seqs),
     )
     timer = LockstepTimer(
-        local=group.timer, shared=shared, engine=dep.engine, enforce_eager=enforce_eager
+        local=group.step_timer, shared=shared, engine=dep.engine, enforce_eager=enforce_eager
     )
     return dataclasses.replace(
         group, count=count, loop=DPAttention(ranks=dep.layout.dp, timer=timer)

@@ -23,7 +23,7 @@ from simulator.serving.kv_cache import BlockManager
 from simulator.serving.kv_tiers import KVTiers, block_manager, plan_tiers
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
-from simulator.serving.steptime import StepTimer
+from simulator.serving.steptime import StepTimer, Timer
 from simulator.specs.engine import EngineSpec, FrontEndCost
 from simulator.specs.lora import LoraSpec
 from simulator.specs.model import ModelSpec
@@ -50,11 +50,12 @@ class ReplicaLoop(Protocol):
 
 @dataclass(frozen=True)
 class ReplicaGroup:
-    """`count` identical replicas: their scheduler, step-time model (`decode_run` and `mixed`,
-    as StepTimer) and KV cache of `num_blocks` blocks of `block_size` tokens each."""
+    """`count` identical replicas: their scheduler, step-time model (a `Timer`: the cost
+    model's StepTimer, or a test's stand-in that only the plain loop runs on) and KV cache of
+    `num_blocks` blocks of `block_size` tokens each."""
 
     scheduler: SchedulerSpec
-    timer: StepTimer
+    timer: Timer
     num_blocks: int
     block_size: int
     count: int = 1
@@ -72,6 +73,14 @@ class ReplicaGroup:
     frontend: FrontEndCost | None = None
     # Multi-LoRA: the adapters' step costs and load times (serving.lora; None: off)
     lora: LoraCost | None = None
+
+    @property
+    def step_timer(self) -> StepTimer:
+        """`timer` as the cost model's StepTimer, which the planner and the loops that price
+        steps their own way (DP attention, micro-batching, a partitioned replica) need."""
+        if not isinstance(self.timer, StepTimer):
+            raise TypeError(f"a StepTimer is needed here, not {type(self.timer).__name__}")
+        return self.timer
 
     def new_kv(self) -> BlockManager:
         """An empty KV cache for one replica (or attention rank) of the group."""

@@ -46,10 +46,22 @@ class BlockManager:
         self.hold = hold
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free = num_blocks
+        self.free = num_blocks  # (a pooled cache's setter keeps it as its own count)
         self.watermark_blocks = int(watermark * num_blocks)
         self.peak_used = 0
         self.host_free = host_blocks  # swap space in host memory, in blocks
+
+    # A property, not an attribute, because a cache in a pool (serving/kv_pool.py) counts its
+    # room differently: a compiled build (simulator/native.py) reaches a subclass's property
+    # through the base class's only where the base has one too.
+    @property
+    def free(self) -> int:
+        """Blocks free to use."""
+        return self._free
+
+    @free.setter
+    def free(self, value: int) -> None:
+        self._free = value
 
     @property
     def used(self) -> int:

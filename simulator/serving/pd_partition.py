@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
+from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
 import simpy
@@ -54,11 +54,12 @@ from simulator.costmodel.deployment import Deployment
 from simulator.costmodel.offload import OffloadPlan
 from simulator.errors import SpecError
 from simulator.metrics.recorder import Recorder
+from simulator.serving.kv_cache import BlockManager
 from simulator.serving.replica import Replica
 from simulator.serving.request import Request
-from simulator.serving.steptime import StepTimer
+from simulator.serving.steptime import StepTimer, Timer
 from simulator.specs.hardware import HardwareSpec
-from simulator.specs.serving import PdPartition
+from simulator.specs.serving import PdPartition, SchedulerSpec
 from simulator.specs.workload import SamplingSpec
 
 if TYPE_CHECKING:
@@ -74,7 +75,8 @@ def saturation() -> float:
     """The fraction of the SMs that pulls the whole DRAM bandwidth (pd_partition.yaml)."""
     import yaml
 
-    text = (Path(__file__).parent / "pd_partition.yaml").read_text()
+    # (the package's resources, not `__file__`: a compiled module's is not its own path)
+    text = resources.files("simulator.serving").joinpath("pd_partition.yaml").read_text()
     return float(yaml.safe_load(text)["bandwidth_saturation_sm_fraction"])
 
 
@@ -192,17 +194,21 @@ class _Split:
         return self.timers.stream_timer(stream, decode_sm, both_busy=True)
 
     def decode_share(self) -> float:
-        """Dynamic split: the smallest decode share whose step of the decode stream's running
-        batch, with the prefill stream busy, meets the TBT target (the largest if none does).
-        With hysteresis h, a share that still meets the target is kept unless a smaller one
-        meets (1 - h) x the target: the split falls only with margin, and rises at once."""
+        """Dynamic split: `share_for` the decode stream's running batch, now."""
         assert self.decode is not None
-        reqs = self.decode.running
+        return self.share_for(self.decode.running, self.decode.env.now)
+
+    def share_for(self, reqs: list[Request], now: float) -> float:
+        """The smallest decode share whose step of the decode batch `reqs`, with the prefill
+        stream busy, meets the TBT target (the largest if none does). With hysteresis h, a
+        share that still meets the target is kept unless a smaller one meets (1 - h) x the
+        target: the split falls only with margin, and rises at once. `now`: the time of the
+        step asking (a step reads its timer more than once; one choice per step counts)."""
         if not reqs:  # preempted requests recomputing, or none yet: an even split
             return 0.5
         target = self.partition.tbt_target_s or 0.0
         total = float(sum([r.num_computed for r in reqs]) + len(reqs))
-        key = (self.decode.env.now, len(reqs), total)  # a step reads its timer more than once
+        key = (now, len(reqs), total)
         if key == self._chosen[0]:
             return self._chosen[1]
 
@@ -282,18 +288,42 @@ class StreamReplica(Replica):
     counts the decode stream's requests as outstanding."""
 
     def __init__(
-        self, env: simpy.Environment, *, split: _Split, stream: Stream, **kw: object
+        self,
+        env: simpy.Environment,
+        *,
+        split: _Split,
+        stream: Stream,
+        index: int,
+        scheduler: SchedulerSpec,
+        kv: BlockManager,
+        timer: Timer,
+        recorder: Recorder,
+        on_finish: Callable[[Request], None],
+        swap_s_per_block: float,
+        on_prefilled: Callable[[Request], None] | None = None,
+        between_steps: Callable[[Replica], None] | None = None,
     ) -> None:
         self._split = split
         self.stream: Stream = stream
-        super().__init__(env, **kw)  # type: ignore[arg-type]
+        super().__init__(
+            env,
+            index=index,
+            scheduler=scheduler,
+            kv=kv,
+            timer=timer,
+            recorder=recorder,
+            on_finish=on_finish,
+            swap_s_per_block=swap_s_per_block,
+            on_prefilled=on_prefilled,
+            between_steps=between_steps,
+        )
 
     @property
-    def timer(self) -> StepTimer:
+    def timer(self) -> Timer:
         return self._split.timer(self.stream)
 
     @timer.setter
-    def timer(self, value: StepTimer) -> None:  # the split decides; the given one is `full`
+    def timer(self, value: Timer) -> None:  # the split decides; the given one is `full`
         del value
 
     def _decode_segment(self, reqs: list[Request], steps: int) -> Generator[simpy.Event, Any, None]:
@@ -338,26 +368,28 @@ class PdPartitioned:
                 if stream is not None:
                     stream.wake()
 
-        common = {
-            "index": index,
-            "scheduler": group.scheduler,
-            "kv": kv,
-            "timer": group.timer,
-            "recorder": recorder,
-            "on_finish": finished,
-            "swap_s_per_block": group.swap_s_per_block,
-        }
-        split.prefill = StreamReplica(
-            env,
-            split=split,
-            stream="prefill",
-            on_prefilled=split.prefilled,
-            between_steps=split.prefill_step,
-            **common,
-        )
-        split.decode = StreamReplica(
-            env, split=split, stream="decode", between_steps=split.admit, **common
-        )
+        def stream(
+            name: Stream,
+            between_steps: Callable[[Replica], None],
+            on_prefilled: Callable[[Request], None] | None = None,
+        ) -> StreamReplica:
+            return StreamReplica(
+                env,
+                split=split,
+                stream=name,
+                index=index,
+                scheduler=group.scheduler,
+                kv=kv,
+                timer=group.timer,
+                recorder=recorder,
+                on_finish=finished,
+                swap_s_per_block=group.swap_s_per_block,
+                on_prefilled=on_prefilled,
+                between_steps=between_steps,
+            )
+
+        split.prefill = stream("prefill", split.prefill_step, on_prefilled=split.prefilled)
+        split.decode = stream("decode", split.admit)
         return [split.prefill]
 
 
@@ -395,7 +427,7 @@ def with_pd_partition(
     spec = group.scheduler
     timers = PartitionTimers(
         dep=dep,
-        full=group.timer,
+        full=group.step_timer,
         max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens,
         max_context=max_context,

@@ -226,7 +226,7 @@ class MicroBatching:
     """How `serving.cluster.serve` builds each replica of a group with pipeline
     micro-batching: one PipelineReplica timed by `clock`."""
 
-    clock: StageClock
+    clock: Clock
 
     def build(
         self,
@@ -265,7 +265,7 @@ def with_micro_batching(group: ReplicaGroup, dep: Deployment) -> ReplicaGroup:
         )
     clock = StageClock(
         dep,
-        timer=group.timer,
+        timer=group.step_timer,
         max_tokens=max(spec.max_num_batched_tokens, spec.max_num_seqs),
         max_seqs=spec.max_num_seqs,
     )

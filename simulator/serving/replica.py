@@ -54,7 +54,7 @@ from simulator.serving.lora import AdapterCache
 from simulator.serving.request import Request
 from simulator.serving.scheduler import AdmissionState, StepPlan, enqueue, schedule
 from simulator.serving.speculative import Acceptance
-from simulator.serving.steptime import StepTimer
+from simulator.serving.steptime import Timer
 from simulator.specs.serving import SchedulerSpec
 
 MAX_SEGMENT_STEPS = 4096
@@ -69,7 +69,7 @@ class Replica:
         index: int,
         scheduler: SchedulerSpec,
         kv: BlockManager,
-        timer: StepTimer,
+        timer: Timer,
         recorder: Recorder,
         on_finish: Callable[[Request], None],
         swap_s_per_block: float = 0.0,
@@ -86,7 +86,7 @@ class Replica:
         self.kv = kv
         # a KV token budget: decodes attend to what their sequence keeps
         self._eviction = None if kv.hold is None else kv.hold.eviction
-        self.timer = timer
+        self._timer = timer
         self.recorder = recorder
         self.on_finish = on_finish
         self.swap_s_per_block = swap_s_per_block  # host <-> GPU copy of one KV block
@@ -133,6 +133,16 @@ class Replica:
         # with creditors, attention owed to debtors); None: not pooled
         self.pool_step: Callable[[Replica, StepPlan], float] | None = None
         self.process = env.process(self.run())
+
+    # A property, not an attribute, because a stream of a partitioned replica asks its split
+    # for the timer of the moment (serving/pd_partition.py; as `BlockManager.free`).
+    @property
+    def timer(self) -> Timer:
+        return self._timer
+
+    @timer.setter
+    def timer(self, value: Timer) -> None:
+        self._timer = value
 
     # -- the router's view ----------------------------------------------------------------------
     @property

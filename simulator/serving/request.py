@@ -19,31 +19,35 @@ import math
 BlockKey = tuple[int, int, int, int]
 
 
+# Every field of a request (`__slots__`, and what `copy.copy` copies).
+FIELDS = (
+    "adapter",
+    "arrival_s",
+    "blocks",
+    "cache_keys",
+    "cached_tokens",
+    "finish_s",
+    "first_scheduled_s",
+    "first_token_s",
+    "id",
+    "last_token_s",
+    "num_computed",
+    "num_output",
+    "output_len",
+    "preemptions",
+    "prefix_id",
+    "prefix_len",
+    "priority",
+    "prompt_len",
+    "replica",
+    "return_s",
+    "stream",
+    "swapped_blocks",
+)
+
+
 class Request:
-    __slots__ = (
-        "adapter",
-        "arrival_s",
-        "blocks",
-        "cache_keys",
-        "cached_tokens",
-        "finish_s",
-        "first_scheduled_s",
-        "first_token_s",
-        "id",
-        "last_token_s",
-        "num_computed",
-        "num_output",
-        "output_len",
-        "preemptions",
-        "prefix_id",
-        "prefix_len",
-        "priority",
-        "prompt_len",
-        "replica",
-        "return_s",
-        "stream",
-        "swapped_blocks",
-    )
+    __slots__ = FIELDS
 
     def __init__(
         self,
@@ -80,6 +84,19 @@ class Request:
         self.first_token_s = math.nan
         self.finish_s = math.nan
         self.last_token_s = math.nan
+
+    def __copy__(self) -> Request:
+        """A shallow copy, every field (a compiled build's class cannot be made without its
+        constructor's arguments, which `copy.copy`'s default way needs)."""
+        clone = Request(
+            id=self.id,
+            arrival_s=self.arrival_s,
+            prompt_len=self.prompt_len,
+            output_len=self.output_len,
+        )
+        for name in FIELDS:
+            setattr(clone, name, getattr(self, name))
+        return clone
 
     @property
     def known(self) -> int:

@@ -71,6 +71,7 @@ Chunks = Sequence[tuple[int, int, bool]]
 DraftCost = Callable[[Chunks, Sequence[int]], float]
 
 
+# (The protocols' defaults are values, not `...`: a compiled build evaluates them.)
 class OpList(Protocol):
     """The kernels of one forward pass (`costmodel.ops.step_ops`, or a drafter's)."""
 
@@ -81,8 +82,43 @@ class OpList(Protocol):
         prec: Precision,
         batch: BatchShape,
         *,
-        gpus_per_node: int = ...,
+        gpus_per_node: int = 8,
     ) -> list[Op]: ...
+
+
+class Timer(Protocol):
+    """What a replica asks of its step timer: `StepTimer`, or a test's simpler one."""
+
+    @property
+    def penalises(self) -> bool: ...
+
+    @property
+    def async_scheduling(self) -> bool: ...
+
+    def mixed(
+        self,
+        *,
+        chunks: Chunks,
+        decode_contexts: Sequence[int],
+        outputs: tuple[int, int] = (0, 0),
+    ) -> float: ...
+
+    def decode_run(
+        self,
+        *,
+        num_seqs: int,
+        total_context: float,
+        steps: int,
+        outputs: tuple[int, int] = (0, 0),
+    ) -> np.ndarray: ...
+
+    def decode_ends(
+        self, *, start: float, num_seqs: int, total_context: float, steps: int
+    ) -> list[float] | None: ...
+
+    def cpu_s(self, num_seqs: int) -> float: ...
+
+    def kernel_s(self, *, chunks: Chunks, decode_contexts: Sequence[int]) -> float: ...
 
 
 def verify_floor(verify_s: np.ndarray, decode_s: np.ndarray) -> np.ndarray:

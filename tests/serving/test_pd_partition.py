@@ -290,24 +290,12 @@ def test_under_a_queue_shortest_prompt_first_cuts_median_ttft() -> None:
     assert spf["completed"] == fcfs["completed"] == 240
 
 
-class _Decode:
-    """What `_Split.decode_share` reads of a decode stream: its running batch and the clock."""
-
-    def __init__(self) -> None:
-        self.running: list[Request] = []
-        self.env = self
-        self.now = 0.0
-
-
-def _split(partition: str) -> tuple[_Split, _Decode]:
+def _split(partition: str) -> _Split:
     dep = deployment(model="llama-3.1-8b", hardware="h100_sxm")
     args = {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "max_context": 8192}
     timers = PartitionTimers(dep=dep, full=StepTimer(dep, **args), enforce_eager=False,
                              sampling=None, offload=None, **args)  # fmt: skip
-    split = _Split(parse_pd_partition(partition), timers)
-    decode = _Decode()
-    split.decode = decode  # type: ignore[assignment]
-    return split, decode
+    return _Split(parse_pd_partition(partition), timers)
 
 
 def _step_s(split: _Split, share: float, reqs: list[Request]) -> float:
@@ -326,17 +314,15 @@ def _step_s(split: _Split, share: float, reqs: list[Request]) -> float:
 def test_hysteresis_meets_the_target_falls_only_with_margin_and_changes_less(
     batches: list[tuple[int, int]], band: float
 ) -> None:
-    plain, plain_decode = _split("dynamic:30")
-    held, held_decode = _split(f"dynamic:30,hysteresis={band}")
+    plain = _split("dynamic:30")
+    held = _split(f"dynamic:30,hysteresis={band}")
     target = 0.030
     before = None
     for t, (n, context) in enumerate(batches):
         reqs = [Request(id=i, arrival_s=0.0, prompt_len=context, output_len=512) for i in range(n)]
         for r in reqs:
             r.num_computed = context
-        plain_decode.running = held_decode.running = reqs
-        plain_decode.now = held_decode.now = float(t)
-        least, chosen = plain.decode_share(), held.decode_share()
+        least, chosen = plain.share_for(reqs, float(t)), held.share_for(reqs, float(t))
         assert chosen >= least  # never below the share the target needs
         if _step_s(held, least, reqs) <= target:  # the target can be met: it is
             assert _step_s(held, chosen, reqs) <= target
@@ -356,8 +342,8 @@ def _batch(n: int, context: int = 2000) -> list[Request]:
 def test_hysteresis_holds_the_split_where_the_batch_flickers_across_a_boundary() -> None:
     # a batch that grows and shrinks by one request across the point where the least share
     # meeting the target steps up: the plain split flips every step, the held one stays up
-    plain, plain_decode = _split("dynamic:30")
-    held, held_decode = _split("dynamic:30,hysteresis=0.5")
+    plain = _split("dynamic:30")
+    held = _split("dynamic:30,hysteresis=0.5")
 
     def least(n: int) -> float:
         return next(s for s in DECODE_SHARES if _step_s(plain, s, _batch(n)) <= 0.030)
@@ -365,10 +351,8 @@ def test_hysteresis_holds_the_split_where_the_batch_flickers_across_a_boundary()
     n = next(n for n in range(1, 256) if least(n + 1) > least(n))
     assert _step_s(plain, least(n), _batch(n)) > 0.5 * 0.030  # no margin at the lower share
     for t, size in enumerate([n + 1, n] * 4):
-        plain_decode.running = held_decode.running = _batch(size)
-        plain_decode.now = held_decode.now = float(t)
-        plain.decode_share()
-        assert held.decode_share() == least(n + 1)
+        plain.share_for(_batch(size), float(t))
+        assert held.share_for(_batch(size), float(t)) == least(n + 1)
     assert (plain.changes, held.changes) == (7, 0)
 
 
