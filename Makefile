@@ -35,10 +35,12 @@ $(DEVSTAMP): $(STAMP)
 # The serving engine's inner loop compiled to C by mypyc, in place (setup.py; the modules are
 # simulator/native.py's): the same results in about 0.6 of the CPU time. Rebuilt when a
 # serving or metrics source changes; until then the sources run. Without a C compiler the
-# build says so and the sources run; LLMSIM_PURE_PYTHON=1 skips it.
+# build says so and the sources run; LLMSIM_PURE_PYTHON=1 skips it. --force: every module is
+# compiled anew, so each is newer than its source (or, where its compile failed, older: then
+# the sources run; simulator/native.py), even where mypyc's C did not change.
 $(NATIVE): $(STAMP) setup.py simulator/native.py $(wildcard simulator/serving/*.py simulator/metrics/*.py)
 	$(BIN)/python -m pip install -q "mypy>=1.10"
-	$(BIN)/python setup.py -q build_ext --inplace --parallel 2 || echo "the build failed above"
+	$(BIN)/python setup.py -q build_ext --inplace --force --parallel 2 || echo "the build failed above"
 	@$(BIN)/python -c "from simulator import native; print('serving engine:', native.status())"
 	touch $@
 

@@ -1,9 +1,9 @@
 """The build. setuptools reads the project from pyproject.toml; this adds the serving engine's
 inner loop compiled to C by mypyc (simulator/native.py names the modules), where mypy is
 importable and LLMSIM_PURE_PYTHON is not set. `make native` runs it in place
-(`python setup.py build_ext --inplace`) in the environment `make` installs, whose packages mypyc
-reads to type the code. Every compiled module is optional: without a C compiler the build goes
-on and the sources run (the same results, slower)."""
+(`python setup.py build_ext --inplace --force`) in the environment `make` installs, whose
+packages mypyc reads to type the code. Every compiled module is optional: without a C compiler
+the build goes on and the sources run (the same results, slower)."""
 
 import importlib.util
 import os
