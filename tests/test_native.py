@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.machinery
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from simulator import native
+from simulator.runs import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -90,6 +92,7 @@ SUMMARY = """
 import json, sys
 from simulator.runs import runner
 from simulator import native
+from simulator.runs import runner
 out = {"status": native.status()}
 for name in sys.argv[1:]:
     summary = runner.run(f"scenarios/{name}.yaml").summary
@@ -123,3 +126,13 @@ def test_the_compiled_engine_gives_the_sources_results_bit_for_bit() -> None:
     assert pure.pop("status") == "sources (LLMSIM_PURE_PYTHON is set)"
     compiled.pop("status")
     assert compiled == pure
+
+
+@pytest.mark.parametrize("outputs", ["all", "stream"])
+def test_a_run_pickles_and_comes_back_whole(outputs: str) -> None:
+    # users keep results with pickle (and Ray ships them): whichever build runs, the result
+    # and its rows come back as they were
+    result = runner.run("scenarios/quickstart.yaml", outputs=outputs)
+    back = pickle.loads(pickle.dumps(result))
+    assert back.summary == result.summary
+    assert back.sim.requests.equals(result.sim.requests)
