@@ -350,12 +350,13 @@ def parse_pd_partition(text: str) -> PdPartition:
         if key == "prefill" and value in ("fcfs", "spf") and "prefill_order" not in fields:
             fields["prefill_order"] = value
         elif key == "hysteresis" and mode == "dynamic" and "hysteresis" not in fields:
-            if not 0.0 <= _number(value) < 1.0:
+            band = _number(value)
+            if not 0.0 <= band < 1.0:
                 raise SpecError(
                     f"{text!r}: the hysteresis is a fraction of the TBT target in [0, 1)",
                     field="pd_partition",
                 )
-            fields["hysteresis"] = _number(value)
+            fields["hysteresis"] = band
         else:
             raise SpecError(
                 f"{text!r}: {option.strip()!r} is not an option here (expected "
