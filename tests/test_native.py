@@ -3,6 +3,7 @@ that the compiled build gives the sources' results, bit for bit."""
 
 from __future__ import annotations
 
+import copy
 import importlib.machinery
 import json
 import os
@@ -12,9 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from factories import FixedTimer, fixed_group
 
 from simulator import native
+from simulator.costmodel.deployment import deployment
 from simulator.runs import runner
+from simulator.serving.request import FIELDS, Request
+from simulator.serving.steptime import StepTimer
 
 ROOT = Path(__file__).resolve().parents[1]
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -92,7 +97,6 @@ SUMMARY = """
 import json, sys
 from simulator.runs import runner
 from simulator import native
-from simulator.runs import runner
 out = {"status": native.status()}
 for name in sys.argv[1:]:
     summary = runner.run(f"scenarios/{name}.yaml").summary
@@ -136,3 +140,24 @@ def test_a_run_pickles_and_comes_back_whole(outputs: str) -> None:
     back = pickle.loads(pickle.dumps(result))
     assert back.summary == result.summary
     assert back.sim.requests.equals(result.sim.requests)
+
+
+# What the compiled build asked of the code around it.
+def test_a_request_copies_every_field_apart_from_its_cached_blocks_list() -> None:
+    req = Request(id=7, arrival_s=1.5, prompt_len=100, output_len=20, priority=2, adapter=3)
+    req.num_computed, req.num_output, req.blocks, req.cache_keys = 60, 4, 4, [(1, 2, 3, 4)]
+    clone = copy.copy(req)
+    assert clone is not req
+    for name in FIELDS:  # NaN times compare unequal to themselves: compare their text
+        assert repr(getattr(clone, name)) == repr(getattr(req, name)), name
+    assert clone.cache_keys is req.cache_keys  # shallow, as copy.copy is
+
+
+def test_a_group_gives_its_step_timer_and_refuses_a_stand_in_where_one_is_needed() -> None:
+    group = fixed_group()
+    with pytest.raises(TypeError, match="a StepTimer is needed here, not FixedTimer"):
+        _ = group.step_timer
+    assert isinstance(group.timer, FixedTimer)  # the plain loop takes it as it is
+    dep = deployment(model="llama-3.1-8b", hardware="h100_sxm")
+    timer = StepTimer(dep, max_num_seqs=8, max_num_batched_tokens=512, max_context=1024)
+    assert fixed_group(timer=timer).step_timer is timer
