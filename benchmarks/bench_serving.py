@@ -6,7 +6,8 @@
 
 Cases (Llama-3.1-8B on H100s, vLLM profile, energy and summary included), each in a fresh
 interpreter:
-- `azure`: replay of the Azure 2023 conversation trace (19,366 requests, one hour) in process;
+- `azure`: replay of the Azure 2023 conversation trace (19,366 requests, one hour) in process
+  (the `runner.run` call, which the in-process target is about, and the whole process);
 - `azure-cli`: the same through the CLI, `llmsim run scenarios/azure_conv_replay.yaml`,
   start-up included; `azure-cli-out`: with `--out DIR` (every table, CSV);
   `azure-cli-summary`: with `--out DIR --outputs summary`;
@@ -193,8 +194,7 @@ def doc_block(
         "| what | CPU (s) | wall (s) | peak memory (MiB) | written (MB) | target |",
         "|---|---:|---:|---:|---:|---|",
     ]
-    for name, label in labels.items():
-        f = next(iter(figures[name].values()))
+    for name, label, f in doc_rows(figures, labels):
         key = f"synthetic-{n}" if name == "synthetic" else name
         cpu, mib = TARGETS.get(key, (None, None))
         goal = ", ".join(
@@ -220,11 +220,29 @@ def doc_block(
         if f is not None and "steps" in f:
             lines.append(
                 f"\n{labels[name]}: {f['requests']:,} requests, {f['steps']:,} steps; the "
-                f"`runner.run` call alone {f['inner_cpu_s']:.2f} s of CPU (the rest of the row "
-                f"is the interpreter's start and the imports); serving engine: "
+                f"`runner.run` call {f['inner_cpu_s']:.2f} s of CPU, the whole process "
+                f"{f['cpu_s']:.2f} s (the interpreter's start and the imports); serving engine: "
                 f"{f.get('engine', 'sources')}."
             )
     return "\n".join(lines)
+
+
+def doc_rows(
+    figures: dict[str, Any], labels: dict[str, str]
+) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """(case, label, figures) of each row of the doc's table. The Azure case gives two: its
+    `runner.run` call, which the in-process target is about (the CLI's row is the one with
+    start-up included), and its whole process."""
+    rows: list[tuple[str, str, dict[str, Any] | None]] = []
+    for name, label in labels.items():
+        f = next(iter(figures[name].values()))
+        if name == "azure" and f is not None and "inner_cpu_s" in f:
+            call = f | {"cpu_s": f["inner_cpu_s"], "wall_s": f["inner_wall_s"]}
+            rows.append((name, f"{label}: the `runner.run` call", call))
+            rows.append(("azure-process", f"{label}: the whole process (start-up included)", f))
+            continue
+        rows.append((name, label, f))
+    return rows
 
 
 def write_doc(path: Path, block: str) -> None:
