@@ -70,6 +70,7 @@ def test_the_margin_is_the_upper_edge_of_the_band_and_never_below_one() -> None:
         device_family="nvidia",
         engine_family="vllm",
         coverage=0.8,
+        model_family="dense",
     )
     assert band is not None and m.latency["ttft"] == pytest.approx(max(1.0, math.exp(band.high)))
     assert m.backed and m.note is None and "e2e_serving" in m.source

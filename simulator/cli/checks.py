@@ -48,8 +48,8 @@ def validate_cmd(
         typer.Option(
             "--write-bands",
             help="rewrite the error bands' residuals (simulator/data/error_bands.yaml) from "
-            "the held-out rows of e2e_throughput, e2e_serving and e2e_latency (run with the "
-            "chosen suites)",
+            "the held-out rows of the end-to-end suites (e2e_throughput, e2e_serving, "
+            "e2e_latency, e2e_serving_curve, e2e_energy; run with the chosen suites)",
         ),
     ] = False,
     as_json: JsonOpt = False,

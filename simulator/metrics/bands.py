@@ -1,11 +1,11 @@
 """Error bands on predictions, from the residuals of `llmsim validate` (docs/error-bands.md).
 
 `simulator/data/error_bands.yaml` holds one signed log residual r = ln(measured / predicted)
-per held-out row of the end-to-end suites (`e2e_throughput`, `e2e_serving`, `e2e_latency`),
-labelled with its metric family (ttft, tpot, latency, throughput), regime (offline: a static
-batch or every request at t=0; online: arrivals at a request rate), device family (the
-hardware's vendor), engine family (vllm, sglang, trtllm, llamacpp) and model family (dense,
-moe).
+per held-out row of the end-to-end suites (`e2e_throughput`, `e2e_serving`, `e2e_latency`,
+`e2e_serving_curve`, `e2e_energy`'s ITL and throughput), labelled with its metric family
+(ttft, tpot, latency, throughput), regime (offline: a static batch or every request at t=0;
+online: the latencies of a served run), hardware id, device family (the hardware's vendor),
+engine family (vllm, sglang, trtllm, llamacpp) and model family (dense, moe).
 `simulator.validate.bands` writes it; this module only reads it (cheap: no validation suite is
 imported).
 
@@ -16,16 +16,17 @@ the split-conformal rank made continuous: the conformal ceil((n+1)p) never cover
 but over-covers by up to 2/(n+1) (11 points on 18 rows). A time-like prediction p gets
 [p e^lo, p e^hi]; a rate (throughput) [p e^-hi, p e^-lo].
 
-The group is the most specific of (family, regime, device family, engine family), (family,
-regime, device family), (family, regime) with at least `min_group_rows(c)` rows, else the
-whole family; a family with fewer rows than c needs gives its range, and `interval_caveats`
-says so. E2EL's band is the hull of TTFT's and TPOT's (a request's E2EL ratio is a convex
-combination of its TTFT and decode-time ratios; no validation row measures E2EL online).
+The group is the most specific of (family, regime, model family) by hardware id and engine
+family, by device and engine family, by device family, or alone, then the same without the
+model family, with at least `min_group_rows(c)` rows, else the whole family; a family with
+fewer rows than c needs gives its range, and `interval_caveats` says so. E2EL's band is the
+hull of TTFT's and TPOT's (a request's E2EL ratio is a convex combination of its TTFT and
+decode-time ratios; no validation row measures E2EL online).
 
 A prediction is backed when held-out rows exist for its hardware id under its engine family
 and of its model family (`dense`, or `moe`: routed experts); otherwise it gets no band, only
 `interval_note`. (The dense rows say little of a mixture of experts: the 2025 DeepSeek-R1
-serving curves of `e2e_serving_curve` ran 2-4x slower than predicted where the dense bands
+serving curves of `e2e_serving_curve` ran 1.3-3.4x slower than predicted where the dense bands
 are within tens of percent.) A backed setup takes its family's band even
 where its own rows are of other families. Not covered: the bands are the error of the
 validated setups applied to others (models, lengths, parallelism, features such as
@@ -53,6 +54,7 @@ DEFAULT_COVERAGE = 0.8
 # band; below it the split is noise.
 MIN_GROUP_ROWS = 10
 ENGINE_FAMILIES = ("vllm", "sglang", "trtllm", "llamacpp")
+SPLITS = ("model_family", "hardware", "device_family", "engine_family")  # a group's splits
 Family = Literal["ttft", "tpot", "latency", "throughput"]
 Regime = Literal["offline", "online"]
 FAMILY_LABELS = {
@@ -272,6 +274,31 @@ class Band:
         return (n - 1) / (n + 1) if self.clamped else self.coverage
 
 
+def _levels(
+    rows: list[Residual],
+    head: str,
+    *,
+    hardware: str | None,
+    device_family: str | None,
+    engine_family: str | None,
+) -> list[tuple[str, list[Residual]]]:
+    """The groups of `rows` (labelled after `head`), most specific first: the hardware id and
+    engine family, the device and engine family, the device family, then `rows` themselves.
+    A None hardware, device or engine family does not split."""
+    levels: list[tuple[str, list[Residual]]] = []
+    if hardware is not None and engine_family is not None:
+        mine = [r for r in rows if r.device == hardware and r.engine_family == engine_family]
+        levels.append((f"{head}, {hardware}, {engine_family}", mine))
+    if device_family is not None:
+        same_device = [r for r in rows if r.device_family == device_family]
+        if engine_family is not None:
+            both = [r for r in same_device if r.engine_family == engine_family]
+            levels.append((f"{head}, {device_family}, {engine_family}", both))
+        levels.append((f"{head}, {device_family}", same_device))
+    levels.append((head, rows))
+    return levels
+
+
 def group_band(
     rows: Sequence[Residual],
     *,
@@ -280,22 +307,24 @@ def group_band(
     device_family: str | None,
     engine_family: str | None,
     coverage: float,
+    model_family: str | None = None,
+    hardware: str | None = None,
 ) -> Band | None:
-    """The band of the most specific group with enough rows (None: the family has no rows).
-    A None device or engine family does not split."""
+    """The band of the most specific group with enough rows (None: the family has no rows):
+    of the same model family (dense, moe), by hardware id and engine family, by device and
+    engine family, by device family, then alone; then of any model family in the same order.
+    A None model family, hardware, device or engine family does not split."""
     coverage = check_coverage(coverage)
     pool = [r for r in rows if r.family == family]
     if not pool:
         return None
-    levels: list[tuple[str, list[Residual]]] = []
     same_regime = [r for r in pool if r.regime == regime]
-    if device_family is not None:
-        same_device = [r for r in same_regime if r.device_family == device_family]
-        if engine_family is not None:
-            both = [r for r in same_device if r.engine_family == engine_family]
-            levels.append((f"{family}, {regime}, {device_family}, {engine_family}", both))
-        levels.append((f"{family}, {regime}, {device_family}", same_device))
-    levels.append((f"{family}, {regime}", same_regime))
+    split = {"hardware": hardware, "device_family": device_family, "engine_family": engine_family}
+    levels: list[tuple[str, list[Residual]]] = []
+    if model_family is not None:
+        same_model = [r for r in same_regime if r.model_family == model_family]
+        levels += _levels(same_model, f"{family}, {regime}, {model_family}", **split)
+    levels += _levels(same_regime, f"{family}, {regime}", **split)
     need = min_group_rows(coverage)
     label, chosen = next(((lb, g) for lb, g in levels if len(g) >= need), (family, pool))
     ratios = [r.log_ratio for r in chosen]
@@ -387,9 +416,9 @@ def margin(
         raise ValueError(f"confidence must lie strictly between 0.5 and 1, got {confidence}")
     rows = load_residuals() if rows is None else rows
     note = note or backing_note(rows, targets)
-    split: dict[str, str | None] = {"device_family": None, "engine_family": None}
+    split: dict[str, str | None] = {a: None for a in SPLITS}
     if note is None:
-        split = {a: _common(targets, a) for a in ("device_family", "engine_family")}
+        split = {a: _common(targets, a) for a in SPLITS}
     coverage = 2 * confidence - 1
     found: dict[tuple[Family, Regime], Band] = {}
 
@@ -462,8 +491,7 @@ def intervals(
     note = note or backing_note(rows, targets)
     if note is not None:
         return {"interval_note": note}
-    split = {"device_family": _common(targets, "device_family")}
-    split["engine_family"] = _common(targets, "engine_family")
+    split = {a: _common(targets, a) for a in SPLITS}
     bands: dict[tuple[Family, Regime], Band | None] = {}
     out: dict[str, Any] = {}
     for key, metric in metrics.items():

@@ -1,16 +1,21 @@
 """The error bands' residuals, from the end-to-end suites' held-out rows (docs/error-bands.md).
 
-`residuals(df)` turns the rows of `e2e_throughput`, `e2e_serving` and `e2e_latency` into signed
-log residuals r = ln(measured / predicted), labelled as `simulator.metrics.bands` groups them:
+`residuals(df)` turns the held-out rows of `e2e_throughput`, `e2e_serving`, `e2e_latency`,
+`e2e_serving_curve` and `e2e_energy` into signed log residuals r = ln(measured / predicted),
+labelled as `simulator.metrics.bands` groups them:
 
-- family: `e2e_serving` ttft and `e2e_latency` first_token_ms rows are TTFT; `e2e_serving` tpot
-  rows TPOT (ITL shares it); `e2e_latency` latency_ms rows latency; `e2e_throughput` rows and
-  `e2e_latency`'s output_tokens_per_s_per_gpu rows throughput (their time-like quantity: seconds
-  per output token, or the batch's time);
-- regime: `e2e_serving` rows are online (Poisson arrivals), the rest offline. The online rows
-  (8 TTFT, 8 TPOT: two rates on two engines and two devices) are too few to split below and
-  near the knee;
-- device family: the hardware's vendor; engine family: `bands.engine_family` of the engine.
+- family: `e2e_serving` ttft, `e2e_latency` first_token_ms and `e2e_serving_curve` ttft rows are
+  TTFT; `e2e_serving` tpot, `e2e_serving_curve` itl and `e2e_energy` itl rows TPOT (ITL shares
+  it: both are a decode step); `e2e_latency` latency_ms rows latency; `e2e_throughput` rows,
+  `e2e_latency`'s output_tokens_per_s_per_gpu rows and `e2e_energy`'s throughput rows
+  throughput (their time-like quantity: seconds per output token, or the batch's time).
+  `e2e_energy`'s power rows have no band;
+- regime: the latencies of a served run (`e2e_serving`, `e2e_serving_curve` and `e2e_energy`'s
+  ITL: a server under load, from a few requests to past its knee) are online, the rest
+  offline (a static batch, or every request sent at t=0: `e2e_energy`'s steady-state
+  throughput);
+- device family: the hardware's vendor; engine family: `bands.engine_family` of the engine;
+  model family: `bands.model_family` of the simulated model.
 
 `bands_text` is the committed file (`llmsim validate --write-bands` writes it), `check_bands`
 compares the current residuals with it (`llmsim validate --check` fails on a mismatch:
@@ -46,8 +51,10 @@ from simulator.metrics.bands import (
 )
 from simulator.specs import load_hardware, load_model
 from simulator.validate.e2e import LATENCY, SERVING, THROUGHPUT
+from simulator.validate.energy import SUITE as ENERGY
+from simulator.validate.serving_curve import SUITE as SERVING_CURVE
 
-E2E_SUITES = (THROUGHPUT, SERVING, LATENCY)
+E2E_SUITES = (THROUGHPUT, SERVING, LATENCY, SERVING_CURVE, ENERGY)
 # A committed residual matches the current one within this much (0.5% of the ratio): closer
 # than the golden predictions' 1% (`regress/golden.yaml`), looser than rounding.
 TOLERANCE = 0.005
@@ -62,30 +69,55 @@ LATENCY_FAMILIES: dict[str, Family] = {
 }
 
 
-def family_of(row: pd.Series) -> tuple[Family, Regime]:
-    """The metric family and regime of one end-to-end row."""
+def family_of(row: pd.Series) -> tuple[Family, Regime] | None:
+    """The metric family and regime of one end-to-end row (None: a kind with no band, the
+    energy suite's power)."""
     match row["suite"]:
-        case "e2e_serving":
+        case "e2e_serving" | "e2e_serving_curve":
             family: Family = "ttft" if row["kind"] == "ttft" else "tpot"
             return family, "online"
         case "e2e_throughput":
             return "throughput", "offline"
         case "e2e_latency":
             return LATENCY_FAMILIES[str(row["metric"])], "offline"
+        case "e2e_energy":
+            if row["kind"] == "itl":  # a served run's decode steps, from a full batch
+                return "tpot", "online"
+            if row["kind"] == "throughput":  # every request sent at t=0
+                return "throughput", "offline"
+            return None
     raise ValueError(f"not an end-to-end suite: {row['suite']!r}")
+
+
+def _unique_cases(rows: pd.DataFrame) -> pd.Series:
+    """Each row's case, with its checkpoint and number of prompts added where runs of one suite
+    and device share a case (`e2e_energy`: Llama 3.1 and 3.3 70B are simulated as one model,
+    and some configurations ran twice, on 1,024 and 2,048 prompts)."""
+    cases = rows["case"].astype(str)
+    repeated = rows.duplicated(["suite", "device", "case"], keep=False)
+    if repeated.any() and {"checkpoint", "simulated_prompts"} <= set(rows.columns):
+        prompts = rows["simulated_prompts"].map(lambda n: f"{int(n)} prompts" if n == n else "")
+        suffix = " (" + rows["checkpoint"].astype(str) + ", " + prompts + ")"
+        cases = cases.where(~repeated, cases + suffix)
+    return cases
 
 
 def residuals(df: pd.DataFrame) -> tuple[Residual, ...]:
     """The held-out (fitted == False) rows of the end-to-end suites in `df` as residuals, in
     the order of suite, device and case."""
     rows = df[df["suite"].isin(E2E_SUITES) & ~df["fitted"].astype(bool)]
+    labels = [family_of(row) for _, row in rows.iterrows()]
+    rows = rows[[label is not None for label in labels]].copy()
+    rows["case"] = _unique_cases(rows)
     if rows.duplicated(["suite", "device", "case"]).any():
         raise ValueError("end-to-end rows repeat a (suite, device, case)")
     vendors = {d: load_hardware(str(d)).vendor for d in rows["device"].unique()}
     families = {m: model_family(load_model(str(m))) for m in rows["model"].unique()}
     out = []
     for _, row in rows.sort_values(["suite", "device", "case"]).iterrows():
-        family, regime = family_of(row)
+        label = family_of(row)
+        assert label is not None  # the rows without one are left out above
+        family, regime = label
         # throughput rows name their engine in `kind`
         engine = row["engine"] if isinstance(row.get("engine"), str) else row["kind"]
         out.append(
@@ -108,13 +140,14 @@ def residuals(df: pd.DataFrame) -> tuple[Residual, ...]:
 # -- the committed file ---------------------------------------------------------------------------
 HEADER = """\
 # Error bands of llmsim's predictions: the signed log residuals r = ln(measured / predicted) of
-# every held-out row of `llmsim validate`'s end-to-end suites e2e_throughput, e2e_serving and
-# e2e_latency, i.e. the published runs in simulator/data/measured/e2e/{throughput,serving,
-# latency}.csv (provenance in the README there) against today's predictions of them. A
+# every held-out row of `llmsim validate`'s end-to-end suites e2e_throughput, e2e_serving,
+# e2e_latency, e2e_serving_curve and e2e_energy (its ITL and throughput rows), i.e. the
+# published runs in simulator/data/measured/e2e/{throughput,serving,latency,serving_curve,
+# energy}.csv (provenance in the README there) against today's predictions of them. A
 # throughput row's r is that of seconds per output token (a rate's band inverts).
 # simulator/metrics/bands.py reads it: a band at coverage c is a group's quantiles of r at
 # (1-c)/2 and (1+c)/2 (rank (n+1)p, interpolated), per metric family, regime and, where a
-# group has enough rows, device and engine family (docs/error-bands.md).
+# group has enough rows, model, device and engine family (docs/error-bands.md).
 # Written by `llmsim validate --write-bands`; do not edit. `llmsim validate --check` (make
 # regress) fails when a prediction moves a row's r by more than 0.005 or the rows differ:
 # rewrite the file with the predictions that moved.
@@ -230,6 +263,8 @@ def covered(
             device_family=row.device_family,
             engine_family=row.engine_family,
             coverage=coverage,
+            model_family=row.model_family,
+            hardware=row.device,
         )
         out.append(band is not None and band.low <= row.log_ratio <= band.high)
     return out
@@ -284,6 +319,8 @@ def coverage_section(
             device_family=r.device_family,
             engine_family=r.engine_family,
             coverage=coverage,
+            model_family=r.model_family,
+            hardware=r.device,
         )
         if band is not None and band.label not in groups:
             groups[band.label] = {

@@ -54,7 +54,13 @@ def test_bench_latency_json_has_a_band_per_figure_for_h100_under_vllm(
     for key in ("avg_latency", "ttft_s", "tpot_s"):
         check_band(data, key)
     assert data["interval_coverage"] == 0.8
-    assert data["interval_source"] == ["e2e_latency", "e2e_serving"]
+    # TPOT offline has no rows of its own: every served decode step (serving, curves, energy)
+    assert data["interval_source"] == [
+        "e2e_energy",
+        "e2e_latency",
+        "e2e_serving",
+        "e2e_serving_curve",
+    ]
     assert "interval_note" not in data
     # a wider coverage gives a wider band around the same figure
     wide = json_of(capsys, *LATENCY, "--hardware", "h100_sxm", "--interval-coverage", "0.9")
@@ -101,7 +107,7 @@ def test_bench_throughput_bands_invert_for_the_rates(capsys: pytest.CaptureFixtu
         assert [b / data[key] for b in data[f"{key}_interval"]] == pytest.approx(
             [1 / high, 1 / low]
         )
-    assert data["interval_source"] == ["e2e_latency", "e2e_throughput"]
+    assert data["interval_source"] == ["e2e_energy", "e2e_throughput"]  # H100 under vLLM's own
     code, out, _ = run_cli(capsys, *THROUGHPUT, "--hardware", "h100_sxm")
     assert code == 0
     assert out.startswith("Throughput: ")  # vLLM's lines come first, unchanged
@@ -128,7 +134,12 @@ def test_bench_serve_bands_latencies_and_the_rates_of_an_all_at_once_run(
         check_band(data, key)
     assert "std_ttft_ms_interval" not in data and "duration_interval" not in data
     assert data["interval_coverage"] == 0.8
-    assert set(data["interval_source"]) == {"e2e_latency", "e2e_serving", "e2e_throughput"}
+    assert set(data["interval_source"]) == {
+        "e2e_energy",
+        "e2e_serving",
+        "e2e_serving_curve",
+        "e2e_throughput",
+    }
     # at a request rate, the arrivals set the throughputs below the knee: no band, and why
     paced = json_of(capsys, *SERVE, "--hardware", "h100_sxm", "--request-rate", "4")
     for key in SERVE_LATENCIES:

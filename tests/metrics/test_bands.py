@@ -243,21 +243,25 @@ def test_the_committed_residuals_back_h100_under_vllm_and_not_rtx_4090_under_lla
 
 
 def test_a_moe_model_is_backed_only_by_moe_rows() -> None:
-    """The dense rows of H100 under vLLM do not back a mixture of experts there: a MoE
-    deployment gets the note, and the committed MoE rows (Qwen3-30B-A3B under TensorRT-LLM
-    on B200) back that pair alone."""
+    """The dense rows of A100 under vLLM do not back a mixture of experts there: a MoE
+    deployment gets the note; the committed MoE rows (Qwen3-30B-A3B under TensorRT-LLM on
+    B200, under vLLM on H100 and B200; DeepSeek-R1's serving curves) back their pairs alone."""
     from simulator.costmodel.deployment import deployment
 
     rows = bands.load_residuals()
     moe = bands.deployment_target(
-        deployment(model="mixtral-8x7b", hardware="h100_sxm", tensor_parallel_size=2)
+        deployment(model="mixtral-8x7b", hardware="a100_sxm_80gb", tensor_parallel_size=2)
     )
     assert moe.model_family == "moe"
     assert bands.backing_note(rows, [moe]) == (
-        "no end-to-end validation rows for MoE models on h100_sxm under vllm"
+        "no end-to-end validation rows for MoE models on a100_sxm_80gb under vllm"
     )
-    dense = bands.deployment_target(deployment(model="llama-3.1-8b", hardware="h100_sxm"))
-    assert dense == H100_VLLM and bands.backing_note(rows, [dense]) is None
+    dense = bands.deployment_target(deployment(model="llama-3.1-8b", hardware="a100_sxm_80gb"))
+    assert bands.backing_note(rows, [dense]) is None
+    h100 = bands.deployment_target(
+        deployment(model="mixtral-8x7b", hardware="h100_sxm", tensor_parallel_size=2)
+    )
+    assert bands.backing_note(rows, [h100]) is None  # the ML.ENERGY runs of Qwen3-30B-A3B
     b200 = Target("b200", "nvidia", "trtllm", "moe")
     assert bands.backing_note(rows, [b200]) is None
     assert {

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from clitools import run_cli
 
-from simulator.metrics.bands import Residual, load_residuals, parse_residuals
+from simulator.metrics.bands import Residual, group_band, load_residuals, parse_residuals
 from simulator.validate import bands
 from simulator.validate.summary import summarize
 from simulator.validate.targets import CheckResult
@@ -24,13 +24,19 @@ LATENCY_METRIC = {v: k for k, v in bands.LATENCY_FAMILIES.items()}
 
 
 MODEL_OF = {"dense": "llama-3.1-8b", "moe": "qwen3-30b-a3b"}  # a model of each family
+# The `kind` of each family's rows in the suites that name it there.
+SUITE_KIND = {
+    "e2e_serving": {"ttft": "ttft", "tpot": "tpot"},
+    "e2e_serving_curve": {"ttft": "ttft", "tpot": "itl"},
+    "e2e_energy": {"tpot": "itl", "throughput": "throughput"},
+}
 
 
 def frame_of(rows: tuple[Residual, ...]) -> pd.DataFrame:
     """End-to-end suite rows (predicted 1 s) whose residuals are `rows`."""
     out = []
     for r in rows:
-        kind: Any = r.family if r.suite == "e2e_serving" else "batch"
+        kind: Any = SUITE_KIND.get(r.suite, {}).get(r.family, "batch")
         if r.suite == "e2e_throughput":
             kind = r.engine_family  # throughput rows name the engine in `kind`
         out.append(
@@ -112,6 +118,63 @@ def test_residuals_label_each_end_to_end_row() -> None:
     assert {got[c].model_family for c in "abcde"} == {"dense"}
 
 
+def test_served_curves_and_energy_runs_are_labelled_and_power_is_left_out() -> None:
+    df = pd.DataFrame(
+        [
+            ("e2e_serving_curve", "mi300x", "ttft", "a", 1.0, 3.0, "sglang-0.4", "deepseek-v3"),
+            ("e2e_serving_curve", "mi300x", "itl", "b", 1.0, 2.0, "vllm-0.7", "deepseek-v3"),
+            ("e2e_energy", "b200", "itl", "70b b8 itl", 1.0, 1.0, "vllm-0.11", "llama-3.1-70b"),
+            ("e2e_energy", "b200", "itl", "70b b8 itl", 1.0, 1.1, "vllm-0.11", "llama-3.1-70b"),
+            ("e2e_energy", "b200", "throughput", "e", 1.0, 1.0, "vllm-0.11", "llama-3.1-8b"),
+            ("e2e_energy", "b200", "power", "f", 1.0, 1.0, "vllm-0.11", "llama-3.1-8b"),
+        ],
+        columns=["suite", "device", "kind", "case", "predicted_s", "measured_s", "engine", "model"],
+    ).assign(
+        fitted=False,
+        source="S9",
+        checkpoint=["x", "x", "meta/L-3.1", "meta/L-3.3", "x", "x"],
+        simulated_prompts=1024,
+    )
+    got = {r.case: r for r in bands.residuals(df)}
+    assert set(got) == {
+        "a",
+        "b",
+        "e",
+        "70b b8 itl (meta/L-3.1, 1024 prompts)",  # two checkpoints, one simulated model
+        "70b b8 itl (meta/L-3.3, 1024 prompts)",
+    }  # power has no band
+    assert (got["a"].family, got["a"].regime, got["a"].model_family) == ("ttft", "online", "moe")
+    assert (got["b"].family, got["b"].regime, got["b"].device_family) == ("tpot", "online", "amd")
+    energy_itl = got["70b b8 itl (meta/L-3.3, 1024 prompts)"]
+    assert (energy_itl.family, energy_itl.regime) == ("tpot", "online")
+    assert energy_itl.log_ratio == pytest.approx(math.log(1.1), abs=1e-5)
+    assert (got["e"].family, got["e"].regime) == ("throughput", "offline")
+
+
+def test_a_group_splits_by_model_family_first() -> None:
+    def rows(model: str, n: int, r: float) -> list[Residual]:
+        return [
+            Residual(
+                "tpot", "online", "s", "S", "h100_sxm", "nvidia", "vllm", f"{model}{i}", r, model
+            )
+            for i in range(n)
+        ]
+
+    pool = rows("dense", 12, 0.1) + rows("moe", 12, 0.5)
+    split = {"device_family": "nvidia", "engine_family": "vllm", "coverage": 0.8}
+    moe = group_band(pool, family="tpot", regime="online", model_family="moe", **split)
+    dense = group_band(pool, family="tpot", regime="online", model_family="dense", **split)
+    both = group_band(pool, family="tpot", regime="online", **split)
+    assert moe is not None and dense is not None and both is not None
+    assert (moe.label, moe.low, moe.high) == ("tpot, online, moe, nvidia, vllm", 0.5, 0.5)
+    assert (dense.low, dense.high) == (0.1, 0.1)
+    assert both.label == "tpot, online, nvidia, vllm" and len(both.rows) == 24
+    # too few rows of the model family: the rows of every model family
+    thin = group_band(pool[:12] + pool[12:15], family="tpot", regime="online",
+                      model_family="moe", **split)  # fmt: skip
+    assert thin is not None and len(thin.rows) == 15
+
+
 def test_the_committed_file_round_trips_through_its_frame() -> None:
     committed = load_residuals()
     assert bands.residuals(frame_of(committed)) == committed
@@ -133,7 +196,7 @@ def test_check_bands_names_each_row_that_moved_appeared_vanished_or_changed_grou
     first, second, third = committed[:3]
     nudged = replace(first, log_ratio=first.log_ratio + 0.004)  # within TOLERANCE
     moved = replace(second, log_ratio=second.log_ratio + 0.02)
-    relabelled = replace(third, regime="online")
+    relabelled = replace(third, regime="offline" if third.regime == "online" else "online")
     new = replace(first, case="a new case")
     current = (nudged, moved, relabelled, *committed[4:], new)
     check = bands.check_bands(current, committed)
