@@ -175,6 +175,24 @@ def test_a_group_splits_by_model_family_first() -> None:
     assert thin is not None and len(thin.rows) == 15
 
 
+def test_a_device_with_ten_rows_gets_its_own_band_not_its_vendors() -> None:
+    def rows(device: str, n: int, r: float) -> list[Residual]:
+        return [
+            Residual("throughput", "offline", "s", "S", device, "nvidia", "vllm", f"{device}{i}", r)
+            for i in range(n)
+        ]
+
+    pool = rows("h100_sxm", 12, 0.1) + rows("b200", 12, 0.9)
+    split = {"device_family": "nvidia", "engine_family": "vllm", "coverage": 0.8}
+    h100 = group_band(pool, family="throughput", regime="offline", hardware="h100_sxm", **split)
+    a100 = group_band(
+        pool, family="throughput", regime="offline", hardware="a100_sxm_80gb", **split
+    )
+    assert h100 is not None and a100 is not None
+    assert (h100.label, h100.low, h100.high) == ("throughput, offline, h100_sxm, vllm", 0.1, 0.1)
+    assert a100.label == "throughput, offline, nvidia, vllm" and len(a100.rows) == 24
+
+
 def test_the_committed_file_round_trips_through_its_frame() -> None:
     committed = load_residuals()
     assert bands.residuals(frame_of(committed)) == committed
