@@ -239,7 +239,7 @@ def doc_rows(
         if name == "azure" and f is not None and "inner_cpu_s" in f:
             call = f | {"cpu_s": f["inner_cpu_s"], "wall_s": f["inner_wall_s"]}
             rows.append((name, f"{label}: the `runner.run` call", call))
-            rows.append(("azure-process", f"{label}: the whole process (start-up included)", f))
+            rows.append(("azure-process", "the same, the whole process (start-up included)", f))
             continue
         rows.append((name, label, f))
     return rows

@@ -7,7 +7,9 @@
 
 One replica, tensor and pipeline parallel 1, N requests of fixed prompt and output lengths
 arriving as a Poisson process at R/s (default 10,000 requests of 512 + 128 tokens at 10/s), each
-simulator in a fresh child process, the cases interleaved:
+simulator in a fresh child process, the cases interleaved. Vidur's Poisson generator caps each
+interval at three mean intervals, which makes its mean rate R / (1 - e^-3) = 1.052 R: llmsim
+is given that rate, so both simulate the same number of requests per second.
 - `llmsim`: `runner.run` of the equivalent `llmsim bench serve` scenario in process (vLLM
   profile, max_num_seqs 128, max_num_batched_tokens 512 with chunked prefill, prefix caching
   off, gpu_memory_utilization 0.8), the whole interpreter measured;
@@ -43,8 +45,8 @@ import argparse
 import csv
 import json
 import lzma
+import math
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -56,6 +58,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bench_serving import least, machine  # beside this script (its folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("llmsim", "llmsim-cli", "vidur", "vidur-outputs", "vidur-sim-only")
@@ -81,6 +85,12 @@ class Setup:
     vidur_network_device: str
 
 
+def llmsim_rate(setup: Setup) -> float:
+    """Vidur's mean arrival rate at `--poisson_..._qps R`: its intervals are exponential capped
+    at 3 / R (vidur/request_generator/poisson_request_interval_generator.py)."""
+    return setup.rate / (1 - math.exp(-3))
+
+
 def llmsim_case(setup: Setup) -> dict[str, Any]:
     """Run the llmsim workload here (this interpreter is the child) and describe it."""
     from simulator.runs import runner
@@ -93,7 +103,7 @@ def llmsim_case(setup: Setup) -> dict[str, Any]:
             input_len=setup.input_len, output_len=setup.output_len, range_ratio=0.0
         ),
         num_prompts=setup.requests,
-        request_rate=setup.rate,
+        request_rate=llmsim_rate(setup),
     )
     scenario = runner.bench_scenario(
         model=setup.model,
@@ -137,7 +147,7 @@ def llmsim_cli_argv(setup: Setup) -> list[str]:
         "--model", setup.model, "--hardware", setup.hardware,
         "--random-input-len", str(setup.input_len),
         "--random-output-len", str(setup.output_len),
-        "--num-prompts", str(setup.requests), "--request-rate", str(setup.rate),
+        "--num-prompts", str(setup.requests), "--request-rate", str(llmsim_rate(setup)),
         "--max-num-seqs", str(setup.max_num_seqs),
         "--max-num-batched-tokens", str(setup.chunk),
         "--enable-chunked-prefill", "--no-enable-prefix-caching",
@@ -339,30 +349,6 @@ def setup_argv(args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
 
 
-def least(results: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """The run of least CPU (None if any failed)."""
-    done = [r for r in results if r is not None]
-    return min(done, key=lambda r: r["cpu_s"]) if done and len(done) == len(results) else None
-
-
-def machine() -> dict[str, Any]:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        model = platform.processor()
-    return {
-        "cpu_model": model or "unknown",
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "load_average": os.getloadavg(),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
-
-
 def vidur_version(python: str) -> str:
     code = "import importlib.metadata as m; print(m.version('vidur'))"
     done = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
@@ -494,7 +480,8 @@ def main() -> None:
     version = vidur_version(args.vidur_python) if wants_vidur else "-"
     info = (
         f"vidur {version}; {setup.requests:,} requests of {setup.input_len} + "
-        f"{setup.output_len} tokens, Poisson {setup.rate:g}/s; llmsim {setup.model} on "
+        f"{setup.output_len} tokens, Poisson {setup.rate:g}/s (Vidur's qps; llmsim "
+        f"{llmsim_rate(setup):.3f}/s, its mean); llmsim {setup.model} on "
         f"{setup.hardware}, vidur {setup.vidur_model} on {setup.vidur_device}; "
         f"least CPU of {args.repeat}"
     )
