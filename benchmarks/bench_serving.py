@@ -170,6 +170,17 @@ def machine() -> dict[str, Any]:
     }
 
 
+def machine_line(host: dict[str, Any], tail: str) -> str:
+    """One line of `machine()`'s figures with the load after the runs (`load_average_after`),
+    then `tail`."""
+    load = "/".join(f"{x:.2f}" for x in host["load_average"])
+    after = "/".join(f"{x:.2f}" for x in host["load_average_after"])
+    return (
+        f"{host['date']}; {host['cpu_model']}, {host['cores']} cores; Python {host['python']}; "
+        f"load average (1/5/15 min) {load} before, {after} after; {tail}"
+    )
+
+
 # The targets of each case (docs/speed.md): CPU seconds, peak MiB; None: no target.
 TARGETS: dict[str, tuple[float | None, float | None]] = {
     "azure": (2.0, None),
@@ -323,12 +334,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"machine": host, "figures": figures}, indent=2))
         return
-    load = "/".join(f"{x:.2f}" for x in host["load_average"])
-    after = "/".join(f"{x:.2f}" for x in host["load_average_after"])
-    print(
-        f"{host['date']}; {host['cpu_model']}, {host['cores']} cores; Python {host['python']}; "
-        f"load average (1/5/15 min) {load} before, {after} after; least CPU of {args.repeat}"
-    )
+    print(machine_line(host, f"least CPU of {args.repeat}"))
     print()
     heads = [c.label for c in checkouts]
     ratio = len(checkouts) == 2

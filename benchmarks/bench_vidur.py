@@ -59,7 +59,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_serving import least, machine  # beside this script (its folder is on sys.path)
+# beside this script (its folder is on sys.path when run)
+from bench_serving import least, machine, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("llmsim", "llmsim-cli", "vidur", "vidur-outputs", "vidur-sim-only")
@@ -360,12 +361,7 @@ def fmt(value: Any, spec: str) -> str:
 
 
 def report(figures: dict[str, dict[str, Any] | None], host: dict[str, Any], info: str) -> None:
-    load = "/".join(f"{x:.2f}" for x in host["load_average"])
-    after = "/".join(f"{x:.2f}" for x in host["load_average_after"])
-    print(
-        f"{host['date']}; {host['cpu_model']}, {host['cores']} cores; Python {host['python']}; "
-        f"load average (1/5/15 min) {load} before, {after} after; {info}"
-    )
+    print(machine_line(host, info))
     print()
     ref = figures.get("llmsim")
     print("| case | CPU (s) | wall (s) | peak (MiB) | CPU / llmsim | peak / llmsim | note |")

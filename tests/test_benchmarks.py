@@ -95,3 +95,17 @@ def test_llmsim_gets_the_arrival_rate_vidur_really_runs(monkeypatch: pytest.Monk
     )  # fmt: skip
     gaps = np.minimum(np.random.default_rng(0).exponential(1 / 10.0, 400_000), 3 / 10.0)
     assert vidur.llmsim_rate(setup) == pytest.approx(1 / gaps.mean(), rel=5e-3)
+
+
+def test_both_scripts_head_their_tables_with_one_machine_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bench = script("bench_serving", monkeypatch)
+    vidur = script("bench_vidur", monkeypatch)
+    host = HOST | {"load_average": (0.5, 0.25, 0.125), "load_average_after": (2.0, 1.0, 0.0)}
+    line = bench.machine_line(host, "least CPU of 3")
+    assert line == (
+        "2026-01-01 00:00 UTC; x, 2 cores; Python 3.11; load average (1/5/15 min) "
+        "0.50/0.25/0.12 before, 2.00/1.00/0.00 after; least CPU of 3"
+    )
+    assert vidur.machine_line is bench.machine_line  # one function, not a copy

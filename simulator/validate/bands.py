@@ -106,8 +106,8 @@ def residuals(df: pd.DataFrame) -> tuple[Residual, ...]:
     """The held-out (fitted == False) rows of the end-to-end suites in `df` as residuals, in
     the order of suite, device and case."""
     rows = df[df["suite"].isin(E2E_SUITES) & ~df["fitted"].astype(bool)]
-    labels = [family_of(row) for _, row in rows.iterrows()]
-    rows = rows[[label is not None for label in labels]].copy()
+    labels = pd.Series([family_of(row) for _, row in rows.iterrows()], index=rows.index)
+    rows = rows.assign(label=labels)[labels.notna()]
     rows["case"] = _unique_cases(rows)
     if rows.duplicated(["suite", "device", "case"]).any():
         raise ValueError("end-to-end rows repeat a (suite, device, case)")
@@ -115,9 +115,7 @@ def residuals(df: pd.DataFrame) -> tuple[Residual, ...]:
     families = {m: model_family(load_model(str(m))) for m in rows["model"].unique()}
     out = []
     for _, row in rows.sort_values(["suite", "device", "case"]).iterrows():
-        label = family_of(row)
-        assert label is not None  # the rows without one are left out above
-        family, regime = label
+        family, regime = row["label"]
         # throughput rows name their engine in `kind`
         engine = row["engine"] if isinstance(row.get("engine"), str) else row["kind"]
         out.append(
