@@ -34,6 +34,7 @@ from simulator.costmodel.attention_kernels import (
     gqa_group,
     gqa_relayout,
     kernels,
+    per_query_head_reads,
     prefill_work,
 )
 from simulator.costmodel.ops import Op
@@ -170,6 +171,8 @@ def _kernel_cost(
     """(compute, memory, fixed, serial) seconds of one kernel op: `serial` is the memory-bound
     kernel that must finish before it starts (`pre_bytes`), which overlaps nothing; none
     where the engine fuses it into the kernel before (`k.fused_quant`)."""
+    if op.kind == "attention_decode" and k.kv_per_query_head:
+        op = per_query_head_reads(op)
     flops = np.asarray(op.flops, dtype=float)
     nbytes = np.asarray(op.bytes, dtype=float)
     eff = hw.efficiency
