@@ -15,9 +15,9 @@ B200 and H200 tables): `gemm/vllm/<version>/gemm_perf.parquet`,
 `attention/vllm/<version>/{context,generation}_attention_perf.parquet` and
 `comm/nccl/<nccl version>/nccl_perf.parquet`. This writes the rows the calibration reads, in
 the layout of the A100 and H100 tables already bundled, each value copied unchanged:
-- `gemm.csv` (`gemm_dtype, m, n, k, latency_ms`): the bfloat16 and fp8 rows (fp8_block and
-  nvfp4 are left out, as for H100), at the token counts m of the H100 table (`--m-grid`, read
-  from it), every (n, k) shape kept;
+- `gemm.csv` (`gemm_dtype, m, n, k, latency_ms`): the bfloat16, fp8 and fp8_block rows
+  (nvfp4 is left out), at the token counts m of the H100 table (`--m-grid`, read from it),
+  every (n, k) shape kept;
 - `context_attention.csv`, `generation_attention.csv` (`batch_size, isl, num_heads,
   num_key_value_heads, head_dim, attn_dtype, kv_cache_dtype, step, latency_ms`): every row
   with bfloat16 activations, head dim 128 and no sliding window (the bundled H100 tables are
@@ -44,7 +44,7 @@ import pandas as pd
 from simulator.validate.data import AIC_COLUMNS, AIC_MOE_COLUMNS
 
 DATA = "aic-core/src/aiconfigurator_core/systems/data"
-DTYPES = ("bfloat16", "fp8")
+DTYPES = ("bfloat16", "fp8", "fp8_block")
 COLUMNS = AIC_COLUMNS["gemm"]  # the bundled layouts, as the loader reads them
 ATTENTION_COLUMNS = AIC_COLUMNS["context_attention"]
 NCCL_COLUMNS = AIC_COLUMNS["nccl"]

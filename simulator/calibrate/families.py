@@ -16,6 +16,7 @@ from typing import get_args
 import numpy as np
 import pandas as pd
 
+from simulator.costmodel.roofline import gemm_key
 from simulator.specs.hardware import HardwareSpec, RowKernel
 from simulator.validate import data
 from simulator.validate.elementwise import elementwise_groups
@@ -83,10 +84,12 @@ GROUP_KNOTS = (1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
 MSG_KNOTS = (1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9)
 
 
-def _gemm_rows(dtype: str) -> Callable[[HardwareSpec, str], list[Group]]:
+def _gemm_rows(key: str) -> Callable[[HardwareSpec, str], list[Group]]:
+    """The device's GEMM rows of one factor key (`roofline.gemm_key`: bf16, fp8, fp8_block)."""
+
     def rows(hw: HardwareSpec, device: str) -> list[Group]:
         groups = gemm_groups(hw, data.aiconfigurator(device, "gemm"))
-        return [g for g in groups if g.op.dtype == dtype]
+        return [g for g in groups if gemm_key(g.op) == key]
 
     return rows
 
@@ -138,6 +141,21 @@ FAMILIES = (
             *_knots("gemm.quant_size_curve", BYTE_KNOTS, elasticity=0.9),
         ),
         {"gemm.size_curves.fp8": FLOP_KNOTS, "gemm.quant_size_curve": BYTE_KNOTS},
+    ),
+    # after gemm_fp8: block-scaled fp8 (vLLM's per-token-group activation quantisation, 128
+    # columns a group, and a GEMM that rescales each 128-deep k block's partial sums by the
+    # activations' and the weight block's scales) on the activation-quantisation size curve
+    # fitted there
+    Family(
+        "gemm_fp8_block",
+        _gemm_rows("fp8_block"),
+        (
+            Param("gemm.peak_fraction.fp8_block", 0.5, 0.05, 1.0),
+            Param("gemm.extra_latency_s.fp8_block", 5 * _US, 0.0, 50 * _US),
+            Param("gemm.quant_fraction.fp8_block", 0.3, 0.01, 1.0),
+            *_knots("gemm.size_curves.fp8_block", FLOP_KNOTS, elasticity=0.9),
+        ),
+        {"gemm.size_curves.fp8_block": FLOP_KNOTS},
     ),
     Family(
         "attention_prefill",

@@ -29,6 +29,7 @@ from simulator.specs.hardware import (
     ComputeDtype,
     EfficiencySpec,
     GemmEfficiency,
+    GemmKey,
     GemmLibrary,
     HardwareSpec,
 )
@@ -259,7 +260,7 @@ def calibrate_measured_library(hw: HardwareSpec) -> tuple[GemmLibrary | None, li
     return library, reports
 
 
-def same_tensor_paths(peaks: Mapping[ComputeDtype, float]) -> dict[ComputeDtype, float]:
+def same_tensor_paths(peaks: Mapping[GemmKey, float]) -> dict[GemmKey, float]:
     """`peaks` with fp16 at bf16's fitted fraction (the same tensor-core path) and, where the
     device has both, int8 at fp8's (the same tensor rate; no int8 measurements are bundled)."""
     out = dict(peaks)

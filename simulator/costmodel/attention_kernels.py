@@ -5,6 +5,7 @@ Sources are cited where each rule is defined."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import get_args
@@ -179,6 +180,9 @@ class Kernels:
     # the default configuration's compute efficiency against a tuned one's, by dtype
     moe_tuned: frozenset[tuple[int, int, str]] | None = None
     moe_default: Mapping[str, float] = field(default_factory=dict)
+    # the decode kernel reads a grouped-query layer's KV once per query head
+    # (`EngineSpec.decode_kv_per_query_head`; see `per_query_head_reads`)
+    kv_per_query_head: bool = False
 
     def moe_fraction_of(self, dtype: str, *, fp8_blocks: bool = False) -> float:
         """The fused MoE kernel's compute efficiency against the GEMM library's in `dtype`
@@ -222,6 +226,24 @@ def kernels(hw: HardwareSpec, engine: EngineSpec | None) -> Kernels:
         if engine.fused_moe_configs is None or hw.vendor != "nvidia"
         else tuned_moe_shapes(engine.fused_moe_configs, hw.id),
         engine.fused_moe_default_fraction,
+        engine.decode_kv_per_query_head,
+    )
+
+
+def per_query_head_reads(op: Op) -> Op:
+    """A decode attention op as a kernel with one thread block per query head runs it: each
+    block streams its KV head's cache, so a group of G query heads reads it G times (and the
+    kernel launches, splits and streams as for a multi-head layer of as many KV heads as
+    query heads). The new token's K and V are still written once per KV head."""
+    group = gqa_group(op)
+    if group <= 1.0:
+        return op
+    kv = np.asarray(op.kv_bytes, dtype=float)
+    return dataclasses.replace(
+        op,
+        kv_heads=float(op.heads),
+        kv_bytes=kv * group,
+        bytes=np.asarray(op.bytes, dtype=float) + kv * (group - 1.0),
     )
 
 

@@ -18,8 +18,10 @@ contention between concurrent kernels.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -32,11 +34,15 @@ from simulator.costmodel.attention_kernels import (
     gqa_group,
     gqa_relayout,
     kernels,
+    per_query_head_reads,
     prefill_work,
 )
 from simulator.costmodel.ops import Op
 from simulator.specs.engine import EngineSpec
 from simulator.specs.hardware import GemmEfficiency, HardwareSpec
+
+T = TypeVar("T")
+D = TypeVar("D")
 
 BOUNDS = ("compute", "memory", "latency", "network")
 
@@ -83,6 +89,21 @@ def _pow2_tiles(lo: int, hi: int) -> list[float]:
 WEIGHT_ONLY_TILE_M = 16
 
 
+def gemm_key(op: Op) -> str:
+    """The key of a GEMM's per-dtype factors: `fp8_block` for a dense fp8 GEMM on weights
+    scaled per block, else its dtype. A fused MoE kernel on such weights keeps fp8's: its own
+    `fused_moe_fraction` of them prices the block scales (`Kernels.moe_fraction_of`)."""
+    return "fp8_block" if op.fp8_blocks and op.fused_moe is None else op.dtype
+
+
+def gemm_factor(table: Mapping[Any, T], op: Op, default: D) -> T | D:
+    """The GEMM library's per-dtype factor for `op`: its key's (`gemm_key`) where the table
+    has one, else its dtype's (block-scaled fp8 without factors of its own takes fp8's), else
+    `default`."""
+    key = gemm_key(op)
+    return table[key] if key in table else table.get(op.dtype, default)
+
+
 def gemm_efficiency(
     hw: HardwareSpec,
     op: Op,
@@ -104,8 +125,8 @@ def gemm_efficiency(
     # multiple of split_k_min_k slower than the multiple (k = 960 slower than 1024).
     max_split = np.maximum(1.0, np.asarray(op.k, dtype=float) / eff.split_k_min_k)
     units = hw.compute.units
-    frac = eff.peak_fraction.get(op.dtype, eff.peak_fraction.get("bf16", 0.7))  # type: ignore[call-overload]
-    curve = eff.size_curves.get(op.dtype, eff.size_curve)  # type: ignore[call-overload]
+    frac = gemm_factor(eff.peak_fraction, op, eff.peak_fraction.get("bf16", 0.7))
+    curve = gemm_factor(eff.size_curves, op, eff.size_curve)
     flops = np.asarray(op.flops, dtype=float)
     best = np.zeros(np.broadcast_shapes(m.shape, n.shape, groups.shape, max_split.shape))
     tile_m_min = min(eff.tile_m_min, WEIGHT_ONLY_TILE_M) if op.weight_only else eff.tile_m_min
@@ -129,7 +150,7 @@ def gemm_efficiency(
         # curve's bounded elasticity keeps that monotone). The library takes the fastest.
         occupied = padding * waves
         best = np.maximum(best, occupied * curve(flops / occupied))
-    ceiling = eff.data_ceiling.get(op.dtype)  # type: ignore[call-overload]
+    ceiling = gemm_factor(eff.data_ceiling, op, None)
     return frac * best if ceiling is None else np.minimum(frac * best, ceiling)
 
 
@@ -150,6 +171,8 @@ def _kernel_cost(
     """(compute, memory, fixed, serial) seconds of one kernel op: `serial` is the memory-bound
     kernel that must finish before it starts (`pre_bytes`), which overlaps nothing; none
     where the engine fuses it into the kernel before (`k.fused_quant`)."""
+    if op.kind == "attention_decode" and k.kv_per_query_head:
+        op = per_query_head_reads(op)
     flops = np.asarray(op.flops, dtype=float)
     nbytes = np.asarray(op.bytes, dtype=float)
     eff = hw.efficiency
@@ -200,7 +223,7 @@ def _kernel_cost(
     pre = np.asarray(op.pre_bytes, dtype=float)
     serial = np.zeros(1)
     if not k.fused_quant and np.any(pre > 0):  # a separate kernel first: its time and launch
-        quant = k.gemm.quant_fraction.get(op.dtype, eff.memory.stream_fraction)  # type: ignore[call-overload]
+        quant = gemm_factor(k.gemm.quant_fraction, op, eff.memory.stream_fraction)
         pre_eff = quant * k.gemm.quant_size_curve(np.maximum(pre, 1.0))
         serial = np.where(pre > 0, pre / (bw * pre_eff), 0.0)
         latency = latency + np.where(pre > 0, eff.kernel_latency_s, 0.0)
@@ -229,7 +252,7 @@ def _fixed_s(hw: HardwareSpec, op: Op, k: Kernels) -> float | np.ndarray:
                 + attn.cache_write_block_s * cache_write_waves(hw, op)
             )
         case "gemm":
-            extra = k.gemm.extra_latency_s.get(op.dtype, 0.0)  # type: ignore[call-overload]
+            extra = gemm_factor(k.gemm.extra_latency_s, op, 0.0)
             return hw.efficiency.kernel_latency_s + extra
         case "memory" if elementwise_kernels.priced(hw, op, k.row_kernels):
             return elementwise_kernels.fixed_s(hw)

@@ -300,6 +300,13 @@ class EngineSpec(Frozen):
         description="the split-KV rule of the engine's decode kernel where it is not the "
         "device's (`attention.decode_split`)",
     )
+    decode_kv_per_query_head: bool = Field(
+        default=False,
+        description="the decode kernel gives each query head a thread block of its own that "
+        "streams its KV head's cache, so a grouped-query layer reads the KV cache once per "
+        "query head (TensorRT-LLM's masked multi-head attention before XQA); default: once "
+        "per KV head, a group's query heads sharing each read",
+    )
     gemm_library: str | None = Field(
         default=None,
         description="the GEMM library the engine's release ships (e.g. cublas-12.1) where it is "

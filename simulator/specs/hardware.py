@@ -26,6 +26,11 @@ from simulator.specs._base import (
 from simulator.units import parse_quantity
 
 ComputeDtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
+# The keys of a GEMM library's per-dtype factors: a compute dtype, or `fp8_block`, an fp8 GEMM on
+# weights scaled per block (DeepSeek-V3's 128 x 128), which runs other kernels than per-tensor
+# fp8 (a per-token-group activation quantisation and a block-scaled GEMM); without its own
+# entry it takes fp8's.
+GemmKey = ComputeDtype | Literal["fp8_block"]
 
 # What a kernel reaches of a peak or a bandwidth: above 0, at most all of it.
 Fraction = Annotated[float, Field(gt=0, le=1)]
@@ -204,7 +209,7 @@ class GemmEfficiency(Frozen):
     separate memory-bound kernel.
     """
 
-    peak_fraction: dict[ComputeDtype, Fraction]
+    peak_fraction: dict[GemmKey, Fraction]
     tile_m: int = Field(default=128, gt=0, description="largest row tile")
     tile_n: int = Field(default=128, gt=0, description="largest column tile")
     tile_m_min: int = Field(
@@ -215,13 +220,13 @@ class GemmEfficiency(Frozen):
         default=512, gt=0, description="least k per split when split-K fills idle SMs"
     )
     size_curve: Curve = Field(default_factory=lambda: flat(1.0))
-    size_curves: dict[ComputeDtype, Curve] = Field(
+    size_curves: dict[GemmKey, Curve] = Field(
         default_factory=dict, description="per-dtype size curves replacing size_curve"
     )
-    extra_latency_s: dict[ComputeDtype, Seconds] = Field(
+    extra_latency_s: dict[GemmKey, Seconds] = Field(
         default_factory=dict, description="per-dtype fixed cost on top of the kernel latency"
     )
-    quant_fraction: dict[ComputeDtype, Fraction] = Field(
+    quant_fraction: dict[GemmKey, Fraction] = Field(
         default_factory=dict,
         description="per-dtype fraction of DRAM bandwidth the activation-quantisation kernel "
         "before a W8A8 GEMM reaches (default: the memory stream fraction)",
@@ -230,7 +235,7 @@ class GemmEfficiency(Frozen):
         default_factory=lambda: flat(1.0),
         description="multiplier on quant_fraction by the bytes the quantisation kernel moves",
     )
-    data_ceiling: dict[ComputeDtype, Fraction] = Field(
+    data_ceiling: dict[GemmKey, Fraction] = Field(
         default_factory=dict,
         description="per-dtype highest fraction of the dense peak a GEMM reaches on real "
         "(random-like) weights, whose switching power holds the clock down at the power limit; "
@@ -246,16 +251,16 @@ class GemmLibrary(Frozen):
     quantisation kernel, data ceiling) is the device's. An engine names its library
     (`EngineSpec.gemm_library`); `EfficiencySpec.gemm_for` resolves it."""
 
-    peak_fraction: dict[ComputeDtype, Fraction] = Field(
+    peak_fraction: dict[GemmKey, Fraction] = Field(
         default_factory=dict, description="per-dtype peak fractions replacing the device's"
     )
     size_curve: Curve | None = Field(
         default=None, description="size curve replacing the device's (None: the device's)"
     )
-    size_curves: dict[ComputeDtype, Curve] = Field(
+    size_curves: dict[GemmKey, Curve] = Field(
         default_factory=dict, description="per-dtype size curves replacing the device's"
     )
-    extra_latency_s: dict[ComputeDtype, Seconds] = Field(
+    extra_latency_s: dict[GemmKey, Seconds] = Field(
         default_factory=dict, description="per-dtype fixed costs replacing the device's"
     )
     tile_m_min: int | None = Field(

@@ -5,9 +5,10 @@ Each `*_cases(hw, measured)` function is pure: it takes a hardware spec and one 
 cost model's operator constructors and `roofline.evaluate`, vectorised over all rows of a
 shape group at once. Calibration can call them with modified specs.
 
-Measured (aiconfigurator, vLLM 0.14.0 kernels): cuBLAS/CUTLASS GEMMs, flash-attention prefill,
-paged decode attention, NCCL collectives. Repeats of one shape are reduced to their median.
-Not covered: fp8_block GEMMs (not bundled), fp8 GEMMs on devices without an fp8 matrix unit.
+Measured (aiconfigurator, vLLM 0.14.0 kernels): cuBLAS/CUTLASS GEMMs (bf16, per-tensor fp8 and
+block-scaled fp8), flash-attention prefill, paged decode attention, NCCL collectives. Repeats of
+one shape are reduced to their median. Not covered: fp8 GEMMs on devices without an fp8 matrix
+unit.
 """
 
 from __future__ import annotations
@@ -28,12 +29,17 @@ from simulator.validate import data, store
 from simulator.validate.frame import empty, finish, median_repeats
 
 SUITE = "ops"
-GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+# aiconfigurator's gemm_dtype -> the case's label; fp8_block: fp8 weights scaled per 128 x 128
+# block (DeepSeek-V3's checkpoints), vLLM's per-token-group activation quantisation before it
+GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block"}
 KV_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
 # GEMMs as `llmsim op gemm` runs them: the named dtype on the matrix unit, bf16 activations.
 GEMM_PRECISION = {
     "bf16": Precision(weights="bf16", compute="bf16", kv_cache="bf16", activations="bf16"),
     "fp8": Precision(weights="fp8", compute="fp8", kv_cache="bf16", activations="bf16"),
+    "fp8_block": Precision(
+        weights="fp8", compute="fp8", kv_cache="bf16", activations="bf16", fp8_blocks=True
+    ),
 }
 # Attention with bf16 activations and a bf16 or fp8 KV cache.
 ATTENTION_PRECISION = {
@@ -67,16 +73,18 @@ class Group(NamedTuple):
 
 
 def gemm_groups(hw: HardwareSpec, measured: pd.DataFrame) -> list[Group]:
-    """bf16 GEMMs, and fp8 GEMMs where `hw` has an fp8 matrix unit."""
+    """bf16 GEMMs, and fp8 GEMMs (per tensor and per block) where `hw` has an fp8 matrix
+    unit."""
     rows = measured[measured["gemm_dtype"].isin(list(GEMM_DTYPES))]
     rows = median_repeats(rows, ["gemm_dtype", "m", "n", "k"], ["latency_ms"])
     groups = []
     for raw, dtype in GEMM_DTYPES.items():
         g = rows[rows["gemm_dtype"] == raw]
-        if g.empty or not hw.supports(dtype):
+        prec = GEMM_PRECISION[dtype]
+        if g.empty or not hw.supports(prec.compute):
             continue
         m, n, k = (g[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
-        op = gemm("gemm", m=m, n=n, k=k, count=1, prec=GEMM_PRECISION[dtype])
+        op = gemm("gemm", m=m, n=n, k=k, count=1, prec=prec)
         case = (
             f"gemm {dtype} m="
             + g["m"].astype(str)

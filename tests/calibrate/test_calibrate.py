@@ -158,7 +158,9 @@ def test_the_check_compares_predictions_not_numbers() -> None:
     fp8 = gemm.size_curves["fp8"]
     other = 171.5 if fp8.points[0][1] != 171.5 else 28250.0  # two environments' refits
     loose = fp8.model_copy(update={"points": [(1e6, other), *fp8.points[1:]]})
-    moved = hw.with_gemm(gemm.model_copy(update={"size_curves": {"fp8": loose}}))
+    moved = hw.with_gemm(
+        gemm.model_copy(update={"size_curves": {**gemm.size_curves, "fp8": loose}})
+    )
     assert moved != hw
     assert all(d.ok for d in hardware_drifts(hw, moved, "h100_sxm"))
     # a fitted fraction 5% off moves the rows it was fitted to

@@ -55,12 +55,18 @@ def test_aiconfigurator_tables_load(device: str, table: str) -> None:
 
 
 def test_aiconfigurator_subset_is_what_the_readme_says() -> None:
-    assert set(data.aiconfigurator("h100_sxm", "gemm")["gemm_dtype"]) == {"bfloat16", "fp8"}
+    gemm_dtypes = {"bfloat16", "fp8", "fp8_block"}
+    h100 = data.aiconfigurator("h100_sxm", "gemm")
+    assert set(h100["gemm_dtype"]) == gemm_dtypes
+    assert (h100["gemm_dtype"] == "fp8_block").sum() == 7560
     assert set(data.aiconfigurator("a100_sxm", "gemm")["gemm_dtype"]) == {"bfloat16"}
     b200 = data.aiconfigurator("b200_sxm", "gemm")
-    assert set(b200["gemm_dtype"]) == {"bfloat16", "fp8"} and len(b200) == 19320
-    h100_m = set(data.aiconfigurator("h100_sxm", "gemm")["m"])
+    assert set(b200["gemm_dtype"]) == gemm_dtypes
+    assert len(b200) == 19320 + 7182
+    h100_m = set(h100["m"])
     assert set(b200["m"]) == h100_m - {384}  # the H100 table's token counts B200's has
+    h200 = data.aiconfigurator("h200_sxm", "gemm")
+    assert (h200["gemm_dtype"] == "fp8_block").sum() == 7980
     for table, rows in (("context_attention", 10914), ("generation_attention", 8774)):
         b200_attention = data.aiconfigurator("b200_sxm", table)
         assert len(b200_attention) == rows  # head dim 128, no window: H100's grid
@@ -138,6 +144,24 @@ def test_ops_suite_covers_every_kernel_kind_on_every_device() -> None:
     assert df["fitted"].all()
     a100_gemm = df[(df["device"] == "a100_sxm_80gb") & (df["kind"] == "gemm")]
     assert not a100_gemm["case"].str.contains("fp8").any()  # no fp8 matrix unit on A100
+
+
+def test_ops_suite_prices_block_scaled_fp8_with_its_own_factors() -> None:
+    # aiconfigurator's fp8_block rows (vLLM's 128 x 128 block-scaled linear layer) are cases of
+    # their own, predicted with the `fp8_block` factors: slower than per-tensor fp8 of the same
+    # shape, as measured, and fitted to within the GEMM family's usual error.
+    df = suite("ops")
+    for device in ("h100_sxm", "h200_sxm", "b200"):
+        rows = df[df["device"] == device]
+        block = rows[rows["case"].str.startswith("gemm fp8_block ")]
+        block = block.set_index(block["case"].str.replace("fp8_block", "fp8"))
+        plain = rows[rows["case"].str.startswith("gemm fp8 ")].set_index("case")
+        both = block.index.intersection(plain.index)
+        assert len(both) > 7000
+        slower = block.loc[both, "predicted_s"] / plain.loc[both, "predicted_s"]
+        measured = block.loc[both, "measured_s"] / plain.loc[both, "measured_s"]
+        assert slower.median() > 1.2 and measured.median() > 1.2
+        assert block["ape_pct"].mean() < 20.0
 
 
 def test_sweep_outliers_are_rows_their_own_sweep_contradicts() -> None:
