@@ -37,6 +37,7 @@ from simulator.specs.model import (
     MLP,
     CCAttention,
     GQAttention,
+    MLAttention,
     ModelSpec,
     kv_bytes_per_elem,
     kv_residual_tokens,
@@ -284,6 +285,48 @@ def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: P
     return full * gpu_kv_share(model, prec)
 
 
+def mla_kv_padding(
+    model: ModelSpec, hw: HardwareSpec, prec: Precision, engine: EngineSpec
+) -> float:
+    """How much more KV memory an MLA layer's cached row takes under `engine` than its elements:
+    vLLM 0.7 on CUDA pads the row (latent plus rotary key) to `mla_kv_align_bytes` (576 bf16
+    elements, 1,152 bytes, to 1,280); 1 for other attention, other engines and other vendors."""
+    align = engine.mla_kv_align_bytes
+    if align is None or hw.vendor != "nvidia" or not isinstance(model.attention, MLAttention):
+        return 1.0
+    row = model.attention.kv_elems_per_token * kv_bytes_per_elem(prec.kv_cache)
+    return math.ceil(row / align) * align / row
+
+
+def absorbed_mla_bytes(
+    model: ModelSpec, layout: Parallelism, prec: Precision, engine: EngineSpec
+) -> float:
+    """Bytes per device of the absorbed MLA matrices an engine keeps beside the weights
+    (`mla_absorbed_weights`), per layer of the busiest stage, as vLLM 0.7's MLA backend builds
+    them (vllm/attention/backends/mla/utils.py, `VLLM_MLA_PERFORM_MATRIX_ABSORPTION` on by
+    default until 0.8.0): W_Q_UK (query input x local heads x latent) and W_UV_O (local heads
+    x latent x hidden) in fp8 where the weights are fp8 (re-quantised per block), else 16-bit;
+    W_QR (query input x local heads x rotary dims) and kv_b_proj dequantised (latent x local
+    heads x (no-rope + value dims)) in 16-bit. DeepSeek-V3 at TP8: 75 MiB a layer."""
+    attn = model.attention
+    if not engine.mla_absorbed_weights or not isinstance(attn, MLAttention):
+        return 0.0
+    heads = attn.num_heads / layout.tp
+    q_in = attn.q_lora_rank or model.hidden_size
+    half = float(DTYPE_BYTES[prec.activations])
+    low = 1.0 if prec.weights == "fp8" else half
+    absorbed = low * heads * attn.kv_lora_rank * (q_in + model.hidden_size)
+    kept = (
+        half
+        * heads
+        * (
+            q_in * attn.qk_rope_head_dim
+            + attn.kv_lora_rank * (attn.qk_nope_head_dim + attn.v_head_dim)
+        )
+    )
+    return float((absorbed + kept) * -(-model.num_layers // layout.pp))
+
+
 def gpu_kv_share(model: ModelSpec, prec: Precision) -> float:
     """The share of a token's KV bytes the device holds: SwiftKV's AcrossKV shares one KV
     among adjacent skipped layers (`SwiftKV.kv_share`); ShadowKV keeps, per layer, the token's
@@ -438,8 +481,9 @@ def plan_memory(
         activation_bytes=activation_bytes(
             model, layout, prec, max_tokens=max_tokens, max_seqs=max_seqs
         ),
-        reserve_bytes=engine.memory_reserve_bytes,
-        kv_bytes_per_token=kv_bytes_per_token_per_device(model, layout, prec),
+        reserve_bytes=engine.memory_reserve_bytes + absorbed_mla_bytes(model, layout, prec, engine),
+        kv_bytes_per_token=kv_bytes_per_token_per_device(model, layout, prec)
+        * mla_kv_padding(model, hw, prec, engine),
         block_size=sched.block_size,
         kv_budget=sched.kv_budget,
         residual_bytes=kv_residual_bytes(model, layout, prec, max_seqs=max_seqs),

@@ -342,6 +342,19 @@ class EngineSpec(Frozen):
         description="non-KV memory outside weights and activations: CUDA context, "
         "library workspaces, communication buffers, graph pool",
     )
+    mla_kv_align_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="on NVIDIA GPUs the engine pads each layer's MLA latent KV row (the latent "
+        "and the rotary key) to a multiple of this many bytes (vLLM 0.7: 256, 576 bf16 "
+        "elements taking 640); None: unpadded",
+    )
+    mla_absorbed_weights: bool = Field(
+        default=False,
+        description="the MLA backend keeps absorbed projection matrices beside the weights "
+        "(vLLM 0.7: W_Q_UK and W_UV_O in fp8 where the checkpoint is fp8, W_QR and a copy of "
+        "kv_b_proj in 16-bit)",
+    )
     scheduler: SchedulerDefaults
     quantized_kernels: tuple[KernelFormat, ...] = ("fp8", "int8", "int4")
     greedy_pick: LogitsPass | None = Field(
