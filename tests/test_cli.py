@@ -539,6 +539,22 @@ def test_op_gemm_json_end_to_end() -> None:
     assert set(json.loads(proc.stdout)) >= OP_KEYS
 
 
+def test_op_gemm_prices_block_scaled_fp8_apart() -> None:
+    # H100, m = 4, 7168 x 2048: aiconfigurator times vLLM's per-tensor fp8 layer at 17.8 us and
+    # its 128 x 128 block-scaled one at 31.1 us; the calibrated factors say about the same
+    args = ("op", "gemm", "--hardware", "h100_sxm", "--m", "4", "--n", "7168", "--k", "2048")
+    plain, blocked = (
+        json.loads(run_subprocess(*args, "--dtype", "fp8", *extra, "--json").stdout)
+        for extra in ((), ("--block-scaled",))
+    )
+    assert plain["latency_s"] == pytest.approx(17.8e-6, rel=0.15)
+    assert blocked["latency_s"] == pytest.approx(31.1e-6, rel=0.15)
+    assert blocked["bytes"] == plain["bytes"] and blocked["flops"] == plain["flops"]
+    bad = run_subprocess(*args, "--block-scaled")  # bf16 has no block scales
+    assert bad.returncode == 2 and "block" in bad.stderr
+    assert_one_error_line(bad.stderr)
+
+
 @pytest.mark.parametrize(
     "args",
     [

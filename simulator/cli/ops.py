@@ -78,6 +78,13 @@ def op_gemm(
     dtype: Annotated[GemmDtype, typer.Option("--dtype")] = GemmDtype.bf16,
     engine: OpEngineOpt = None,
     enforce_eager: OpEagerOpt = False,
+    block_scaled: Annotated[
+        bool,
+        typer.Option(
+            "--block-scaled",
+            help="fp8 weights scaled per 128 x 128 block (DeepSeek-V3's checkpoints)",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """One GEMM: (m x k) times (k x n)."""
@@ -91,6 +98,7 @@ def op_gemm(
         dtype=dtype.value,
         engine=engine,
         enforce_eager=enforce_eager,
+        block_scaled=block_scaled,
     )
     _print_op(cost, as_json)
 

@@ -160,6 +160,7 @@ def gemm_cost(
     dtype: str = ...,
     engine: None = ...,
     enforce_eager: bool = ...,
+    block_scaled: bool = ...,
 ) -> OpCost: ...
 @overload
 def gemm_cost(
@@ -171,6 +172,7 @@ def gemm_cost(
     dtype: str = ...,
     engine: str | EngineSpec,
     enforce_eager: bool = ...,
+    block_scaled: bool = ...,
 ) -> EngineOpCost: ...
 def gemm_cost(
     *,
@@ -181,9 +183,12 @@ def gemm_cost(
     dtype: str = "bf16",
     engine: str | EngineSpec | None = None,
     enforce_eager: bool = False,
+    block_scaled: bool = False,
 ) -> OpCost | EngineOpCost:
     """One m x k by k x n GEMM. fp8/int8/fp4 (NVFP4) need the device's matrix unit for that
-    dtype and quantise the bf16 activations in a kernel of their own first. With an engine, an
+    dtype and quantise the bf16 activations in a kernel of their own first; `block_scaled`
+    (fp8 only): weights scaled per 128 x 128 block, as DeepSeek-V3's checkpoints are, priced
+    with the device's block-scaled fp8 factors where it has them. With an engine, an
     EngineOpCost: the kernel as the engine runs it (its quantisation fused away where it
     fuses it) plus its launch (`m` is the step's tokens)."""
     _positive(m=m, n=n, k=k)
@@ -193,8 +198,12 @@ def gemm_cost(
         raise SpecError(f"unknown dtype {dtype!r} ({', '.join(dtypes)})", field="dtype")
     if not hw.supports(dtype):
         raise SpecError(f"{hw.name} has no {dtype} matrix unit", source=hw.id, field="dtype")
+    if block_scaled and dtype != "fp8":
+        raise SpecError(f"block scales are fp8's, not {dtype}'s", field="block_scaled")
     act = dtype if dtype in ("bf16", "fp16") else "bf16"
-    prec = Precision(weights=dtype, compute=dtype, kv_cache=act, activations=act)
+    prec = Precision(
+        weights=dtype, compute=dtype, kv_cache=act, activations=act, fp8_blocks=block_scaled
+    )
     op = gemm("gemm", m=float(m), n=float(n), k=float(k), count=1, prec=prec)
     eng = _engine(engine, hw)
     cost = evaluate([op], hw, eng)[0]

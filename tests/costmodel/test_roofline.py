@@ -226,6 +226,12 @@ def test_a_block_scaled_fp8_gemm_runs_at_its_own_measured_factors() -> None:
         assert scalar(blocked.bytes) == scalar(plain.bytes)
         t_plain, t_block = (scalar(evaluate([op], hw)[0].time_s) for op in (plain, blocked))
         assert 1.15 < t_block / t_plain < 2.5
+    # the single-op API asks for it by name
+    api = {
+        b: scalar(gemm_cost(hardware=hw, m=4, n=7168, k=2048, dtype="fp8", block_scaled=b).time_s)
+        for b in (False, True)
+    }
+    assert api[True] > 1.5 * api[False]
     # a device whose table has no fp8_block factors prices block-scaled fp8 as per-tensor
     mi300x = load_hardware("mi300x")
     assert "fp8_block" not in mi300x.efficiency.gemm.peak_fraction
