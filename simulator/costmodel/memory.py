@@ -285,6 +285,18 @@ def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: P
     return full * gpu_kv_share(model, prec)
 
 
+def comm_memory_bytes(engine: EngineSpec, hw: HardwareSpec, tp: int) -> float:
+    """Per-GPU memory of the engine's communicators at tensor-parallel size `tp`
+    (`EngineSpec.comm_memory_bytes`, by size; one not listed takes the next larger listed
+    one's), on NVIDIA GPUs behind an NVSwitch; 0 alone on a GPU, elsewhere, or where the
+    profile lists none."""
+    table = engine.comm_memory_bytes
+    if tp <= 1 or not table or hw.vendor != "nvidia" or hw.interconnect.topology != "switch":
+        return 0.0
+    sizes = sorted(table)
+    return float(table[next((s for s in sizes if s >= tp), sizes[-1])])
+
+
 def mla_kv_padding(
     model: ModelSpec, hw: HardwareSpec, prec: Precision, engine: EngineSpec
 ) -> float:
@@ -481,7 +493,9 @@ def plan_memory(
         activation_bytes=activation_bytes(
             model, layout, prec, max_tokens=max_tokens, max_seqs=max_seqs
         ),
-        reserve_bytes=engine.memory_reserve_bytes + absorbed_mla_bytes(model, layout, prec, engine),
+        reserve_bytes=engine.memory_reserve_bytes
+        + absorbed_mla_bytes(model, layout, prec, engine)
+        + comm_memory_bytes(engine, hw, layout.tp),
         kv_bytes_per_token=kv_bytes_per_token_per_device(model, layout, prec)
         * mla_kv_padding(model, hw, prec, engine),
         block_size=sched.block_size,

@@ -342,6 +342,13 @@ class EngineSpec(Frozen):
         description="non-KV memory outside weights and activations: CUDA context, "
         "library workspaces, communication buffers, graph pool",
     )
+    comm_memory_bytes: dict[int, Bytes] = Field(
+        default_factory=dict,
+        description="per-GPU memory of the engine's communicators (NCCL's buffers, NVLink "
+        "SHARP's on an NVSwitch, all-reduce buffers) by tensor-parallel size, on NVIDIA GPUs "
+        "behind an NVSwitch, beyond memory_reserve_bytes; a size not listed takes the next "
+        "larger listed one's (the largest's beyond them); none listed: none",
+    )
     mla_kv_align_bytes: int | None = Field(
         default=None,
         gt=0,

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from simulator.costmodel.deployment import deployment
-from simulator.costmodel.memory import absorbed_mla_bytes, mla_kv_padding, plan_memory
+from simulator.costmodel.memory import (
+    absorbed_mla_bytes,
+    comm_memory_bytes,
+    mla_kv_padding,
+    plan_memory,
+)
 from simulator.units import GiB
 
 MiB = 1024.0**2
@@ -29,7 +34,10 @@ def test_vllm_07_keeps_deepseeks_absorbed_matrices_beside_the_weights() -> None:
     # 1536 x 16 x 64 and kv_b_proj 512 x 16 x 256 in bf16 (3 + 4 MiB)
     assert per_layer == pytest.approx(75 * MiB, rel=0.01)
     assert 61 * per_layer / GiB == pytest.approx(4.47, abs=0.01)
-    assert plan.reserve_bytes == pytest.approx(d.engine.memory_reserve_bytes + 61 * per_layer)
+    comm = comm_memory_bytes(d.engine, d.hardware, 8)
+    assert plan.reserve_bytes == pytest.approx(
+        d.engine.memory_reserve_bytes + 61 * per_layer + comm
+    )
     # today's engine dropped them (0.8.0)
     d_now, _ = _plan("vllm")
     assert absorbed_mla_bytes(d_now.model, d_now.layout, d_now.precision, d_now.engine) == 0.0
@@ -57,3 +65,27 @@ def test_a_dense_model_is_untouched() -> None:
     d = deployment(model="llama-3.1-8b", hardware="h100_sxm", engine="vllm-0.7")
     assert mla_kv_padding(d.model, d.hardware, d.precision, d.engine) == 1.0
     assert absorbed_mla_bytes(d.model, d.layout, d.precision, d.engine) == 0.0
+
+
+def test_vllm_07_holds_its_communicators_memory_by_tp_size_behind_an_nvswitch() -> None:
+    from simulator.specs import load_engine, load_hardware
+
+    engine = load_engine("vllm-0.7")
+    h200 = load_hardware("h200_sxm")
+    by_tp = {tp: comm_memory_bytes(engine, h200, tp) / GiB for tp in (1, 2, 3, 4, 8, 16)}
+    assert by_tp == pytest.approx({1: 0.0, 2: 0.8, 3: 3.8, 4: 3.8, 8: 6.3, 16: 6.3})
+    # no NVSwitch (a PCIe card), another vendor, another engine: none
+    assert comm_memory_bytes(engine, load_hardware("l40s"), 8) == 0.0
+    assert comm_memory_bytes(engine, load_hardware("mi300x"), 8) == 0.0
+    assert comm_memory_bytes(load_engine("vllm"), h200, 8) == 0.0
+    # DeepSeek-R1 at TP8 on H200, vLLM 0.7 at its defaults: vLLM's own start-up log of a 0.7.4
+    # build (vllm-project/vllm PR #14842) printed 4,739 blocks of 64 tokens, 303,296 tokens
+    # (an MLA model's unchunked step budget: max_model_len, 163,840 tokens)
+    d = deployment(
+        model="deepseek-v3", hardware="h200_sxm", engine="vllm-0.7", tensor_parallel_size=8,
+        quantization="fp8",
+    )  # fmt: skip
+    plan = plan_memory(
+        d.model, d.hardware, d.layout, d.precision, d.engine, max_num_batched_tokens=163_840
+    )
+    assert plan.kv_capacity_tokens == pytest.approx(303_296, rel=0.05)
