@@ -263,6 +263,11 @@ class MemoryPlan:
         }
 
 
+def _stage_layers(model: ModelSpec, layout: Parallelism) -> int:
+    """Layers of the busiest pipeline stage (an uneven split gives the first stages one more)."""
+    return -(-model.num_layers // layout.pp)
+
+
 def _kv_elems_per_token_per_device(model: ModelSpec, layout: Parallelism) -> int:
     attn = model.attention
     elems = (
@@ -270,7 +275,7 @@ def _kv_elems_per_token_per_device(model: ModelSpec, layout: Parallelism) -> int
         if isinstance(attn, GQAttention)
         else attn.kv_elems_per_token
     )
-    return elems * -(-model.num_layers // layout.pp)
+    return elems * _stage_layers(model, layout)
 
 
 def kv_bytes_per_token_per_device(model: ModelSpec, layout: Parallelism, prec: Precision) -> float:
@@ -336,7 +341,7 @@ def absorbed_mla_bytes(
             + attn.kv_lora_rank * (attn.qk_nope_head_dim + attn.v_head_dim)
         )
     )
-    return float((absorbed + kept) * -(-model.num_layers // layout.pp))
+    return float((absorbed + kept) * _stage_layers(model, layout))
 
 
 def gpu_kv_share(model: ModelSpec, prec: Precision) -> float:
@@ -384,7 +389,7 @@ def kv_residual_bytes(
     if isinstance(attn, CCAttention):
         channels = attn.num_heads // layout.tp + max(1, attn.num_kv_heads // layout.tp)
         taps = sum(attn.conv_kernels) - 2
-        layers = -(-model.num_layers // layout.pp)
+        layers = _stage_layers(model, layout)
         total += layers * (channels * attn.head_dim * taps + model.hidden_size) * a
     return float(max_seqs * total)
 

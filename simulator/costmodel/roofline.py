@@ -171,8 +171,6 @@ def _kernel_cost(
     """(compute, memory, fixed, serial) seconds of one kernel op: `serial` is the memory-bound
     kernel that must finish before it starts (`pre_bytes`), which overlaps nothing; none
     where the engine fuses it into the kernel before (`k.fused_quant`)."""
-    if op.kind == "attention_decode" and k.kv_per_query_head:
-        op = per_query_head_reads(op)
     flops = np.asarray(op.flops, dtype=float)
     nbytes = np.asarray(op.bytes, dtype=float)
     eff = hw.efficiency
@@ -377,6 +375,8 @@ def evaluate(ops: list[Op], hw: HardwareSpec, engine: EngineSpec | None = None) 
     choices = kernels(hw, engine)
     costs = []
     for op in ops:
+        if op.kind == "attention_decode" and choices.kv_per_query_head:
+            op = per_query_head_reads(op)  # the KV reads as the engine's kernel makes them
         zero = np.zeros(1)
         if op.kind == "collective":
             network, latency = _collective_cost(hw, op)

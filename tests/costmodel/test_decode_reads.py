@@ -64,6 +64,12 @@ def test_only_the_per_query_head_engine_pays_for_the_group() -> None:
     # the per-query-head kernel on a GQA layer costs what it costs on an MHA layer of as
     # many KV heads as query heads (same blocks, same bytes), up to the single KV write
     assert t["old", "gqa"] == pytest.approx(t["old", "mha"], rel=0.05)
+    # the cost carries the op as priced: its bytes are the eight reads (the step's breakdown)
+    priced = evaluate([gqa], hw, old)[0].op
+    assert float(np.asarray(priced.kv_bytes).ravel()[0]) == pytest.approx(
+        8 * float(np.asarray(gqa.kv_bytes).ravel()[0])
+    )
+    assert evaluate([gqa], hw, new)[0].op is gqa
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp16"])
